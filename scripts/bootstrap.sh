@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Creates .venv and installs tff_zmg with its tested dependency set. Idempotent: a second
+# run with unchanged requirements only checks a stamp and returns in well under a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=.venv
+stamp="$venv/.tff_zmg-installed"
+want=$(cat requirements/constraints.txt requirements/requirements.txt setup.py | sha256sum | cut -d' ' -f1)
+if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+
+# TFF 0.87.0 supports CPython 3.9-3.11 only; take the newest such interpreter on PATH.
+python=""
+for candidate in "${PYTHON:-}" python3.11 python3.10 python3.9 python3; do
+  [[ -n "$candidate" ]] || continue
+  command -v "$candidate" >/dev/null 2>&1 || continue
+  if "$candidate" -c 'import sys; sys.exit(0 if (3, 9) <= sys.version_info[:2] <= (3, 11) else 1)'; then
+    python=$candidate
+    break
+  fi
+done
+if [[ -z "$python" ]]; then
+  echo "bootstrap: tff_zmg needs Python 3.9, 3.10 or 3.11 (TensorFlow Federated 0.87.0 supports" \
+       "no other); none was found on PATH. Install one, or set PYTHON=/path/to/python3.11." >&2
+  exit 1
+fi
+
+echo "bootstrap: creating $venv with $("$python" --version 2>&1) and installing dependencies" \
+     "(first run only; several minutes)" >&2
+if [[ ! -x "$venv/bin/python" ]]; then
+  "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+"${pip[@]}" install -U 'pip>=23' 'setuptools>=65' wheel
+# TFF pins jax/jaxlib 0.4.14, which is not served, and its google-vizier needs a
+# grpcio-tools that wants protobuf 4 (TF 2.14 needs 3.20): install both without their
+# requirements and give them the rest, with jax 0.4.13, from the constraints file.
+"${pip[@]}" install --no-deps -c requirements/constraints.txt tensorflow-federated google-vizier
+"${pip[@]}" install -c requirements/constraints.txt -r requirements/requirements.txt
+"${pip[@]}" install --no-deps --no-build-isolation -e .
+"$venv/bin/python" -c 'import tensorflow_federated, tff_zmg, tasks, launch' \
+  || { echo "bootstrap: the installed set does not import; see the error above." >&2; exit 1; }
+echo "$want" > "$stamp"
+echo "bootstrap: done ($venv)" >&2
