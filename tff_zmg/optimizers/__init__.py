@@ -1,0 +1,13 @@
+"""Projected and adaptive optimizers as `tff.learning.optimizers.Optimizer`s."""
+
+from tff_zmg.optimizers.global_gc import build_global_gc_sgd
+from tff_zmg.optimizers.local_gc_sgdm import build_local_gc_sgdm
+from tff_zmg.optimizers.server_adam import build_server_adam
+from tff_zmg.optimizers.zmg_sgdm import build_zmg_sgdm
+
+__all__ = [
+    'build_global_gc_sgd',
+    'build_local_gc_sgdm',
+    'build_server_adam',
+    'build_zmg_sgdm',
+]

@@ -1,0 +1,197 @@
+"""The zero-mean projection (gradient centralization) and layer masks.
+
+See ALGORITHMS.md section 1. `zero_mean_projection` is the one mechanism every
+projected optimizer in `tff_zmg.optimizers` chains with a plain update rule;
+`layer_borderline_mask` chooses which tensors it applies to (GC-Fed).
+"""
+
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from tff_zmg import validation
+
+
+def _project(tensor: tf.Tensor, center_vectors: bool) -> tf.Tensor:
+  """Projects one dense tensor; see `zero_mean_projection`."""
+  rank = tensor.shape.rank
+  if rank is None:
+    raise ValueError(
+        'zero_mean_projection needs tensors of known rank, got a tensor of '
+        f'unknown rank: {tensor!r}'
+    )
+  if rank >= 2:
+    axes = list(range(rank - 1))
+  elif rank == 1 and center_vectors:
+    axes = [0]
+  else:
+    return tensor
+  return tensor - tf.reduce_mean(tensor, axis=axes, keepdims=True)
+
+
+def zero_mean_projection(
+    tensors: Any,
+    mask: Optional[Sequence[bool]] = None,
+    center_vectors: bool = False,
+) -> Any:
+  """Centres every output column of each selected tensor over its inputs.
+
+  For a tensor `G` of rank >= 2 in Keras layout (the output axis last: Dense
+  and GRU kernels `[in, out]`, Conv2D kernels `[kh, kw, in, out]`, Embedding
+  tables `[vocab, dim]`):
+
+      P(G) = G - mean(G, axis=all axes but the last, keepdims=True)
+
+  i.e. `P = I - e e^T` with `e = (1/sqrt(m), ..., 1/sqrt(m))` applied to each of
+  the `m`-long output columns of `G` reshaped to `[m, out]`. `P` is linear,
+  idempotent (`P(P(G)) = P(G)`) and non-expansive (`||P(G)|| <= ||G||`).
+  This is the zero-mean gradient of FedZMG and the gradient centralization
+  of Yong et al. (2020), used locally and globally by GC-Fed.
+
+  Rank-0/1 tensors (biases) are returned unchanged unless `center_vectors` is
+  True, in which case a rank-1 tensor `b` becomes `b - mean(b)` (the GC-Fed
+  authors' code). `tf.IndexedSlices` leaves (embedding gradients) are
+  densified first; `None` leaves are passed through.
+
+  Example:
+
+      grads = [tf.constant([[1., 2.], [3., 6.]]), tf.constant([1., 3.])]
+      projected = zero_mean_projection(grads)
+      # [[-1., -2.], [1., 2.]] (columns centred); [1., 3.] (bias unchanged)
+
+  Args:
+    tensors: A (nested) structure of tensors.
+    mask: `None` (project every eligible tensor) or one bool per leaf, in
+      `tf.nest.flatten(tensors)` order; leaves where it is False are returned
+      unchanged.
+    center_vectors: Whether rank-1 tensors are centred too.
+
+  Returns:
+    A structure like `tensors` with the selected tensors projected.
+
+  Raises:
+    ValueError: If `mask` is not a sequence of bools with one entry per leaf.
+  """
+  flat = tf.nest.flatten(tensors)
+  mask = validation.check_mask('mask', mask)
+  if mask is None:
+    mask = (True,) * len(flat)
+  validation.check_length('mask', mask, len(flat))
+  projected = []
+  for tensor, selected in zip(flat, mask):
+    if isinstance(tensor, tf.IndexedSlices):
+      tensor = tf.convert_to_tensor(tensor)
+    if tensor is not None and selected:
+      tensor = _project(tensor, center_vectors)
+    projected.append(tensor)
+  return tf.nest.pack_sequence_as(tensors, projected)
+
+
+def _layer_index_per_variable(keras_model: tf.keras.Model) -> list[int]:
+  """Numbers the layers owning each trainable variable, in variable order.
+
+  A variable belongs to the top-level layer (`keras_model.layers`) whose
+  `trainable_weights` (which include its sublayers') contain it; a variable
+  owned by no top-level layer forms a group of its own. Groups are numbered in
+  order of first appearance in `keras_model.trainable_variables`.
+  """
+  owner = {}
+  for position, layer in enumerate(keras_model.layers):
+    for weight in layer.trainable_weights:
+      owner.setdefault(weight.ref(), ('layer', position))
+  group_index = {}
+  indices = []
+  for i, variable in enumerate(keras_model.trainable_variables):
+    group = owner.get(variable.ref(), ('variable', i))
+    indices.append(group_index.setdefault(group, len(group_index)))
+  return indices
+
+
+def layer_borderline_mask(
+    keras_model: tf.keras.Model, gc_lambda: Optional[float] = None
+) -> tuple[bool, ...]:
+  """Marks the trainable variables of the model's "feature" layers (GC-Fed).
+
+  The trainable variables (in `keras_model.trainable_variables` order, the
+  order `tff.learning.models.from_keras_model` uses) are grouped by the layer
+  that owns them; with `L` such layers, the first `floor(gc_lambda * L)` are
+  feature layers, the rest classifier layers. A layer's tensors share one
+  value (a GRU's kernel, recurrent kernel and bias are one layer).
+
+  Args:
+    keras_model: A built `tf.keras.Model`.
+    gc_lambda: The layer borderline in [0, 1]; `None` means every layer but
+      the last is a feature layer.
+
+  Returns:
+    One bool per trainable variable, True for feature-layer variables.
+
+  Raises:
+    ValueError: If `gc_lambda` is outside [0, 1] or the model has no
+      trainable variables (e.g. it is not built yet).
+  """
+  indices = _layer_index_per_variable(keras_model)
+  if not indices:
+    raise ValueError(
+        'keras_model has no trainable variables; build it before asking for '
+        'a layer mask'
+    )
+  num_layers = max(indices) + 1
+  if gc_lambda is None:
+    num_feature = num_layers - 1
+  else:
+    gc_lambda = validation.check_in_range('gc_lambda', gc_lambda, 0.0, 1.0)
+    # The small tolerance keeps e.g. 0.29 * 100 from flooring to 28.
+    num_feature = math.floor(gc_lambda * num_layers + 1e-9)
+  return tuple(index < num_feature for index in indices)
+
+
+def classifier_layer_mask(
+    keras_model: tf.keras.Model, gc_lambda: Optional[float] = None
+) -> tuple[bool, ...]:
+  """The complement of `layer_borderline_mask`: True for classifier layers."""
+  return tuple(
+      not feature for feature in layer_borderline_mask(keras_model, gc_lambda)
+  )
+
+
+def weight_matrix_mask(keras_model: tf.keras.Model) -> tuple[bool, ...]:
+  """Marks the trainable variables that are weight matrices/kernels, not biases.
+
+  The projection centres rank >= 2 tensors and leaves biases alone. Keras' GRU keeps its
+  input and recurrent biases in one rank-2 variable of shape [2, 3*units]; projecting it
+  would centre the two rows against each other, and since the update and reset gates see
+  only their sum, their bias gradients would become exactly zero. So a variable is a weight
+  matrix when it has rank >= 2 and is not named a bias (our reading of ALGORITHMS.md
+  section 1, "biases untouched").
+  """
+  return tuple(
+      v.shape.rank >= 2 and 'bias' not in v.name.split('/')[-1]
+      for v in keras_model.trainable_variables
+  )
+
+
+def projection_mask(
+    keras_model: tf.keras.Model, layers: str = 'all', gc_lambda: Optional[float] = None
+) -> tuple[bool, ...]:
+  """The mask of tensors a projection acts on: weight matrices of the chosen layers.
+
+  Args:
+    keras_model: A built Keras model (the task's).
+    layers: 'all', 'feature' (the first floor(gc_lambda * L) layers) or 'classifier' (the
+      rest), see `layer_borderline_mask`.
+    gc_lambda: The layer borderline; None means every layer but the last is a feature layer.
+  """
+  if layers == 'all':
+    selected = (True,) * len(keras_model.trainable_variables)
+  elif layers == 'feature':
+    selected = layer_borderline_mask(keras_model, gc_lambda)
+  elif layers == 'classifier':
+    selected = classifier_layer_mask(keras_model, gc_lambda)
+  else:
+    raise ValueError(
+        f"layers must be one of 'all', 'feature', 'classifier', got {layers!r}"
+    )
+  return tuple(s and w for s, w in zip(selected, weight_matrix_mask(keras_model)))
