@@ -1,0 +1,167 @@
+"""The task registry: `tasks.get(name, ...)` for 'emnist', 'cifar100' and 'shakespeare'."""
+
+import dataclasses
+import functools
+from typing import Callable, Optional
+
+import attrs
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import models
+from tasks import preprocessing
+from tasks import sources
+from tff_zmg import validation
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """What defines a task: its model, preprocessing, defaults and the papers' thresholds."""
+
+  name: str
+  keras_model_fn: Callable[..., tf.keras.Model]
+  preprocess_fn: Callable[..., preprocessing.DatasetFn]
+  loss_fn: Callable[[], tf.keras.losses.Loss]
+  metrics_fn: Callable[[], list]
+  num_parameters: int
+  batch_size: int
+  eval_batch_size: int
+  accuracy_thresholds: tuple[float, ...]  # ALGORITHMS.md section 6.
+
+
+def _image_metrics():
+  return [tf.keras.metrics.SparseCategoricalAccuracy()]
+
+
+SPECS = {
+    'emnist': TaskSpec(
+        name='emnist',
+        keras_model_fn=models.emnist_cnn,
+        preprocess_fn=preprocessing.emnist_preprocess_fn,
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics_fn=_image_metrics,
+        num_parameters=1_690_046,
+        batch_size=20,
+        eval_batch_size=100,
+        accuracy_thresholds=(0.75, 0.85),
+    ),
+    'cifar100': TaskSpec(
+        name='cifar100',
+        keras_model_fn=models.cifar100_cnn,
+        preprocess_fn=preprocessing.cifar100_preprocess_fn,
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics_fn=_image_metrics,
+        num_parameters=2_214_532,
+        batch_size=20,
+        eval_batch_size=100,
+        accuracy_thresholds=(0.20, 0.33),
+    ),
+    'shakespeare': TaskSpec(
+        name='shakespeare',
+        keras_model_fn=models.shakespeare_gru,
+        preprocess_fn=preprocessing.shakespeare_preprocess_fn,
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=preprocessing.SHAKESPEARE_PAD_LABEL
+        ),
+        metrics_fn=lambda: [models.MaskedSparseCategoricalAccuracy()],
+        num_parameters=4_022_850,
+        batch_size=4,
+        eval_batch_size=16,
+        accuracy_thresholds=(0.35, 0.45),
+    ),
+}
+TASK_NAMES = tuple(SPECS)
+
+
+@attrs.define(frozen=True)
+class Task(tff.simulation.baselines.BaselineTask):
+  """A `tff.simulation.baselines.BaselineTask` plus what the package's programs need.
+
+  Attributes (beyond `datasets` and `model_fn`):
+    spec: The `TaskSpec` (thresholds, default batch sizes, parameter count).
+    keras_model_fn: Builds the bare Keras model (for masks and centralized baselines).
+    train_preprocess_fn_for_seed: `seed -> preprocess_fn`, the training preprocessing with
+      another shuffle seed (the training loop uses one seed per client and round).
+  """
+
+  spec: TaskSpec = attrs.field(kw_only=True)
+  keras_model_fn: Callable[[], tf.keras.Model] = attrs.field(kw_only=True)
+  train_preprocess_fn_for_seed: Callable[[int], preprocessing.DatasetFn] = attrs.field(
+      kw_only=True
+  )
+
+  @property
+  def name(self) -> str:
+    return self.spec.name
+
+
+def get(
+    name: str,
+    *,
+    data_source: str = 'tff',
+    cache_dir: Optional[str] = None,
+    batch_size: Optional[int] = None,
+    num_epochs: int = 1,
+    shuffle_seed: int = 0,
+    eval_batch_size: Optional[int] = None,
+    max_elements: Optional[int] = None,
+    model_seed: int = 0,
+    synthetic_settings: Optional[dict] = None,
+) -> Task:
+  """Builds a task: its federated train/test data, preprocessing and TFF model.
+
+  Args:
+    name: One of `TASK_NAMES`.
+    data_source: 'tff' (TFF's published SQLite files) or 'synthetic' (see
+      `tasks.synthetic`).
+    cache_dir: Directory holding `<file>.sqlite` (TFF's default `~/.tff` when None).
+    batch_size: Client batch size; the task's default (the paper's) when None.
+    num_epochs: Local epochs per round.
+    shuffle_seed: Seed of the default training shuffle.
+    eval_batch_size: Batch size for evaluation; the task's default when None.
+    max_elements: Optional cap on examples per client and round (after repeating).
+    model_seed: Seed of the Keras initializers.
+    synthetic_settings: Generator settings for data_source='synthetic'.
+
+  Returns:
+    A `Task`, usable wherever TFF takes a `tff.simulation.baselines.BaselineTask`.
+  """
+  if name not in SPECS:
+    raise ValueError(f'Unknown task {name!r}; choose one of {list(TASK_NAMES)}.')
+  spec = SPECS[name]
+  batch_size = batch_size or spec.batch_size
+  eval_batch_size = eval_batch_size or spec.eval_batch_size
+  validation.check_positive('batch_size', batch_size)
+  validation.check_positive('eval_batch_size', eval_batch_size)
+  validation.check_positive('num_epochs', num_epochs)
+  train_data, test_data = sources.load_client_data(
+      name, data_source, cache_dir, synthetic_settings
+  )
+  train_preprocess_fn_for_seed = functools.partial(
+      lambda seed: spec.preprocess_fn(
+          batch_size, num_epochs, shuffle_seed=seed, max_elements=max_elements
+      )
+  )
+  datasets = tff.simulation.baselines.BaselineTaskDatasets(
+      train_data=train_data,
+      test_data=test_data,
+      train_preprocess_fn=train_preprocess_fn_for_seed(shuffle_seed),
+      eval_preprocess_fn=spec.preprocess_fn(eval_batch_size),
+  )
+  keras_model_fn = functools.partial(spec.keras_model_fn, model_seed)
+
+  def model_fn() -> tff.learning.models.VariableModel:
+    return tff.learning.models.from_keras_model(
+        keras_model_fn(),
+        loss=spec.loss_fn(),
+        input_spec=datasets.element_type_structure,
+        metrics=spec.metrics_fn(),
+    )
+
+  return Task(
+      datasets=datasets,
+      model_fn=model_fn,
+      spec=spec,
+      keras_model_fn=keras_model_fn,
+      train_preprocess_fn_for_seed=train_preprocess_fn_for_seed,
+  )

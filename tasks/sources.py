@@ -1,0 +1,117 @@
+"""Where a task's federated data comes from: TFF's own files, or our synthetic ones.
+
+Both sources end in TFF's real loaders (`tff.simulation.datasets.<name>.load_data`), which
+read `<cache_dir>/<file>.sqlite` and download it only when it is missing. A missing file on
+a machine without network access ends in one `MissingDataError` that says which file to put
+where; nothing ever falls back silently to other data.
+"""
+
+import contextlib
+import os
+import sqlite3
+from typing import Callable, Optional
+
+import tensorflow_federated as tff
+
+from tasks import synthetic
+
+DATA_SOURCES = ('tff', 'synthetic')
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser('~'), '.tff')
+_DOWNLOAD_ROOT = 'https://storage.googleapis.com/tff-datasets-public/'
+
+_LOADERS: dict[str, Callable[[str], tuple]] = {
+    'emnist': lambda d: tff.simulation.datasets.emnist.load_data(
+        only_digits=False, cache_dir=d
+    ),
+    'cifar100': lambda d: tff.simulation.datasets.cifar100.load_data(cache_dir=d),
+    'shakespeare': lambda d: tff.simulation.datasets.shakespeare.load_data(cache_dir=d),
+}
+
+
+class MissingDataError(FileNotFoundError):
+  """The task's data file is not on this machine and could not be downloaded."""
+
+
+class CorruptDataError(ValueError):
+  """The task's data file exists but is not a TFF federated SQLite database."""
+
+
+def _check_database(path: str, splits: tuple[str, ...]) -> None:
+  """Fails with one clear message unless `path` holds TFF's tables and the splits."""
+  try:
+    with contextlib.closing(sqlite3.connect(f'file:{path}?mode=ro', uri=True)) as con:
+      tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+      missing = {'examples', 'client_metadata'} - tables
+      found = set()
+      if not missing:
+        found = {r[0] for r in con.execute('SELECT DISTINCT split_name FROM client_metadata')}
+  except sqlite3.DatabaseError as e:
+    raise CorruptDataError(
+        f'{path} is not a readable SQLite database ({e}). Delete it and fetch it again.'
+    ) from e
+  if missing:
+    raise CorruptDataError(
+        f'{path} lacks the table(s) {sorted(missing)} of TFF\'s federated SQLite schema;'
+        ' delete it and fetch it again.'
+    )
+  if not set(splits) <= found:
+    raise CorruptDataError(
+        f'{path} has the splits {sorted(found)}, not the {list(splits)} this task reads;'
+        ' is it the right file?'
+    )
+
+
+def _missing_data_message(task_name: str, path: str, error: Exception) -> str:
+  name = os.path.basename(path)
+  return (
+      f'The federated {task_name} data is not on this machine: {path} does not exist, and'
+      f' downloading it failed ({error}). On a machine with network access, fetch'
+      f' {_DOWNLOAD_ROOT}{name}.lzma, decompress it (`xz -d {name}.lzma`) and put'
+      f' {name} in {os.path.dirname(path)} (or point --cache_dir at the directory that holds'
+      ' it). To try the package without the real data, use --data_source=synthetic.'
+  )
+
+
+def load_client_data(
+    task_name: str,
+    data_source: str = 'tff',
+    cache_dir: Optional[str] = None,
+    synthetic_settings: Optional[dict] = None,
+):
+  """Returns the raw `(train, test)` `tff.simulation.datasets.ClientData` of a task.
+
+  Args:
+    task_name: 'emnist', 'cifar100' or 'shakespeare'.
+    data_source: 'tff' (TFF's published files) or 'synthetic' (generated, cached).
+    cache_dir: Where the SQLite files live; TFF's default `~/.tff` when None.
+    synthetic_settings: Keyword arguments for `synthetic.ensure_synthetic_cache_dir`
+      (client counts, examples per client, Dirichlet alpha, seed).
+
+  Raises:
+    MissingDataError: the real file is absent and cannot be downloaded.
+    CorruptDataError: the file is not a TFF federated database.
+    ValueError: unknown task or data source.
+  """
+  if task_name not in _LOADERS:
+    raise ValueError(f'Unknown task {task_name!r}; choose one of {sorted(_LOADERS)}.')
+  if data_source not in DATA_SOURCES:
+    raise ValueError(
+        f'Unknown data_source {data_source!r}; choose one of {list(DATA_SOURCES)}.'
+    )
+  cache_dir = os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR)
+  if data_source == 'synthetic':
+    cache_dir = synthetic.ensure_synthetic_cache_dir(
+        task_name, cache_dir, **(synthetic_settings or {})
+    )
+  elif synthetic_settings:
+    raise ValueError('synthetic_settings only apply to data_source="synthetic".')
+  path = os.path.join(cache_dir, synthetic.SQLITE_FILENAMES[task_name])
+  if not os.path.exists(path):
+    try:
+      return _LOADERS[task_name](cache_dir)  # TFF downloads it when the network allows.
+    except OSError as e:
+      with contextlib.suppress(OSError):
+        os.remove(path)  # TFF writes the download in place: never leave half a file.
+      raise MissingDataError(_missing_data_message(task_name, path, e)) from e
+  _check_database(path, synthetic.SPLIT_NAMES[task_name])
+  return _LOADERS[task_name](cache_dir)
