@@ -1,0 +1,62 @@
+"""Shared fixtures: small synthetic tasks, a managed TFF context, and the leak check."""
+
+import functools
+
+import psutil
+import pytest
+
+import tasks
+from tff_zmg import context
+
+# Small federated datasets in TFF's real SQLite format: enough clients for sampling and
+# label skew, few examples so a round takes seconds on two CPU cores.
+SMALL_SYNTHETIC = {
+    'emnist': dict(num_train_clients=8, num_test_clients=3, mean_examples_per_client=20),
+    'cifar100': dict(num_train_clients=8, num_test_clients=3, mean_examples_per_client=20),
+    'shakespeare': dict(num_train_clients=8, num_test_clients=3, mean_examples_per_client=6),
+}
+
+
+@pytest.fixture(scope='session')
+def synthetic_cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('tff_cache'))
+
+
+@pytest.fixture(scope='session')
+def small_task(synthetic_cache_dir):
+  """`small_task(name, **overrides)`: a task on small synthetic data (cached per args)."""
+
+  @functools.lru_cache(maxsize=None)
+  def make(name, **kwargs):
+    settings = dict(SMALL_SYNTHETIC[name])
+    settings.update(kwargs.pop('synthetic_settings', {}))
+    return tasks.get(
+        name,
+        data_source='synthetic',
+        cache_dir=synthetic_cache_dir,
+        synthetic_settings=settings,
+        **kwargs,
+    )
+
+  return make
+
+
+@pytest.fixture(scope='session')
+def tff_context():
+  """One managed local TFF worker for the whole session; stopped at the end."""
+  with context.execution_context() as worker:
+    yield worker
+
+
+@pytest.fixture(scope='session', autouse=True)
+def no_worker_outlives_the_session():
+  """Fails the session if a TFF worker started by the tests is still alive at its end."""
+  yield
+  context.stop_all_workers()
+  leaked = [
+      p.pid
+      for p in psutil.Process().children(recursive=True)
+      if p.status() != psutil.STATUS_ZOMBIE and 'worker_binary' in ' '.join(p.cmdline())
+  ]
+  assert not leaked, f'TFF worker processes outlived the tests: {leaked}'
+  assert not context.live_worker_pids()
