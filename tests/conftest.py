@@ -1,6 +1,9 @@
 """Shared fixtures: small synthetic tasks, a managed TFF context, and the leak check."""
 
 import functools
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # Keep TF's C++ start-up chatter out of test logs.
 
 import psutil
 import pytest

@@ -1,0 +1,114 @@
+"""The package owns TFF's C++ workers: none outlives the program, however it ends."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+import tensorflow_federated as tff
+
+from tff_zmg import context
+
+# A program that runs one federated computation on a managed context, prints its worker's
+# pid, then ends as argv[1] says.
+_PROGRAM = textwrap.dedent("""
+    import signal, sys, time
+    import numpy as np
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even in background.
+    import tensorflow_federated as tff
+    import tff_zmg
+
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def mean(x):
+      return tff.federated_mean(x)
+
+    worker = tff_zmg.context.set_default_execution_context()
+    assert mean([1.0, 3.0]) == 2.0
+    print('WORKER', worker.pid, flush=True)
+    how = sys.argv[1]
+    if how == 'raise':
+      raise RuntimeError('the program failed')
+    if how == 'wait':
+      time.sleep(600)
+""")
+
+
+def _worker_is_gone(pid: int, timeout: float = 10.0) -> bool:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    try:
+      if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        return True
+    except psutil.NoSuchProcess:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+@pytest.mark.parametrize(
+    'how, signum',
+    [
+        ('exit', None),
+        ('raise', None),
+        ('wait', signal.SIGINT),
+        ('wait', signal.SIGTERM),
+        ('wait', signal.SIGKILL),
+    ],
+    ids=['normal_exit', 'uncaught_exception', 'ctrl_c', 'sigterm', 'sigkill'],
+)
+def test_no_worker_outlives_the_program(how, signum):
+  program = subprocess.Popen(
+      [sys.executable, '-c', _PROGRAM, how],
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL,
+      text=True,
+  )
+  try:
+    line = program.stdout.readline()
+    assert line.startswith('WORKER '), f'program did not report its worker: {line!r}'
+    worker_pid = int(line.split()[1])
+    assert psutil.pid_exists(worker_pid)
+    if signum is not None:
+      program.send_signal(signum)
+    # The pipe closes only when every process holding it is gone: a leaked worker that
+    # inherited stdout would make this time out, which is exactly the CI hang.
+    rest, _ = program.communicate(timeout=60)
+    assert rest == ''
+  finally:
+    if program.poll() is None:
+      program.kill()
+  assert _worker_is_gone(worker_pid), f'worker {worker_pid} outlived its program ({how})'
+
+
+def test_execution_context_stops_its_worker_on_exit():
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def total(x):
+    return tff.federated_sum(x)
+
+  with context.execution_context() as worker:
+    assert total([1.0, 2.0, 4.0]) == 7.0
+    pid = worker.pid
+    assert pid in context.live_worker_pids()
+  assert pid not in context.live_worker_pids()
+  assert _worker_is_gone(pid)
+
+
+def test_execution_context_stops_its_worker_on_exception():
+  with pytest.raises(ZeroDivisionError):
+    with context.execution_context() as worker:
+      pid = worker.pid
+      _ = 1 / 0
+  assert _worker_is_gone(pid)
+
+
+def test_worker_does_not_write_to_the_parents_output(capfd):
+  with context.execution_context() as worker:
+    log_path = worker.log_path
+    assert log_path
+  out, err = capfd.readouterr()
+  assert 'worker_binary' not in out + err

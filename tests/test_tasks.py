@@ -1,0 +1,165 @@
+"""Tasks: the papers' models, preprocessing, and both data sources through TFF's loaders."""
+
+import os
+import sqlite3
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import SMALL_SYNTHETIC
+import tasks
+from tasks import models
+from tasks import preprocessing
+from tasks import sources
+from tasks import synthetic
+
+
+@pytest.mark.parametrize(
+    'build, expected',
+    [
+        (models.emnist_cnn, 1_690_046),
+        (models.cifar100_cnn, 2_214_532),
+        (models.shakespeare_gru, 4_022_850),
+    ],
+)
+def test_model_parameter_count(build, expected):
+  model = build()
+  assert model.count_params() == expected
+  assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == expected
+
+
+def test_shakespeare_vocabulary_is_65_characters_plus_oov():
+  chars = preprocessing.SHAKESPEARE_CHARS
+  assert len(chars) == 65 == len(set(chars))
+  assert chars[:13] == "\n !$&',-.3:;?"
+  assert preprocessing.SHAKESPEARE_OOV_ID == 65
+  assert models.SHAKESPEARE_VOCAB_SIZE == 66
+
+
+@pytest.mark.parametrize(
+    'name, x_shape, x_dtype, y_shape, y_dtype',
+    [
+        ('emnist', (20, 28, 28, 1), tf.float32, (20,), tf.int32),
+        ('cifar100', (20, 32, 32, 3), tf.float32, (20,), tf.int32),
+        ('shakespeare', (4, 80), tf.int64, (4, 80), tf.int64),
+    ],
+)
+def test_preprocessed_batches_have_model_shapes(
+    small_task, name, x_shape, x_dtype, y_shape, y_dtype
+):
+  task = small_task(name, num_epochs=3)
+  data = task.datasets.train_data
+  client = max(data.client_ids, key=lambda c: len(list(data.create_tf_dataset_for_client(c))))
+  batch = next(iter(task.datasets.train_preprocess_fn(data.create_tf_dataset_for_client(client))))
+  assert tuple(batch['x'].shape) == x_shape and batch['x'].dtype == x_dtype
+  assert tuple(batch['y'].shape) == y_shape and batch['y'].dtype == y_dtype
+  if name != 'shakespeare':
+    assert 0.0 <= float(tf.reduce_min(batch['x'])) and float(tf.reduce_max(batch['x'])) <= 1.0
+
+
+def test_image_preprocessing_repeats_epochs_and_keeps_every_example(small_task):
+  task = small_task('emnist')
+  data = task.datasets.train_data
+  raw = data.create_tf_dataset_for_client(data.client_ids[0])
+  n = len(list(raw))
+  for epochs in (1, 3):
+    out = preprocessing.emnist_preprocess_fn(batch_size=7, num_epochs=epochs, shuffle_seed=1)(raw)
+    assert sum(int(b['y'].shape[0]) for b in out) == epochs * n
+
+
+def test_training_shuffle_is_reproducible_per_seed(small_task):
+  task = small_task('emnist')
+  data = task.datasets.train_data
+  raw = data.create_tf_dataset_for_client(data.client_ids[0])
+
+  def labels(seed):
+    ds = task.train_preprocess_fn_for_seed(seed)(raw)
+    return np.concatenate([b['y'].numpy() for b in ds])
+
+  np.testing.assert_array_equal(labels(3), labels(3))
+  assert not np.array_equal(labels(3), labels(4))
+
+
+def test_shakespeare_sequences_shift_by_one_and_pad_targets():
+  ds = tf.data.Dataset.from_tensor_slices({'snippets': [b'Hark! ~', b'No']})
+  batch = next(iter(preprocessing.shakespeare_preprocess_fn(batch_size=8)(ds)))
+  chars = preprocessing.SHAKESPEARE_CHARS
+  ids = lambda s: [chars.index(c) if c in chars else 65 for c in s]
+  x, y = batch['x'].numpy(), batch['y'].numpy()
+  assert x.shape == y.shape == (2, 80)
+  np.testing.assert_array_equal(y[0, :6], ids('ark! ~'))  # '~' is out of vocabulary.
+  np.testing.assert_array_equal(x[0, :7], ids('Hark! ~'))
+  assert (y[0, 6:] == -1).all() and (y[1, 1:] == -1).all()
+  assert (x[1, 2:] == 0).all()
+
+
+def test_shakespeare_accuracy_ignores_padding():
+  metric = models.MaskedSparseCategoricalAccuracy()
+  y_true = tf.constant([[1, 2, -1, -1]], tf.int64)
+  logits = tf.one_hot([[1, 0, 0, 0]], 3)  # Right, wrong, then two padded positions.
+  metric.update_state(y_true, logits)
+  assert float(metric.result()) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize('name', tasks.TASK_NAMES)
+def test_tff_source_reads_a_file_through_tffs_loader(small_task, synthetic_cache_dir, name):
+  # A file in TFF's schema, placed where TFF's loader looks, read with data_source='tff'.
+  generated = synthetic.ensure_synthetic_cache_dir(
+      name, synthetic_cache_dir, **SMALL_SYNTHETIC[name]
+  )
+  task = tasks.get(name, data_source='tff', cache_dir=generated)
+  assert len(task.datasets.train_data.client_ids) == 8
+  assert len(task.datasets.test_data.client_ids) == 3
+  expected = small_task(name).datasets.element_type_structure
+  assert task.datasets.element_type_structure == expected
+
+
+def test_missing_real_data_names_file_directory_and_remedy(tmp_path):
+  with pytest.raises(tasks.MissingDataError) as raised:
+    tasks.get('emnist', data_source='tff', cache_dir=str(tmp_path))
+  message = str(raised.value)
+  assert str(tmp_path / 'emnist_all.sqlite') in message
+  assert 'emnist_all.sqlite.lzma' in message and '--data_source=synthetic' in message
+  assert os.listdir(tmp_path) == []  # Nothing half-written is left behind.
+
+
+def test_corrupt_data_file_is_reported(tmp_path):
+  (tmp_path / 'shakespeare.sqlite').write_bytes(b'not a database at all' * 100)
+  with pytest.raises(tasks.CorruptDataError, match='shakespeare.sqlite'):
+    tasks.get('shakespeare', data_source='tff', cache_dir=str(tmp_path))
+
+
+def test_database_without_the_tasks_splits_is_reported(tmp_path):
+  path = tmp_path / 'cifar100.sqlite'
+  with sqlite3.connect(path) as con:
+    con.execute('CREATE TABLE examples (split_name TEXT, client_id TEXT, serialized_example_proto BLOB)')
+    con.execute('CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, num_examples INTEGER)')
+    con.execute("INSERT INTO client_metadata VALUES ('a', 'validation', 1)")
+  with pytest.raises(tasks.CorruptDataError, match='splits'):
+    sources.load_client_data('cifar100', 'tff', str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    'kwargs, match',
+    [
+        (dict(name='mnist'), 'Unknown task'),
+        (dict(name='emnist', data_source='web'), 'Unknown data_source'),
+        (dict(name='emnist', batch_size=-1), 'batch_size'),
+        (dict(name='emnist', num_epochs=0), 'num_epochs'),
+    ],
+)
+def test_bad_task_arguments_raise(kwargs, match, tmp_path):
+  with pytest.raises(ValueError, match=match):
+    tasks.get(cache_dir=str(tmp_path), **kwargs)
+
+
+def test_task_is_a_tff_baseline_task_whose_model_matches_its_data(small_task):
+  import tensorflow_federated as tff
+
+  task = small_task('cifar100')
+  assert isinstance(task, tff.simulation.baselines.BaselineTask)
+  with tf.Graph().as_default():
+    model = task.model_fn()
+  assert model.input_spec == task.datasets.element_type_structure
+  assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == 2_214_532
