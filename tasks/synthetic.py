@@ -56,6 +56,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_zmg import validation
+
 SQLITE_FILENAMES = {
     'emnist': 'emnist_all.sqlite',
     'cifar100': 'cifar100.sqlite',
@@ -125,19 +127,6 @@ def _check_task_name(task_name: Any) -> None:
     )
 
 
-def _check_positive_int(name: str, value: Any) -> int:
-  """Returns `value` as an int, or raises ValueError naming `name`."""
-  if (
-      isinstance(value, bool)
-      or not isinstance(value, (int, np.integer))
-      or value < 1
-  ):
-    raise ValueError(
-        f'{name} must be a positive integer (>= 1), got {value!r}.'
-    )
-  return int(value)
-
-
 def _validated_settings(
     task_name: str,
     num_train_clients: Any,
@@ -149,31 +138,19 @@ def _validated_settings(
   """Checks the arguments and returns them as plain Python numbers."""
   _check_task_name(task_name)
   settings = {
-      name: _check_positive_int(name, value)
+      name: validation.check_integer(name, value, 1)
       for name, value in (
           ('num_train_clients', num_train_clients),
           ('num_test_clients', num_test_clients),
           ('mean_examples_per_client', mean_examples_per_client),
       )
   }
-  try:
-    alpha = float(dirichlet_alpha)
-  except (TypeError, ValueError):
-    alpha = float('nan')
-  if isinstance(dirichlet_alpha, bool) or not np.isfinite(alpha) or alpha <= 0:
-    raise ValueError(
-        'dirichlet_alpha must be a finite float in (0, inf), got '
-        f'{dirichlet_alpha!r}.'
-    )
-  if (
-      isinstance(seed, bool)
-      or not isinstance(seed, (int, np.integer))
-      or seed < 0
-  ):
-    raise ValueError(
-        f'seed must be a non-negative integer (>= 0), got {seed!r}.'
-    )
-  settings.update(dirichlet_alpha=alpha, seed=int(seed))
+  settings.update(
+      dirichlet_alpha=validation.check_positive(
+          'dirichlet_alpha', dirichlet_alpha
+      ),
+      seed=validation.check_integer('seed', seed, 0),
+  )
   return settings
 
 
@@ -259,6 +236,46 @@ def _random_shifts(rng: np.random.Generator, n: int, max_shift: int):
   return rng.integers(-max_shift, max_shift + 1, size=(n, 2))
 
 
+def _image_client_labels(
+    rng: np.random.Generator,
+    num_classes: int,
+    mean_examples: int,
+    alpha: float,
+    brightness_sigma: float,
+    num_channels: int,
+) -> tuple[np.ndarray, float, np.ndarray]:
+  """An image client's skews, drawn in this order: p_k, n_k, (c_k, b_k), y.
+
+  Args:
+    rng: The client's source of randomness.
+    num_classes: C, the number of classes.
+    mean_examples: Mean number of examples per client.
+    alpha: Dirichlet concentration of the label skew.
+    brightness_sigma: See `_client_intensity_shift`.
+    num_channels: See `_client_intensity_shift`.
+
+  Returns:
+    A tuple (labels, c_k, b_k): n_k labels y ~ p_k and the intensity shift.
+  """
+  probs = _dirichlet_label_probs(rng, num_classes, alpha)
+  n = _client_volume(rng, mean_examples)
+  contrast, brightness = _client_intensity_shift(
+      rng, brightness_sigma, num_channels
+  )
+  labels = rng.choice(num_classes, size=n, p=probs)
+  return labels, contrast, brightness
+
+
+def _shifted_prototypes(
+    prototypes: np.ndarray, labels: np.ndarray, shifts: np.ndarray
+) -> np.ndarray:
+  """`prototypes[y]` translated (wrapping) by (dy, dx), one per example."""
+  return np.stack([
+      np.roll(prototypes[y], tuple(s), axis=(0, 1))
+      for y, s in zip(labels, shifts)
+  ])
+
+
 # ------------------------------------------------------------------------------
 # EMNIST: dark strokes on a 1.0 background.
 
@@ -317,18 +334,13 @@ def _emnist_client_examples(
   Returns:
     OrderedDict(label=int64 [n], pixels=float32 [n, 28, 28]).
   """
-  probs = _dirichlet_label_probs(rng, _EMNIST_NUM_CLASSES, alpha)
-  n = _client_volume(rng, mean_examples)
-  contrast, brightness = _client_intensity_shift(
-      rng, _EMNIST_BRIGHTNESS_SIGMA, 1
+  labels, contrast, brightness = _image_client_labels(
+      rng, _EMNIST_NUM_CLASSES, mean_examples, alpha,
+      _EMNIST_BRIGHTNESS_SIGMA, 1,
   )
-  labels = rng.choice(_EMNIST_NUM_CLASSES, size=n, p=probs)
-  amplitudes = rng.uniform(0.7, 1.0, size=n)
-  shifts = _random_shifts(rng, n, 1)
-  ink = np.stack([
-      np.roll(prototypes[y], tuple(s), axis=(0, 1))
-      for y, s in zip(labels, shifts)
-  ])
+  amplitudes = rng.uniform(0.7, 1.0, size=len(labels))
+  shifts = _random_shifts(rng, len(labels), 1)
+  ink = _shifted_prototypes(prototypes, labels, shifts)
   noise = _EMNIST_NOISE_SIGMA * rng.standard_normal(ink.shape)
   pixels = 1.0 + brightness[0] - contrast * amplitudes[:, None, None] * ink
   pixels = np.clip(pixels + noise, 0.0, 1.0)
@@ -417,17 +429,12 @@ def _cifar_client_examples(
     OrderedDict(coarse_label=int64 [n], image=int64 [n, 32, 32, 3],
     label=int64 [n]).
   """
-  probs = _dirichlet_label_probs(rng, _CIFAR_NUM_CLASSES, alpha)
-  n = _client_volume(rng, mean_examples)
-  contrast, brightness = _client_intensity_shift(
-      rng, _CIFAR_BRIGHTNESS_SIGMA, _CIFAR_SHAPE[-1]
+  labels, contrast, brightness = _image_client_labels(
+      rng, _CIFAR_NUM_CLASSES, mean_examples, alpha,
+      _CIFAR_BRIGHTNESS_SIGMA, _CIFAR_SHAPE[-1],
   )
-  labels = rng.choice(_CIFAR_NUM_CLASSES, size=n, p=probs)
-  shifts = _random_shifts(rng, n, 1)
-  signal = np.stack([
-      np.roll(prototypes[y], tuple(s), axis=(0, 1))
-      for y, s in zip(labels, shifts)
-  ])
+  shifts = _random_shifts(rng, len(labels), 1)
+  signal = _shifted_prototypes(prototypes, labels, shifts)
   noise = rng.standard_normal(signal.shape)
   image = 128.0 + brightness + contrast * (
       _CIFAR_AMPLITUDE * signal + _CIFAR_NOISE_SIGMA * noise

@@ -294,19 +294,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize(
+    'seed, run_kwargs',
+    [(5, dict(compile_next=True)), (6, dict(container=list))],
+    ids=['next_under_tf_function', 'list_weights'],
+)
 @pytest.mark.parametrize('name', CASES)
-def test_next_under_tf_function_matches_numpy(name):
+def test_run_variant_matches_numpy(name, seed, run_kwargs):
   build, reference = CASES[name]
-  weights, grads = _problem(seed=5)
-  actual, _ = _run(build(0.05), weights, grads, compile_next=True)
-  _assert_all_close(actual, reference(weights, grads, 0.05))
-
-
-@pytest.mark.parametrize('name', CASES)
-def test_list_weights_match_numpy(name):
-  build, reference = CASES[name]
-  weights, grads = _problem(seed=6)
-  actual, _ = _run(build(0.05), weights, grads, container=list)
+  weights, grads = _problem(seed=seed)
+  actual, _ = _run(build(0.05), weights, grads, **run_kwargs)
   _assert_all_close(actual, reference(weights, grads, 0.05))
 
 

@@ -76,6 +76,21 @@ def check_in_range(
   return number
 
 
+def check_integer(name: str, value: Any, minimum: int) -> int:
+  """Checks that `value` is an integer (not a bool) `>= minimum`.
+
+  Unlike the real-number checks this returns a Python `int`; floats such as
+  `2.0` are rejected, e.g. `seed must be an integer >= 0, got -1`.
+  """
+  if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, np.integer))
+      or value < minimum
+  ):
+    raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}')
+  return int(value)
+
+
 def check_bool(name: str, value: Any) -> bool:
   """Checks that `value` is a Python or NumPy bool."""
   if not isinstance(value, (bool, np.bool_)):

@@ -19,13 +19,15 @@ import tensorflow_federated as tff
 
 from tff_zmg import projection
 from tff_zmg import validation
+from tff_zmg.optimizers import _base
 
 _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
-_HPARAMS_KEYS = (_LEARNING_RATE_KEY,)
 
 
-class _GlobalGcSgd(tff.learning.optimizers.Optimizer):
+class _GlobalGcSgd(_base.HparamsOptimizer):
   """Projected server SGD, see `build_global_gc_sgd`."""
+
+  _hparams_keys = (_LEARNING_RATE_KEY,)
 
   def __init__(
       self,
@@ -44,10 +46,7 @@ class _GlobalGcSgd(tff.learning.optimizers.Optimizer):
     return collections.OrderedDict([(_LEARNING_RATE_KEY, self._lr)])
 
   def next(self, state, weights, gradients):
-    gradients = tff.learning.optimizers.handle_indexed_slices_gradients(
-        gradients
-    )
-    tff.learning.optimizers.check_weights_gradients_match(weights, gradients)
+    gradients = _base.checked_gradients(weights, gradients)
     projected = projection.zero_mean_projection(
         gradients, self._mask, self._center_vectors
     )
@@ -60,15 +59,6 @@ class _GlobalGcSgd(tff.learning.optimizers.Optimizer):
 
     updated_weights = tf.nest.map_structure(_sgd_update, weights, projected)
     return collections.OrderedDict(state), updated_weights
-
-  def get_hparams(self, state):
-    return collections.OrderedDict((k, state[k]) for k in _HPARAMS_KEYS)
-
-  def set_hparams(self, state, hparams):
-    validation.check_known_keys('hparams', hparams, _HPARAMS_KEYS)
-    updated_state = collections.OrderedDict(state)
-    updated_state.update(hparams)
-    return updated_state
 
 
 def build_global_gc_sgd(

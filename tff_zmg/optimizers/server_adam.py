@@ -19,6 +19,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_zmg import validation
+from tff_zmg.optimizers import _base
 
 _LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 _BETA_1_KEY = 'beta_1'
@@ -30,8 +31,10 @@ _SECOND_MOMENT_KEY = 'preconditioner'
 _HPARAMS_KEYS = (_LEARNING_RATE_KEY, _BETA_1_KEY, _BETA_2_KEY, _EPSILON_KEY)
 
 
-class _ServerAdam(tff.learning.optimizers.Optimizer):
+class _ServerAdam(_base.HparamsOptimizer):
   """FedAdam's server optimizer, see `build_server_adam`."""
+
+  _hparams_keys = _HPARAMS_KEYS
 
   def __init__(
       self,
@@ -54,24 +57,18 @@ class _ServerAdam(tff.learning.optimizers.Optimizer):
     )
 
   def initialize(self, specs: Any) -> collections.OrderedDict[str, Any]:
-    def zeros(spec):
-      return tf.zeros(spec.shape, spec.dtype)
-
     return collections.OrderedDict([
         (_LEARNING_RATE_KEY, self._lr),
         (_BETA_1_KEY, self._beta_1),
         (_BETA_2_KEY, self._beta_2),
         (_EPSILON_KEY, self._epsilon),
         (_STEP_KEY, 0),
-        (_FIRST_MOMENT_KEY, tf.nest.map_structure(zeros, specs)),
-        (_SECOND_MOMENT_KEY, tf.nest.map_structure(zeros, specs)),
+        (_FIRST_MOMENT_KEY, _base.zeros_like_specs(specs)),
+        (_SECOND_MOMENT_KEY, _base.zeros_like_specs(specs)),
     ])
 
   def next(self, state, weights, gradients):
-    gradients = tff.learning.optimizers.handle_indexed_slices_gradients(
-        gradients
-    )
-    tff.learning.optimizers.check_weights_gradients_match(weights, gradients)
+    gradients = _base.checked_gradients(weights, gradients)
     first_moment = state[_FIRST_MOMENT_KEY]
     second_moment = state[_SECOND_MOMENT_KEY]
     tf.nest.assert_same_structure(weights, first_moment, check_types=False)
@@ -113,15 +110,6 @@ class _ServerAdam(tff.learning.optimizers.Optimizer):
         second_moment, new_v
     )
     return updated_state, tf.nest.pack_sequence_as(weights, new_weights)
-
-  def get_hparams(self, state):
-    return collections.OrderedDict((k, state[k]) for k in _HPARAMS_KEYS)
-
-  def set_hparams(self, state, hparams):
-    validation.check_known_keys('hparams', hparams, _HPARAMS_KEYS)
-    updated_state = collections.OrderedDict(state)
-    updated_state.update(hparams)
-    return updated_state
 
 
 def build_server_adam(

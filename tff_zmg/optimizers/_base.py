@@ -1,0 +1,49 @@
+"""Plumbing shared by the optimizers in this package.
+
+Each optimizer keeps its hyperparameters as entries of its state
+`OrderedDict`; `HparamsOptimizer` reads and writes those entries, and
+`checked_gradients` / `zeros_like_specs` are the common first steps of `next`
+and `initialize`.
+"""
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_zmg import validation
+
+
+class HparamsOptimizer(tff.learning.optimizers.Optimizer):
+  """An optimizer whose hyperparameters are the state keys `_hparams_keys`.
+
+  Subclasses set `_hparams_keys` (class attribute or in `__init__`) and
+  implement `initialize` and `next`.
+  """
+
+  _hparams_keys: Sequence[str] = ()
+
+  def get_hparams(self, state):
+    return collections.OrderedDict((k, state[k]) for k in self._hparams_keys)
+
+  def set_hparams(self, state, hparams):
+    validation.check_known_keys('hparams', hparams, self._hparams_keys)
+    updated_state = collections.OrderedDict(state)
+    updated_state.update(hparams)
+    return updated_state
+
+
+def checked_gradients(weights: Any, gradients: Any) -> Any:
+  """Densifies `tf.IndexedSlices` gradients and checks they match `weights`."""
+  gradients = tff.learning.optimizers.handle_indexed_slices_gradients(
+      gradients
+  )
+  tff.learning.optimizers.check_weights_gradients_match(weights, gradients)
+  return gradients
+
+
+def zeros_like_specs(specs: Any) -> Any:
+  """Returns a structure of zero tensors with the shapes/dtypes of `specs`."""
+  return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
