@@ -1,0 +1,337 @@
+"""One federated training run: data, process, TFF's training loop, outputs, resumption.
+
+`launch.train` fills an `ExperimentConfig` from its flags and calls `run`; the grid search
+and comparison programs call `run` the same way, one directory per run. Everything that
+can be rejected (task, algorithm, hyperparameters, data, an existing run with other
+settings) is checked before anything is written to the output directory.
+"""
+
+import asyncio
+import collections
+import csv
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tasks
+from tff_zmg.algorithms import registry
+from tff_zmg import context
+from tff_zmg import validation
+
+FLAGS_FILENAME = 'flags.json'
+METRICS_FILENAME = 'metrics.csv'
+CHECKPOINT_DIRNAME = 'checkpoints'
+TENSORBOARD_DIRNAME = 'tensorboard'
+# Settings that may change between a run and its resumption without changing its results.
+_RESUMABLE_CHANGES = frozenset(
+    {'total_rounds', 'executor', 'max_concurrent_clients', 'rounds_per_checkpoint'}
+)
+
+
+class ExperimentError(Exception):
+  """A run cannot start or continue; the message says why and what to do."""
+
+
+class DivergedError(ExperimentError):
+  """Training produced a non-finite loss or update."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """Every setting of a run. `hparams` are the algorithm's (see the algorithm registry)."""
+
+  task: str
+  algo: str
+  root_output_dir: str
+  experiment_name: str
+  hparams: dict = dataclasses.field(default_factory=dict)
+  data_source: str = 'tff'
+  cache_dir: Optional[str] = None
+  synthetic_settings: Optional[dict] = None
+  total_rounds: int = 10
+  clients_per_round: int = 10
+  client_epochs_per_round: int = 1
+  client_batch_size: Optional[int] = None
+  max_elements_per_client: Optional[int] = None
+  seed: int = 0
+  rounds_per_eval: int = 1
+  num_eval_clients: int = 100
+  rounds_per_checkpoint: int = 1
+  executor: str = 'cpu'
+  max_concurrent_clients: int = -1
+  overwrite: bool = False
+
+  @property
+  def output_dir(self) -> str:
+    return os.path.join(self.root_output_dir, self.experiment_name)
+
+  @property
+  def checkpoint_dir(self) -> str:
+    return os.path.join(self.output_dir, CHECKPOINT_DIRNAME)
+
+  @property
+  def metrics_csv(self) -> str:
+    return os.path.join(self.output_dir, METRICS_FILENAME)
+
+  def recorded(self) -> dict:
+    """The settings as saved in flags.json (what a resumed run must agree with)."""
+    values = dataclasses.asdict(self)
+    values.pop('overwrite')
+    return values
+
+
+def _validate(config: ExperimentConfig) -> None:
+  if config.task not in tasks.TASK_NAMES:
+    raise ExperimentError(
+        f'unknown task {config.task!r}; choose one of {list(tasks.TASK_NAMES)}'
+    )
+  for name in (
+      'total_rounds', 'clients_per_round', 'client_epochs_per_round', 'rounds_per_eval',
+      'rounds_per_checkpoint',
+  ):
+    validation.check_positive(name, getattr(config, name))
+  validation.check_non_negative('num_eval_clients', config.num_eval_clients)
+  if config.client_batch_size is not None:
+    validation.check_positive('client_batch_size', config.client_batch_size)
+  if config.executor not in ('cpu', 'gpu'):
+    raise ExperimentError(f"executor must be 'cpu' or 'gpu', got {config.executor!r}")
+
+
+def _client_seed(seed: int, round_num: int, client_index: int) -> int:
+  """The shuffle seed of one client in one round: a pure function of the run's seed."""
+  return int(np.random.SeedSequence([seed, round_num, client_index]).generate_state(1)[0])
+
+
+def gpu_devices() -> list:
+  """The GPUs TensorFlow sees, with memory growth on so clients share them."""
+  gpus = tf.config.list_physical_devices('GPU')
+  for gpu in gpus:
+    tf.config.experimental.set_memory_growth(gpu, True)
+  return gpus
+
+
+def _check_resumable(config: ExperimentConfig) -> None:
+  """Refuses to continue a run recorded with different settings."""
+  path = os.path.join(config.output_dir, FLAGS_FILENAME)
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      recorded = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ExperimentError(
+        f'{path} is unreadable ({e}); pass --overwrite to start this experiment afresh'
+    ) from e
+  now = json.loads(json.dumps(config.recorded()))
+  changed = sorted(
+      k for k in set(recorded) | set(now)
+      if k not in _RESUMABLE_CHANGES and recorded.get(k) != now.get(k)
+  )
+  if changed:
+    details = ', '.join(f'{k}: {recorded.get(k)!r} -> {now.get(k)!r}' for k in changed)
+    raise ExperimentError(
+        f'{config.output_dir} holds a run with other settings ({details}); pass'
+        ' --overwrite to replace it or choose another --experiment_name'
+    )
+
+
+class _ProgressReleaseManager(tff.program.ReleaseManager):
+  """Prints one line per round: metrics, rounds per second, ETA; stops on divergence."""
+
+  def __init__(self, total_rounds: int, stream=None):
+    self._total_rounds = total_rounds
+    self._stream = stream
+    self._start = None
+    self._first_key = None
+    self.history = []
+
+  async def release(self, value, key):
+    flat = _flatten(value)
+    self.history.append((key, flat))
+    loss = flat.get('client_work/train/loss')
+    non_finite = flat.get('finalizer/update_non_finite', 0)
+    if loss is not None and (not math.isfinite(float(loss)) or non_finite):
+      raise DivergedError(
+          f'training diverged in round {key}: loss={loss}, non-finite update'
+          f' {bool(non_finite)}. The last good checkpoint is kept; try a smaller learning'
+          ' rate.'
+      )
+    now = time.monotonic()
+    if self._start is None:
+      self._start, self._first_key = now, key
+    parts = [f'round {key}/{self._total_rounds}']
+    for name, label in (
+        ('client_work/train/loss', 'loss'),
+        ('client_work/train/sparse_categorical_accuracy', 'acc'),
+        ('evaluation/loss', 'eval_loss'),
+        ('evaluation/sparse_categorical_accuracy', 'eval_acc'),
+    ):
+      if name in flat:
+        parts.append(f'{label}={float(flat[name]):.4f}')
+    done = key - self._first_key
+    if done > 0:
+      rate = done / (now - self._start)
+      eta = (self._total_rounds - key) / rate
+      parts.append(f'{rate:.2f} rounds/s ETA {time.strftime("%H:%M:%S", time.gmtime(eta))}')
+    print('  '.join(parts), file=self._stream or sys.stdout, flush=True)
+
+
+def _flatten(value, prefix='') -> dict:
+  if isinstance(value, collections.abc.Mapping):
+    out = {}
+    for k, v in value.items():
+      out.update(_flatten(v, f'{prefix}{k}/'))
+    return out
+  return {prefix[:-1]: value}
+
+
+def _evaluation_fn(task, training_process):
+  eval_process = tff.learning.algorithms.build_fed_eval(task.model_fn)
+  eval_state = eval_process.initialize()
+
+  def evaluate(state, data):
+    weights = training_process.get_model_weights(state)
+    output = eval_process.next(eval_process.set_model_weights(eval_state, weights), data)
+    return collections.OrderedDict(output.metrics['client_work']['eval']['current_round_metrics'])
+
+  return evaluate
+
+
+def _check_checkpoint(config: ExperimentConfig, process) -> None:
+  """Fails clearly if the latest checkpoint cannot be read into this process's state."""
+  if not os.path.isdir(config.checkpoint_dir):
+    return
+  manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
+  try:
+    asyncio.get_event_loop().run_until_complete(manager.load_latest(process.initialize()))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ExperimentError(
+        f'the checkpoint in {config.checkpoint_dir} cannot be restored into this'
+        f' experiment ({type(e).__name__}: {e}); pass --overwrite to start afresh'
+    ) from e
+
+
+def read_metric(csv_path: str, name: str) -> dict[int, float]:
+  """`{round: value}` of one metric column of a run's metrics.csv (rounds that have it)."""
+  if not os.path.exists(csv_path):
+    return {}
+  with open(csv_path, newline='') as f:
+    rows = list(csv.DictReader(f))
+  return {
+      int(r['key']): float(r[name]) for r in rows if r.get(name) not in (None, '')
+  }
+
+
+def run(config: ExperimentConfig) -> dict:
+  """Runs (or resumes) one experiment and returns its summary.
+
+  Raises:
+    ExperimentError: bad settings, an existing run with other settings, an unreadable
+      checkpoint, or divergence (then the last good checkpoint is kept).
+    tasks.MissingDataError, tasks.CorruptDataError: the data is not usable.
+    ValueError: a hyperparameter out of its range.
+  """
+  _validate(config)
+  if not config.overwrite:
+    _check_resumable(config)
+  if config.executor == 'gpu' and not gpu_devices():
+    raise ExperimentError(
+        '--executor=gpu but TensorFlow sees no GPU on this machine'
+        f' (CUDA_VISIBLE_DEVICES={os.environ.get("CUDA_VISIBLE_DEVICES", "unset")});'
+        ' use --executor=cpu'
+    )
+  task = tasks.get(
+      config.task,
+      data_source=config.data_source,
+      cache_dir=config.cache_dir,
+      batch_size=config.client_batch_size,
+      num_epochs=config.client_epochs_per_round,
+      max_elements=config.max_elements_per_client,
+      shuffle_seed=config.seed,
+      model_seed=config.seed,
+      synthetic_settings=config.synthetic_settings,
+  )
+  loop = (
+      tff.learning.LoopImplementation.DATASET_ITERATOR
+      if config.executor == 'gpu'
+      else tff.learning.LoopImplementation.DATASET_REDUCE
+  )
+  process = registry.build(
+      config.algo, task.model_fn, loop_implementation=loop, **config.hparams
+  )
+  if config.overwrite and os.path.exists(config.output_dir):
+    shutil.rmtree(config.output_dir)
+
+  train_data = task.datasets.train_data
+  clients_per_round = min(config.clients_per_round, len(train_data.client_ids))
+  sample_clients = tff.simulation.build_uniform_sampling_fn(
+      train_data.client_ids, replace=False, random_seed=config.seed
+  )
+
+  def training_selection_fn(round_num):
+    ids = sample_clients(round_num, clients_per_round)
+    return [
+        task.train_preprocess_fn_for_seed(_client_seed(config.seed, round_num, i))(
+            train_data.create_tf_dataset_for_client(cid)
+        )
+        for i, cid in enumerate(ids)
+    ]
+
+  # The same test clients at every evaluation and for every algorithm and seed, so that
+  # curves are comparable and paired tests are paired.
+  test_data = task.datasets.test_data
+  eval_ids = sorted(test_data.client_ids)
+  if config.num_eval_clients:
+    eval_ids = eval_ids[: config.num_eval_clients]
+  eval_datasets = [
+      task.datasets.eval_preprocess_fn(test_data.create_tf_dataset_for_client(cid))
+      for cid in eval_ids
+  ]
+
+  start = time.monotonic()
+  with context.execution_context(config.max_concurrent_clients):
+    _check_checkpoint(config, process)
+    os.makedirs(config.output_dir, exist_ok=True)
+    with open(os.path.join(config.output_dir, FLAGS_FILENAME), 'w') as f:
+      json.dump(config.recorded(), f, indent=2, sort_keys=True)
+    state_manager = tff.program.FileProgramStateManager(config.checkpoint_dir, keep_total=3)
+    progress = _ProgressReleaseManager(config.total_rounds)
+    metrics_managers = [
+        progress,
+        tff.program.CSVFileReleaseManager(config.metrics_csv),
+        tff.program.TensorBoardReleaseManager(
+            os.path.join(config.output_dir, TENSORBOARD_DIRNAME)
+        ),
+    ]
+    tff.simulation.run_training_process(
+        training_process=process,
+        training_selection_fn=training_selection_fn,
+        total_rounds=config.total_rounds,
+        evaluation_fn=_evaluation_fn(task, process),
+        evaluation_selection_fn=lambda round_num: eval_datasets,
+        rounds_per_evaluation=config.rounds_per_eval,
+        program_state_manager=state_manager,
+        rounds_per_saving_program_state=config.rounds_per_checkpoint,
+        metrics_managers=metrics_managers,
+    )
+  wall = time.monotonic() - start
+  eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
+  train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
+  return collections.OrderedDict(
+      rounds_completed=max(train_loss, default=0),
+      final_eval_accuracy=eval_acc[max(eval_acc)] if eval_acc else None,
+      best_eval_accuracy=max(eval_acc.values()) if eval_acc else None,
+      wall_time_s=wall,
+      output_dir=config.output_dir,
+      metrics_csv=config.metrics_csv,
+      tensorboard_dir=os.path.join(config.output_dir, TENSORBOARD_DIRNAME),
+  )

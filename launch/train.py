@@ -1,0 +1,223 @@
+r"""Trains one federated algorithm on one task: `python -m launch.train --task=... --algo=...`.
+
+Offline, on synthetic data in TFF's format (a few rounds, seconds per round on a CPU):
+
+  python -m launch.train --task=emnist --algo=fedzmg --data_source=synthetic --total_rounds=5
+
+On TFF's published data (`<cache_dir>/emnist_all.sqlite` etc.):
+
+  python -m launch.train --task=shakespeare --algo=fedzmg --total_rounds=1500
+
+Outputs go to `<root_output_dir>/<experiment_name>/`: flags.json, metrics.csv, tensorboard/
+and checkpoints/. Re-running the same command resumes from the last checkpoint;
+--overwrite starts afresh. `--helpfull` lists every flag with its default.
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import tensorflow as tf
+
+import tasks
+from launch import experiment
+from tff_zmg.algorithms import registry
+
+
+def _per_algorithm_defaults(name: str) -> str:
+  values = {
+      algo: spec.defaults[name]
+      for algo, spec in registry.ALGORITHMS.items()
+      if name in spec.defaults
+  }
+  if not values:
+    return ''
+  if len(set(map(repr, values.values()))) == 1:
+    return f' Default: {next(iter(values.values()))!r} ({", ".join(values)}).'
+  return ' Defaults: ' + ', '.join(f'{a}={v!r}' for a, v in values.items()) + '.'
+
+
+_TASK = flags.DEFINE_enum('task', None, list(tasks.TASK_NAMES), 'The federated task.')
+_ALGO = flags.DEFINE_enum(
+    'algo', None, sorted(registry.ALGORITHMS), 'The algorithm (see the registry).'
+)
+_DATA_SOURCE = flags.DEFINE_enum(
+    'data_source', 'tff', ['tff', 'synthetic'],
+    "'tff': TFF's published SQLite files in --cache_dir; 'synthetic': generated data in"
+    " the same format (offline; for trying things out and tests).",
+)
+_CACHE_DIR = flags.DEFINE_string(
+    'cache_dir', None, 'Directory with the <name>.sqlite files (default ~/.tff).'
+)
+_SYNTHETIC_TRAIN_CLIENTS = flags.DEFINE_integer(
+    'synthetic_train_clients', None, 'Synthetic data: number of training clients.'
+)
+_SYNTHETIC_TEST_CLIENTS = flags.DEFINE_integer(
+    'synthetic_test_clients', None, 'Synthetic data: number of test clients.'
+)
+_SYNTHETIC_EXAMPLES = flags.DEFINE_integer(
+    'synthetic_examples_per_client', None, 'Synthetic data: mean examples per client.'
+)
+_SYNTHETIC_ALPHA = flags.DEFINE_float(
+    'synthetic_dirichlet_alpha', 0.5, 'Synthetic data: Dirichlet label-skew parameter.'
+)
+_SYNTHETIC_SEED = flags.DEFINE_integer(
+    'synthetic_seed', 0,
+    'Synthetic data: generator seed (separate from --seed, so that runs with different'
+    ' seeds see the same data).',
+)
+_TOTAL_ROUNDS = flags.DEFINE_integer('total_rounds', 10, 'Number of training rounds.')
+_CLIENTS_PER_ROUND = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+_EPOCHS = flags.DEFINE_integer('client_epochs_per_round', 1, 'Local epochs per round.')
+_BATCH_SIZE = flags.DEFINE_integer(
+    'client_batch_size', None,
+    'Client batch size. Default per task: '
+    + ', '.join(f'{n}={s.batch_size}' for n, s in tasks.SPECS.items()) + '.',
+)
+_MAX_ELEMENTS = flags.DEFINE_integer(
+    'max_elements_per_client', None, 'Optional cap on examples per client and round.'
+)
+_HPARAM_FLAGS = {
+    'client_learning_rate': flags.DEFINE_float,
+    'server_learning_rate': flags.DEFINE_float,
+    'client_momentum': flags.DEFINE_float,
+    'weight_decay': flags.DEFINE_float,
+    'gc_lambda': flags.DEFINE_float,
+    'local_gc_layers': flags.DEFINE_string,
+    'global_gc_layers': flags.DEFINE_string,
+    'adam_beta_1': flags.DEFINE_float,
+    'adam_beta_2': flags.DEFINE_float,
+    'adam_epsilon': flags.DEFINE_float,
+    'adam_bias_correction': flags.DEFINE_bool,
+    'center_vectors': flags.DEFINE_bool,
+}
+_HPARAM_HELP = {
+    'client_learning_rate': 'Client learning rate eta_l.',
+    'server_learning_rate': 'Server learning rate eta_g (the relaxation rho for SGD).',
+    'client_momentum': 'Client momentum mu.',
+    'weight_decay': 'Client weight decay (decoupled for FedZMG, coupled L2 for LocalGC).',
+    'gc_lambda': 'GC-Fed layer borderline lambda in [0, 1]; unset: all layers but the last'
+    ' are feature layers.',
+    'local_gc_layers': "Layers LocalGC projects: 'all' or 'feature'.",
+    'global_gc_layers': "Layers Global GC projects: 'all' or 'classifier'.",
+    'adam_beta_1': 'Server Adam beta_1.',
+    'adam_beta_2': 'Server Adam beta_2.',
+    'adam_epsilon': 'Server Adam epsilon.',
+    'adam_bias_correction': 'Server Adam bias correction.',
+    'center_vectors': 'Also centre bias vectors (the GC-Fed authors\' code does).',
+}
+_HPARAMS = {
+    name: define(name, None, _HPARAM_HELP[name] + _per_algorithm_defaults(name))
+    for name, define in _HPARAM_FLAGS.items()
+}
+_SEED = flags.DEFINE_integer(
+    'seed', 0, 'Seed of the model initialization, client sampling and shuffling.'
+)
+_ROUNDS_PER_EVAL = flags.DEFINE_integer(
+    'rounds_per_eval', 1, 'Evaluate on the test clients every this many rounds.'
+)
+_NUM_EVAL_CLIENTS = flags.DEFINE_integer(
+    'num_eval_clients', 100,
+    'Evaluate on the first this many test clients (sorted ids; 0 = all).',
+)
+_ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
+    'rounds_per_checkpoint', 1, 'Save a checkpoint every this many rounds.'
+)
+_ROOT_OUTPUT_DIR = flags.DEFINE_string(
+    'root_output_dir', 'runs', 'Directory under which each experiment gets its own.'
+)
+_EXPERIMENT_NAME = flags.DEFINE_string(
+    'experiment_name', None, 'Experiment directory name (default <task>_<algo>_seed<seed>).'
+)
+_EXECUTOR = flags.DEFINE_enum(
+    'executor', 'cpu', ['cpu', 'gpu'], 'Run client computations on the CPU or the GPUs.'
+)
+_MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
+    'max_concurrent_clients', -1,
+    'How many client computations the TFF worker runs at once (<= 0: no limit).',
+)
+_OVERWRITE = flags.DEFINE_bool(
+    'overwrite', False, 'Delete an existing experiment of the same name and start afresh.'
+)
+flags.mark_flags_as_required(['task', 'algo'])
+
+
+def config_from_flags() -> experiment.ExperimentConfig:
+  """The experiment the flags describe; hyperparameters not set come from the registry."""
+  spec = registry.get(_ALGO.value)
+  unknown = [n for n, f in _HPARAMS.items() if f.value is not None and n not in spec.defaults]
+  if unknown:
+    raise ValueError(
+        f'--{unknown[0]} does not apply to --algo={_ALGO.value}; its hyperparameters are'
+        f' {sorted(spec.defaults)}'
+    )
+  hparams = {n: f.value for n, f in _HPARAMS.items() if f.value is not None}
+  synthetic = None
+  if _DATA_SOURCE.value == 'synthetic':
+    synthetic = {
+        'num_train_clients': _SYNTHETIC_TRAIN_CLIENTS.value,
+        'num_test_clients': _SYNTHETIC_TEST_CLIENTS.value,
+        'mean_examples_per_client': _SYNTHETIC_EXAMPLES.value,
+        'dirichlet_alpha': _SYNTHETIC_ALPHA.value,
+        'seed': _SYNTHETIC_SEED.value,
+    }
+  return experiment.ExperimentConfig(
+      task=_TASK.value,
+      algo=_ALGO.value,
+      root_output_dir=_ROOT_OUTPUT_DIR.value,
+      experiment_name=(
+          _EXPERIMENT_NAME.value or f'{_TASK.value}_{_ALGO.value}_seed{_SEED.value}'
+      ),
+      hparams=hparams,
+      data_source=_DATA_SOURCE.value,
+      cache_dir=_CACHE_DIR.value,
+      synthetic_settings=synthetic,
+      total_rounds=_TOTAL_ROUNDS.value,
+      clients_per_round=_CLIENTS_PER_ROUND.value,
+      client_epochs_per_round=_EPOCHS.value,
+      client_batch_size=_BATCH_SIZE.value,
+      max_elements_per_client=_MAX_ELEMENTS.value,
+      seed=_SEED.value,
+      rounds_per_eval=_ROUNDS_PER_EVAL.value,
+      num_eval_clients=_NUM_EVAL_CLIENTS.value,
+      rounds_per_checkpoint=_ROUNDS_PER_CHECKPOINT.value,
+      executor=_EXECUTOR.value,
+      max_concurrent_clients=_MAX_CONCURRENT_CLIENTS.value,
+      overwrite=_OVERWRITE.value,
+  )
+
+
+def _quiet_libraries() -> None:
+  """Keeps TF/TFF INFO chatter off the terminal unless --verbosity is given."""
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel('ERROR')
+
+
+def main(argv) -> int:
+  _quiet_libraries()
+  if len(argv) > 1:
+    print(f'train: error: unexpected arguments {argv[1:]}', file=sys.stderr)
+    return 2
+  try:
+    config = config_from_flags()
+    if config.executor == 'gpu':
+      print(f'GPU executor on {[d.name for d in experiment.gpu_devices()]}', flush=True)
+    summary = experiment.run(config)
+  except experiment.DivergedError as e:
+    print(f'train: error: {e}', file=sys.stderr)
+    return 3
+  except (
+      ValueError, experiment.ExperimentError, tasks.MissingDataError,
+      tasks.CorruptDataError,
+  ) as e:
+    print(f'train: error: {e}', file=sys.stderr)
+    return 2
+  print('summary: ' + json.dumps(summary), flush=True)
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))

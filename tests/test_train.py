@@ -1,0 +1,181 @@
+"""The training program end to end, through its real `main`, on small synthetic data."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+
+from absl import flags
+import numpy as np
+import pytest
+
+from launch import train
+
+_SMALL = [
+    '--data_source=synthetic',
+    '--synthetic_train_clients=6',
+    '--synthetic_test_clients=2',
+    '--synthetic_examples_per_client=12',
+    '--clients_per_round=3',
+    '--num_eval_clients=2',
+]
+_TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
+
+
+@pytest.fixture
+def run_main(synthetic_cache_dir, tmp_path, capsys):
+  """Runs `launch.train.main` in-process with the given flags; returns (rc, out, err)."""
+
+  def run(*args, root=None):
+    argv = ['train', f'--cache_dir={synthetic_cache_dir}',
+            f'--root_output_dir={root or tmp_path}', *_SMALL, *args]
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(argv)
+    rc = train.main(['train'])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
+def _rows(path):
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _without_times(rows):
+  return [{k: v for k, v in r.items() if k not in _TIME_COLUMNS} for r in rows]
+
+
+@pytest.mark.parametrize(
+    'task, extra',
+    [
+        ('emnist', []),
+        ('cifar100', []),
+        ('shakespeare', ['--max_elements_per_client=4']),
+    ],
+)
+def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
+    run_main, tmp_path, task, extra
+):
+  rc, out, err = run_main(f'--task={task}', '--algo=fedzmg', '--total_rounds=2', *extra)
+  assert rc == 0, err
+  exp = tmp_path / f'{task}_fedzmg_seed0'
+  rows = _rows(exp / 'metrics.csv')
+  assert [int(r['key']) for r in rows] == [0, 1, 2]  # Round 0 evaluates the start.
+  for r in rows[1:]:
+    assert np.isfinite(float(r['client_work/train/loss']))
+    assert 0.0 <= float(r['evaluation/sparse_categorical_accuracy']) <= 1.0
+  assert os.listdir(exp / 'tensorboard')
+  assert any(n.startswith('program_state_2') for n in os.listdir(exp / 'checkpoints'))
+  assert 'round 2/2' in out and 'rounds/s' in out and 'summary:' in out
+  recorded = __import__('json').loads((exp / 'flags.json').read_text())
+  assert recorded['task'] == task and recorded['algo'] == 'fedzmg'
+
+
+def test_same_flags_give_the_same_metrics(run_main, tmp_path):
+  args = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--seed=5')
+  assert run_main(*args, root=tmp_path / 'a')[0] == 0
+  assert run_main(*args, root=tmp_path / 'b')[0] == 0
+  a = _rows(tmp_path / 'a' / 'emnist_fedavg_seed5' / 'metrics.csv')
+  b = _rows(tmp_path / 'b' / 'emnist_fedavg_seed5' / 'metrics.csv')
+  assert _without_times(a) == _without_times(b)
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(run_main, tmp_path, synthetic_cache_dir):
+  args = ['--task=emnist', '--algo=fedzmg', '--total_rounds=4']
+  assert run_main(*args, root=tmp_path / 'whole')[0] == 0
+  # The same run in a real process, killed (SIGKILL) once round 2 is reported.
+  cmd = [sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
+         f'--root_output_dir={tmp_path / "killed"}', *_SMALL, *args]
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+  try:
+    for line in proc.stdout:
+      if line.startswith('round 2/4'):
+        proc.send_signal(signal.SIGKILL)
+        break
+    proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  killed_dir = tmp_path / 'killed' / 'emnist_fedzmg_seed0'
+  assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) < 4
+  rc, out, err = run_main(*args, root=tmp_path / 'killed')
+  assert rc == 0, err
+  assert 'round 1/4' not in out  # It resumed rather than starting over.
+  whole = _rows(tmp_path / 'whole' / 'emnist_fedzmg_seed0' / 'metrics.csv')
+  resumed = _rows(killed_dir / 'metrics.csv')
+  assert _without_times(resumed) == _without_times(whole)
+
+
+def test_absurd_learning_rate_stops_with_divergence_and_keeps_good_checkpoint(run_main, tmp_path):
+  rc, out, err = run_main('--task=emnist', '--algo=fedavg', '--total_rounds=3',
+                          '--client_learning_rate=1e9')
+  assert rc == 3
+  assert 'diverged in round' in err and 'smaller learning rate' in err
+  assert len(err.strip().splitlines()) == 1
+  checkpoints = os.listdir(tmp_path / 'emnist_fedavg_seed0' / 'checkpoints')
+  assert checkpoints and all(not n.startswith('program_state_3') for n in checkpoints)
+
+
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['--task=emnist', '--algo=fedavg', '--client_learning_rate=-1'], 'client_learning_rate'),
+        (['--task=emnist', '--algo=fedavg', '--total_rounds=0'], 'total_rounds'),
+        (['--task=emnist', '--algo=fedavg', '--gc_lambda=0.5'], 'does not apply'),
+        (['--task=emnist', '--algo=fedzmg', '--client_momentum=1.0'], 'momentum'),
+    ],
+)
+def test_bad_values_end_with_one_line_and_write_nothing(run_main, tmp_path, args, message):
+  rc, _, err = run_main(*args)
+  assert rc == 2
+  assert err.startswith('train: error:') and message in err
+  assert len(err.strip().splitlines()) == 1
+  assert not os.listdir(tmp_path)
+
+
+def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
+  flags_args = ['--task=emnist', '--algo=fedavg', '--data_source=tff',
+                f'--cache_dir={tmp_path / "empty"}']
+  rc, _, err = run_main(*flags_args)
+  assert rc == 2 and 'emnist_all.sqlite' in err and len(err.strip().splitlines()) == 1
+
+
+def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(run_main, tmp_path):
+  base = ['--task=emnist', '--algo=fedavg', '--total_rounds=1']
+  assert run_main(*base)[0] == 0
+  rc, _, err = run_main(*base, '--client_learning_rate=0.5')
+  assert rc == 2 and 'other settings' in err and '--overwrite' in err
+  ckpt_dir = tmp_path / 'emnist_fedavg_seed0' / 'checkpoints'
+  for name in os.listdir(ckpt_dir):
+    for root, _, files in os.walk(ckpt_dir / name):
+      for f in files:
+        with open(os.path.join(root, f), 'wb') as out:
+          out.write(b'garbage')
+  rc, _, err = run_main(*base)
+  assert rc == 2 and 'checkpoint' in err and '--overwrite' in err
+  assert run_main(*base, '--overwrite')[0] == 0
+
+
+def test_unknown_task_from_the_command_line(synthetic_cache_dir):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.train', '--task=mnist', '--algo=fedavg'],
+      capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(__file__)),
+  )
+  assert proc.returncode != 0
+  assert 'mnist' in proc.stderr and 'emnist' in proc.stderr
+
+
+def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
+  import tensorflow as tf
+
+  if tf.config.list_physical_devices('GPU'):
+    pytest.skip('this machine has a GPU')
+  rc, _, err = run_main('--task=emnist', '--algo=fedavg', '--executor=gpu')
+  assert rc == 2 and 'no GPU' in err
+  assert not os.listdir(tmp_path)
