@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tasks import models
 from tff_zmg import projection
@@ -117,26 +118,26 @@ def test_non_bool_mask_entry_raises():
     )
 
 
-# Layer masks on the task models.
+# Layer masks on the task models' trainable variables.
 
 
 @pytest.fixture(scope='module')
 def emnist():
-  return models.emnist_cnn()
+  return models.emnist_cnn().trainable_variables
 
 
 @pytest.fixture(scope='module')
 def cifar100():
-  return models.cifar100_cnn()
+  return models.cifar100_cnn().trainable_variables
 
 
 @pytest.fixture(scope='module')
 def shakespeare():
-  return models.shakespeare_gru()
+  return models.shakespeare_gru().trainable_variables
 
 
 def test_emnist_trainable_variables_are_as_documented(emnist):
-  shapes = [tuple(v.shape) for v in emnist.trainable_variables]
+  shapes = [tuple(v.shape) for v in emnist]
   assert shapes == [(5, 5, 1, 32), (32,), (5, 5, 32, 64), (64,),
                     (3136, 512), (512,), (512, 62), (62,)]
 
@@ -158,13 +159,13 @@ def test_half_borderline_on_emnist_selects_first_two_layers(emnist):
 @pytest.mark.parametrize('gc_lambda, expected', [(0.0, False), (1.0, True)])
 def test_borderline_zero_selects_none_and_one_selects_all(
     emnist, cifar100, shakespeare, gc_lambda, expected):
-  for model in (emnist, cifar100, shakespeare):
-    mask = projection.layer_borderline_mask(model, gc_lambda=gc_lambda)
-    assert mask == (expected,) * len(model.trainable_variables)
+  for variables in (emnist, cifar100, shakespeare):
+    mask = projection.layer_borderline_mask(variables, gc_lambda=gc_lambda)
+    assert mask == (expected,) * len(variables)
 
 
 def test_cifar100_default_mask_covers_five_of_six_layers(cifar100):
-  assert len(cifar100.trainable_variables) == 12
+  assert len(cifar100) == 12
   assert projection.layer_borderline_mask(cifar100) == (True,) * 10 + (
       False,) * 2
   # floor(0.5 * 6) = 3 layers: the first three convolutions.
@@ -173,7 +174,7 @@ def test_cifar100_default_mask_covers_five_of_six_layers(cifar100):
 
 
 def test_gru_tensors_share_one_mask_value(shakespeare):
-  shapes = [tuple(v.shape) for v in shakespeare.trainable_variables]
+  shapes = [tuple(v.shape) for v in shakespeare]
   assert shapes == [(66, 256), (256, 3072), (1024, 3072), (2, 3072),
                     (1024, 66), (66,)]
   # L = 3: floor(0.5 * 3) = 1 (the embedding), floor(0.7 * 3) = 2.
@@ -185,14 +186,73 @@ def test_gru_tensors_share_one_mask_value(shakespeare):
       True, True, True, True, False, False)
 
 
-def test_nested_model_counts_as_one_layer():
-  inner = tf.keras.Sequential(
-      [tf.keras.layers.Dense(4), tf.keras.layers.Dense(3)], name='inner')
-  outer = tf.keras.Sequential(
-      [tf.keras.layers.InputLayer(input_shape=(5,)), inner,
-       tf.keras.layers.Dense(2)])
-  assert len(outer.trainable_variables) == 6
-  assert projection.layer_borderline_mask(outer) == (True,) * 4 + (False,) * 2
+def test_weight_matrix_mask_selects_kernels_not_biases(emnist, shakespeare):
+  assert projection.weight_matrix_mask(emnist) == (True, False) * 4
+  # The GRU's rank-2 bias [2, 3072] is a bias: not projected.
+  assert projection.weight_matrix_mask(shakespeare) == (
+      True, True, True, False, True, False)
+
+
+def test_projection_masks_select_the_spec_layers(emnist, cifar100, shakespeare):
+  assert projection.projection_mask(emnist, 'all') == (True, False) * 4
+  assert projection.projection_mask(emnist, 'feature') == (
+      True, False) * 3 + (False, False)
+  assert projection.projection_mask(emnist, 'classifier') == (
+      False,) * 6 + (True, False)
+  assert projection.projection_mask(cifar100, 'classifier') == (
+      False,) * 10 + (True, False)
+  assert projection.projection_mask(shakespeare, 'feature') == (
+      True, True, True, False, False, False)
+  assert projection.projection_mask(shakespeare, 'classifier') == (
+      False, False, False, False, True, False)
+
+
+@pytest.mark.parametrize(
+    'keras_model_fn',
+    [models.emnist_cnn, models.cifar100_cnn, models.shakespeare_gru],
+    ids=['emnist', 'cifar100', 'shakespeare'])
+def test_tff_model_variables_give_the_keras_model_masks(keras_model_fn):
+  eager_variables = keras_model_fn().trainable_variables
+  with tf.Graph().as_default():  # As the algorithm builders do.
+    keras_model = keras_model_fn()
+    tff_model = tff.learning.models.from_keras_model(
+        keras_model,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=(tf.TensorSpec([None, *keras_model.input_shape[1:]],
+                                  keras_model.input.dtype),
+                    tf.TensorSpec([None], tf.int32)))
+    graph_variables = tff_model.trainable_variables
+  for layers in ('all', 'feature', 'classifier'):
+    assert (projection.projection_mask(graph_variables, layers)
+            == projection.projection_mask(eager_variables, layers))
+  assert (projection.layer_borderline_mask(graph_variables, 0.5)
+          == projection.layer_borderline_mask(eager_variables, 0.5))
+
+
+def test_layers_are_consecutive_variables_of_one_name_scope():
+  variables = [
+      tf.Variable(tf.zeros([3, 2]), name='block/conv/kernel'),
+      tf.Variable(tf.zeros([2]), name='block/conv/bias'),
+      tf.Variable(tf.zeros([2, 2]), name='block/dense/kernel'),
+      tf.Variable(tf.zeros([2]), name='scale'),  # No scope: its own layer.
+      tf.Variable(tf.zeros([2]), name='offset'),  # Its own layer, too.
+      tf.Variable(tf.zeros([2, 2]), name='head/kernel'),
+  ]
+  # Five layers: floor(0.6 * 5) = 3 feature layers.
+  assert projection.layer_borderline_mask(variables, gc_lambda=0.6) == (
+      True, True, True, True, False, False)
+  assert projection.layer_borderline_mask(variables) == (True,) * 5 + (
+      False,)
+
+
+def test_a_model_instead_of_its_variables_raises():
+  with pytest.raises(ValueError, match='trainable_variables'):
+    projection.layer_borderline_mask(models.emnist_cnn())
+
+
+def test_no_variables_raises():
+  with pytest.raises(ValueError, match='empty'):
+    projection.layer_borderline_mask([])
 
 
 @pytest.mark.parametrize('gc_lambda', [-0.1, 1.5])

@@ -10,3 +10,13 @@ from tff_zmg import projection
 from tff_zmg import validation
 from tff_zmg.context import execution_context
 from tff_zmg.projection import zero_mean_projection
+from tff_zmg import algorithms
+from tff_zmg.algorithms import ALGORITHMS
+from tff_zmg.algorithms import build_fedadam
+from tff_zmg.algorithms import build_fedavg
+from tff_zmg.algorithms import build_fedzmg
+from tff_zmg.algorithms import build_fedzmg_adam
+from tff_zmg.algorithms import build_gcfed
+from tff_zmg.algorithms import build_global_gc
+from tff_zmg.algorithms import build_local_gc
+from tff_zmg.algorithms import build_process

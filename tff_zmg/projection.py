@@ -6,7 +6,7 @@ projected optimizer in `tff_zmg.optimizers` chains with a plain update rule;
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -89,56 +89,98 @@ def zero_mean_projection(
   return tf.nest.pack_sequence_as(tensors, projected)
 
 
-def _layer_index_per_variable(keras_model: tf.keras.Model) -> list[int]:
-  """Numbers the layers owning each trainable variable, in variable order.
+def _check_variables(variables: Any) -> tuple[Any, ...]:
+  """Returns `variables` as a tuple, or raises if it is not a sequence of them."""
+  if hasattr(variables, 'trainable_variables'):
+    raise ValueError(
+        'variables must be a sequence of tf.Variables, got a model '
+        f'{variables!r}; pass its `trainable_variables`'
+    )
+  if isinstance(variables, (str, bytes)) or not isinstance(
+      variables, Iterable
+  ):
+    raise ValueError(
+        f'variables must be a sequence of tf.Variables, got {variables!r}'
+    )
+  variables = tuple(variables)
+  for i, variable in enumerate(variables):
+    if not (hasattr(variable, 'name') and hasattr(variable, 'shape')):
+      raise ValueError(
+          f'variables[{i}] must be a tf.Variable (with a name and a shape), '
+          f'got {variable!r}'
+      )
+  return variables
 
-  A variable belongs to the top-level layer (`keras_model.layers`) whose
-  `trainable_weights` (which include its sublayers') contain it; a variable
-  owned by no top-level layer forms a group of its own. Groups are numbered in
-  order of first appearance in `keras_model.trainable_variables`.
+
+def _scope(variable: tf.Variable) -> Optional[str]:
+  """The name scope of a variable: its name without the last `/part`.
+
+  'gru/gru_cell/kernel:0' -> 'gru/gru_cell'; a name without a '/' has no scope.
   """
-  owner = {}
-  for position, layer in enumerate(keras_model.layers):
-    for weight in layer.trainable_weights:
-      owner.setdefault(weight.ref(), ('layer', position))
-  group_index = {}
+  name = variable.name.split(':')[0]
+  if '/' not in name:
+    return None
+  return name.rsplit('/', 1)[0]
+
+
+def _layer_index_per_variable(variables: Sequence[tf.Variable]) -> list[int]:
+  """Numbers the layer of each variable: consecutive variables of one scope share a layer.
+
+  A variable without a name scope is a layer of its own.
+  """
   indices = []
-  for i, variable in enumerate(keras_model.trainable_variables):
-    group = owner.get(variable.ref(), ('variable', i))
-    indices.append(group_index.setdefault(group, len(group_index)))
+  previous_scope = None
+  for variable in variables:
+    scope = _scope(variable)
+    if not indices:
+      indices.append(0)
+    elif scope is not None and scope == previous_scope:
+      indices.append(indices[-1])
+    else:
+      indices.append(indices[-1] + 1)
+    previous_scope = scope
   return indices
 
 
 def layer_borderline_mask(
-    keras_model: tf.keras.Model, gc_lambda: Optional[float] = None
+    variables: Sequence[tf.Variable], gc_lambda: Optional[float] = None
 ) -> tuple[bool, ...]:
-  """Marks the trainable variables of the model's "feature" layers (GC-Fed).
+  """Marks the variables of the model's "feature" layers (GC-Fed).
 
-  The trainable variables (in `keras_model.trainable_variables` order, the
-  order `tff.learning.models.from_keras_model` uses) are grouped by the layer
-  that owns them; with `L` such layers, the first `floor(gc_lambda * L)` are
-  feature layers, the rest classifier layers. A layer's tensors share one
-  value (a GRU's kernel, recurrent kernel and bias are one layer).
+  The trainable variables, in model order (`model.trainable_variables` of a
+  `tff.learning.models.VariableModel` or a Keras model, the order of TFF's
+  model weights), are grouped into layers by name scope: a variable's scope is
+  its name without the last `/part` ('gru/gru_cell/kernel:0' ->
+  'gru/gru_cell'), and consecutive variables with one scope are one layer (a
+  GRU's kernel, recurrent kernel and bias share a value). With `L` layers, the
+  first `floor(gc_lambda * L)` are feature layers, the rest classifier layers.
+
+  Example:
+
+      variables = model_fn().trainable_variables  # EMNIST CNN, 4 layers.
+      layer_borderline_mask(variables)             # 6 x True, then 2 x False.
+      layer_borderline_mask(variables, 0.5)        # 4 x True, then 4 x False.
 
   Args:
-    keras_model: A built `tf.keras.Model`.
+    variables: The model's trainable `tf.Variable`s, in model order.
     gc_lambda: The layer borderline in [0, 1]; `None` means every layer but
       the last is a feature layer.
 
   Returns:
-    One bool per trainable variable, True for feature-layer variables.
+    One bool per variable, True for feature-layer variables.
 
   Raises:
-    ValueError: If `gc_lambda` is outside [0, 1] or the model has no
-      trainable variables (e.g. it is not built yet).
+    ValueError: If `gc_lambda` is outside [0, 1], or `variables` is not a
+      non-empty sequence of variables.
   """
-  indices = _layer_index_per_variable(keras_model)
-  if not indices:
+  variables = _check_variables(variables)
+  if not variables:
     raise ValueError(
-        'keras_model has no trainable variables; build it before asking for '
-        'a layer mask'
+        'variables is empty; pass the trainable variables of a built model '
+        'to get a layer mask'
     )
-  num_layers = max(indices) + 1
+  indices = _layer_index_per_variable(variables)
+  num_layers = indices[-1] + 1
   if gc_lambda is None:
     num_feature = num_layers - 1
   else:
@@ -149,16 +191,16 @@ def layer_borderline_mask(
 
 
 def classifier_layer_mask(
-    keras_model: tf.keras.Model, gc_lambda: Optional[float] = None
+    variables: Sequence[tf.Variable], gc_lambda: Optional[float] = None
 ) -> tuple[bool, ...]:
   """The complement of `layer_borderline_mask`: True for classifier layers."""
   return tuple(
-      not feature for feature in layer_borderline_mask(keras_model, gc_lambda)
+      not feature for feature in layer_borderline_mask(variables, gc_lambda)
   )
 
 
-def weight_matrix_mask(keras_model: tf.keras.Model) -> tuple[bool, ...]:
-  """Marks the trainable variables that are weight matrices/kernels, not biases.
+def weight_matrix_mask(variables: Sequence[tf.Variable]) -> tuple[bool, ...]:
+  """Marks the variables that are weight matrices/kernels, not biases.
 
   The projection centres rank >= 2 tensors and leaves biases alone. Keras' GRU keeps its
   input and recurrent biases in one rank-2 variable of shape [2, 3*units]; projecting it
@@ -169,29 +211,38 @@ def weight_matrix_mask(keras_model: tf.keras.Model) -> tuple[bool, ...]:
   """
   return tuple(
       v.shape.rank >= 2 and 'bias' not in v.name.split('/')[-1]
-      for v in keras_model.trainable_variables
+      for v in _check_variables(variables)
   )
 
 
 def projection_mask(
-    keras_model: tf.keras.Model, layers: str = 'all', gc_lambda: Optional[float] = None
+    variables: Sequence[tf.Variable],
+    layers: str = 'all',
+    gc_lambda: Optional[float] = None,
 ) -> tuple[bool, ...]:
   """The mask of tensors a projection acts on: weight matrices of the chosen layers.
 
+  Example:
+
+      with tf.Graph().as_default():
+        variables = model_fn().trainable_variables
+      mask = projection_mask(variables, 'classifier')  # Last kernel only.
+
   Args:
-    keras_model: A built Keras model (the task's).
+    variables: The model's trainable `tf.Variable`s, in model order.
     layers: 'all', 'feature' (the first floor(gc_lambda * L) layers) or 'classifier' (the
       rest), see `layer_borderline_mask`.
     gc_lambda: The layer borderline; None means every layer but the last is a feature layer.
   """
+  variables = _check_variables(variables)
   if layers == 'all':
-    selected = (True,) * len(keras_model.trainable_variables)
+    selected = (True,) * len(variables)
   elif layers == 'feature':
-    selected = layer_borderline_mask(keras_model, gc_lambda)
+    selected = layer_borderline_mask(variables, gc_lambda)
   elif layers == 'classifier':
-    selected = classifier_layer_mask(keras_model, gc_lambda)
+    selected = classifier_layer_mask(variables, gc_lambda)
   else:
     raise ValueError(
         f"layers must be one of 'all', 'feature', 'classifier', got {layers!r}"
     )
-  return tuple(s and w for s, w in zip(selected, weight_matrix_mask(keras_model)))
+  return tuple(s and w for s, w in zip(selected, weight_matrix_mask(variables)))

@@ -1,0 +1,468 @@
+"""Tests for the algorithm builders and the registry (ALGORITHMS.md sections 2-4).
+
+Each process is checked against an independent computation: TFF's own
+`build_weighted_fed_avg`, or NumPy formulas applied to the aggregated update
+that TFF's FedAvg (client SGD, server SGD with rate 1) reports as its weight
+change `u = w^t - w^{t+1}`.
+
+Runtime: building a process and running its first round costs ~15 s on two CPU
+cores whatever the model, so processes are shared by module fixtures, and only
+EMNIST runs every algorithm; CIFAR-100 and Shakespeare run FedZMG-Adam and
+GC-Fed, which cover every projected client and server rule.
+"""
+
+import collections
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_zmg.algorithms import compose
+from tff_zmg.algorithms import registry
+
+EXAMPLES = tff.learning.ClientWeighting.NUM_EXAMPLES
+UNIFORM = tff.learning.ClientWeighting.UNIFORM
+
+# ALGORITHMS.md section 4: client rule, server rule, weighting.
+SPEC_TABLE = {
+    'fedavg': ('sgd', 'sgd', EXAMPLES),
+    'fedadam': ('sgd', 'adam', EXAMPLES),
+    'fedzmg': ('zmg_sgdm', 'sgd', EXAMPLES),
+    'fedzmg_adam': ('zmg_sgdm', 'adam', EXAMPLES),
+    'local_gc': ('local_gc', 'sgd', UNIFORM),
+    'global_gc': ('sgdm', 'global_gc', UNIFORM),
+    'gcfed': ('local_gc', 'global_gc', UNIFORM),
+}
+
+# EMNIST CNN trainable tensors: (kernel, bias) x 4 layers; the last is the
+# classifier (ALGORITHMS.md section 5).
+EMNIST_KERNELS = (True, False) * 4
+EMNIST_CLASSIFIER_KERNEL = 6
+
+BATCH_SIZE = 20  # EMNIST's.
+CLIENT_LR = 0.1  # Every EMNIST process and the TFF reference use it.
+NUM_CLIENTS = 3
+
+
+def _np_project(g):
+  """ALGORITHMS.md section 1, in float64: centre over all axes but the last."""
+  g = np.asarray(g, np.float64)
+  return g - g.mean(axis=tuple(range(g.ndim - 1)), keepdims=True)
+
+
+def _column_means(g):
+  return np.asarray(g, np.float64).mean(axis=tuple(range(g.ndim - 1)))
+
+
+def _weights(process, state):
+  return [np.asarray(w) for w in process.get_model_weights(state).trainable]
+
+
+def _update(before, after):
+  """The update the server applied: `w^t - w^{t+1}`, in float64."""
+  return [np.float64(b) - np.float64(a) for b, a in zip(before, after)]
+
+
+def _with_hparams(process, state, **client_hparams):
+  """`state` with some client-optimizer hyperparameters replaced."""
+  hparams = process.get_hparams(state)
+  client = collections.OrderedDict(hparams['client_work'])
+  client.update(client_hparams)
+  return process.set_hparams(
+      state,
+      collections.OrderedDict(
+          client_work=client, finalizer=hparams['finalizer']
+      ),
+  )
+
+
+def _client_datasets(task, preprocess_fn, client_ids):
+  return [
+      preprocess_fn(task.datasets.train_data.create_tf_dataset_for_client(c))
+      for c in client_ids
+  ]
+
+
+def _num_examples(task, client_id):
+  dataset = task.datasets.train_data.create_tf_dataset_for_client(client_id)
+  return int(dataset.reduce(0, lambda n, _: n + 1))
+
+
+def _loss(task, model_weights, datasets):
+  """The task loss of `model_weights` on `datasets`, per example, in eager Keras."""
+  keras_model = task.keras_model_fn()
+  model_weights.assign_weights_to(keras_model)
+  loss_fn = task.spec.loss_fn()
+  total, count = 0.0, 0
+  for dataset in datasets:
+    for batch in dataset:
+      n = int(tf.shape(batch['y'])[0])
+      total += n * float(loss_fn(batch['y'], keras_model(batch['x'])))
+      count += n
+  return total / count
+
+
+# Shared tasks, data and processes.
+
+
+@pytest.fixture(scope='module')
+def emnist(small_task):
+  return small_task('emnist', max_elements=2 * BATCH_SIZE)
+
+
+@pytest.fixture(scope='module')
+def emnist_data(emnist):
+  """Up to two local steps per client, no shuffling, unequal example counts."""
+  client_ids = emnist.datasets.train_data.client_ids[:NUM_CLIENTS]
+  counts = [min(_num_examples(emnist, c), 2 * BATCH_SIZE) for c in client_ids]
+  assert len(set(counts)) > 1  # So that example weighting matters.
+  return _client_datasets(
+      emnist, emnist.train_preprocess_fn_for_seed(None), client_ids
+  )
+
+
+@pytest.fixture(scope='module')
+def one_step_data(emnist, small_task):
+  """Exactly one local step of BATCH_SIZE examples per client.
+
+  With equal example counts the example-weighted mean is the uniform mean, so
+  TFF's weighted FedAvg is a reference for the uniform algorithms too.
+  """
+  client_ids = [
+      c for c in emnist.datasets.train_data.client_ids
+      if _num_examples(emnist, c) >= BATCH_SIZE
+  ][:NUM_CLIENTS]
+  assert len(client_ids) >= 2
+  preprocess_fn = small_task(
+      'emnist', max_elements=BATCH_SIZE
+  ).train_preprocess_fn_for_seed(None)
+  return _client_datasets(emnist, preprocess_fn, client_ids)
+
+
+@pytest.fixture(scope='module')
+def tff_fed_avg(emnist):
+  """TFF's FedAvg: its weight change is the aggregated client SGD update."""
+  return tff.learning.algorithms.build_weighted_fed_avg(
+      emnist.model_fn,
+      client_optimizer_fn=tff.learning.optimizers.build_sgdm(CLIENT_LR),
+      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0),
+  )
+
+
+@pytest.fixture(scope='module')
+def emnist_process(emnist):
+  """`emnist_process(name)`: the registry's algorithm with CLIENT_LR, built once."""
+  cache = {}
+
+  def get(name):
+    if name not in cache:
+      cache[name] = registry.build(
+          name, emnist.model_fn, client_learning_rate=CLIENT_LR
+      )
+    return cache[name]
+
+  return get
+
+
+def _reference_update(tff_fed_avg, weights, data):
+  """The aggregated client SGD update at `weights` (a `ModelWeights`)."""
+  state = tff_fed_avg.set_model_weights(tff_fed_avg.initialize(), weights)
+  before = _weights(tff_fed_avg, state)
+  after = _weights(tff_fed_avg, tff_fed_avg.next(state, data).state)
+  return _update(before, after)
+
+
+# Numerical identities.
+
+
+def test_fedavg_matches_tff_weighted_fed_avg(
+    tff_context, emnist_process, tff_fed_avg, emnist_data
+):
+  del tff_context
+  ours = emnist_process('fedavg')
+  state, reference_state = ours.initialize(), tff_fed_avg.initialize()
+  for _ in range(2):
+    state = ours.next(state, emnist_data).state
+    reference_state = tff_fed_avg.next(reference_state, emnist_data).state
+  weights, reference = _weights(ours, state), _weights(tff_fed_avg,
+                                                       reference_state)
+  for w, r in zip(weights, reference):
+    np.testing.assert_allclose(w, r, rtol=0, atol=1e-6)
+  assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(
+      weights, _weights(tff_fed_avg, tff_fed_avg.initialize())))
+
+
+def test_fedadam_is_numpy_server_adam_on_the_aggregated_update(
+    tff_context, emnist_process, tff_fed_avg, emnist_data
+):
+  del tff_context
+  fedadam = emnist_process('fedadam')
+  lr, b1, b2, eps = 0.01, 0.9, 0.99, 1e-3  # Registry defaults (spec s. 3).
+  assert registry.get('fedadam').defaults['server_learning_rate'] == lr
+  state = fedadam.initialize()
+  w = [np.float64(x) for x in _weights(fedadam, state)]
+  m = [np.zeros_like(x) for x in w]
+  v = [np.zeros_like(x) for x in w]
+  for _ in range(2):
+    u = _reference_update(
+        tff_fed_avg, fedadam.get_model_weights(state), emnist_data
+    )
+    state = fedadam.next(state, emnist_data).state
+    for i, u_i in enumerate(u):
+      m[i] = b1 * m[i] + (1 - b1) * u_i
+      v[i] = b2 * v[i] + (1 - b2) * u_i**2
+      w[i] = w[i] - lr * m[i] / (np.sqrt(v[i]) + eps)  # No bias correction.
+    for ours, expected in zip(_weights(fedadam, state), w):
+      np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5)
+    w = [np.float64(x) for x in _weights(fedadam, state)]
+
+
+@pytest.mark.parametrize('weight_decay', [0.0, 0.05])
+def test_fedzmg_one_step_update_is_projected_sgd_update_plus_decoupled_decay(
+    tff_context, emnist_process, tff_fed_avg, one_step_data, weight_decay
+):
+  """One ZMG-SGDM step from v = 0: u = P(lr g) + lr wd w (P on kernels only)."""
+  del tff_context
+  fedzmg = emnist_process('fedzmg')
+  state = _with_hparams(
+      fedzmg, fedzmg.initialize(), weight_decay=weight_decay
+  )
+  w0 = _weights(fedzmg, state)
+  u = _update(w0, _weights(fedzmg, fedzmg.next(state, one_step_data).state))
+  u_sgd = _reference_update(
+      tff_fed_avg, fedzmg.get_model_weights(state), one_step_data
+  )
+  for i, is_kernel in enumerate(EMNIST_KERNELS):
+    projected = _np_project(u_sgd[i]) if is_kernel else u_sgd[i]
+    expected = projected + CLIENT_LR * weight_decay * np.float64(w0[i])
+    np.testing.assert_allclose(u[i], expected, rtol=0, atol=1e-6)
+  if weight_decay == 0.0:
+    # Every kernel's update is zero-mean per column...
+    for i in np.flatnonzero(EMNIST_KERNELS):
+      assert np.abs(_column_means(u[i])).max() < 1e-7
+    # ...but biases are not projected. (The classifier bias's is zero-mean
+    # anyway: softmax cross-entropy gradients sum to zero over the classes.)
+    bias_means = [abs(u[i].mean()) for i in np.flatnonzero(
+        np.logical_not(EMNIST_KERNELS))]
+    assert max(bias_means) > 1e-5, bias_means
+
+
+@pytest.mark.parametrize('name', ['gcfed', 'global_gc'])
+def test_server_step_projects_exactly_the_spec_kernels(
+    tff_context, emnist_process, tff_fed_avg, one_step_data, name
+):
+  """One local step: client updates are linear in the SGD update u_sgd.
+
+  GC-Fed:    client u = M_f(P(u_sgd)) + lr wd w0   (coupled L2, feature layers)
+             server step = eta_g * M_c(P(u))       (classifier kernel only)
+  GlobalGC:  client u = u_sgd (SGDM's first step is SGD)
+             server step = eta_g * P(u) on every kernel
+  """
+  del tff_context
+  process = emnist_process(name)
+  weight_decay = 0.5 if name == 'gcfed' else 0.0  # Large: visible in means.
+  state = process.initialize()
+  if weight_decay:
+    state = _with_hparams(process, state, weight_decay=weight_decay)
+  w0 = _weights(process, state)
+  step = _update(w0, _weights(process, process.next(state,
+                                                    one_step_data).state))
+  u_sgd = _reference_update(
+      tff_fed_avg, process.get_model_weights(state), one_step_data
+  )
+  eta_g = registry.get(name).defaults['server_learning_rate']
+  for i, is_kernel in enumerate(EMNIST_KERNELS):
+    classifier = i == EMNIST_CLASSIFIER_KERNEL
+    if name == 'gcfed':
+      client = _np_project(u_sgd[i]) if is_kernel and not classifier else (
+          u_sgd[i])
+      client = client + CLIENT_LR * weight_decay * np.float64(w0[i])
+      server_projects = classifier
+    else:
+      client = u_sgd[i]
+      server_projects = is_kernel
+    expected = eta_g * (_np_project(client) if server_projects else client)
+    np.testing.assert_allclose(step[i], expected, rtol=0, atol=1e-6)
+    if name == 'gcfed' and is_kernel and not classifier:
+      # Projecting this feature kernel on the server too would be caught.
+      assert np.abs(_np_project(expected) - expected).max() > 1e-5
+    if classifier:  # Not projecting it would be caught.
+      assert np.abs(_np_project(client) - client).max() > 1e-4
+
+
+# Every algorithm trains.
+
+EMNIST_RUNS = [('emnist', name) for name in SPEC_TABLE]
+OTHER_RUNS = [
+    (task, name)
+    for task in ('cifar100', 'shakespeare')
+    for name in ('fedzmg_adam', 'gcfed')
+]
+# Settings under which two rounds lower the training loss by several percent
+# on the synthetic data (the synthetic CIFAR-100 is hard: it needs 3 epochs).
+OTHER_TASK_SETTINGS = {
+    'cifar100': (dict(num_epochs=3), 0.05),  # Task arguments, client rate.
+    'shakespeare': (dict(), 0.05),
+}
+
+
+@pytest.mark.parametrize('task_name, name', EMNIST_RUNS + OTHER_RUNS)
+def test_two_rounds_lower_the_training_loss(
+    tff_context, small_task, emnist, emnist_process, emnist_data, task_name,
+    name
+):
+  del tff_context
+  if task_name == 'emnist':
+    task, data, process = emnist, emnist_data, emnist_process(name)
+  else:
+    task_args, client_learning_rate = OTHER_TASK_SETTINGS[task_name]
+    task = small_task(task_name, **task_args)
+    client_ids = task.datasets.train_data.client_ids[:NUM_CLIENTS]
+    data = _client_datasets(
+        task, task.train_preprocess_fn_for_seed(None), client_ids
+    )
+    process = registry.build(
+        name, task.model_fn, client_learning_rate=client_learning_rate
+    )
+  state = process.initialize()
+  loss_before = _loss(task, process.get_model_weights(state), data)
+  for _ in range(2):
+    output = process.next(state, data)
+    state = output.state
+  loss_after = _loss(task, process.get_model_weights(state), data)
+  assert np.isfinite(output.metrics['client_work']['train']['loss'])
+  print('LOSS', task_name, name, loss_before, loss_after)
+  assert loss_after < 0.98 * loss_before, (loss_before, loss_after)
+
+
+# The registry.
+
+
+def _never_called():
+  raise AssertionError('model_fn must not be called before validation')
+
+
+def test_registry_is_the_spec_table():
+  assert set(registry.ALGORITHMS) == set(SPEC_TABLE)
+  for name, (client_rule, server_rule, weighting) in SPEC_TABLE.items():
+    spec = registry.get(name)
+    assert spec.name == name
+    assert (spec.client_rule, spec.server_rule, spec.client_weighting) == (
+        client_rule, server_rule, weighting)
+    assert spec.description and '\n' not in spec.description
+
+
+def test_builders_compose_their_registered_rules_and_defaults(monkeypatch):
+  calls = []
+  monkeypatch.setattr(
+      compose, 'build_process',
+      lambda *args, **kwargs: calls.append((args, kwargs)))
+  for name, spec in registry.ALGORITHMS.items():
+    calls.clear()
+    spec.builder(_never_called)
+    (args, kwargs), = calls
+    rules = (kwargs.pop('client_rule'), kwargs.pop('server_rule'),
+             kwargs.pop('client_weighting'))
+    assert rules == SPEC_TABLE[name], name
+    assert args == (_never_called,)
+    kwargs.pop('loop_implementation')
+    assert kwargs == dict(spec.defaults), name
+
+
+def test_defaults_follow_the_spec_and_papers():
+  defaults = {n: s.defaults for n, s in registry.ALGORITHMS.items()}
+  for name in ('fedzmg', 'fedzmg_adam'):  # ALGORITHMS.md section 2.
+    assert defaults[name]['client_momentum'] == 0.9
+    assert defaults[name]['weight_decay'] == 1e-4
+  for name in ('fedadam', 'fedzmg_adam'):  # Section 3.
+    assert (defaults[name]['adam_beta_1'], defaults[name]['adam_beta_2'],
+            defaults[name]['adam_epsilon'],
+            defaults[name]['adam_bias_correction']) == (0.9, 0.99, 1e-3, False)
+  for name in ('local_gc', 'global_gc', 'gcfed'):  # GC-Fed, section 4.1.
+    assert defaults[name]['client_learning_rate'] == 0.01
+    assert defaults[name]['client_momentum'] == 0.9
+    assert defaults[name]['server_learning_rate'] == 1.0
+  assert defaults['local_gc']['weight_decay'] == 1e-5
+  assert defaults['gcfed']['weight_decay'] == 1e-5
+  assert defaults['local_gc']['local_gc_layers'] == 'all'
+  assert defaults['global_gc']['global_gc_layers'] == 'all'
+  assert (defaults['gcfed']['local_gc_layers'],
+          defaults['gcfed']['global_gc_layers']) == ('feature', 'classifier')
+  assert defaults['fedavg']['server_learning_rate'] == 1.0
+
+
+def test_unknown_algorithm_raises_listing_the_valid_names():
+  with pytest.raises(ValueError, match=r"'fedsgd'.*fedavg.*gcfed"):
+    registry.get('fedsgd')
+  with pytest.raises(ValueError, match='fedsgd'):
+    registry.build('fedsgd', _never_called)
+
+
+def test_registry_build_rejects_unknown_hyperparameters():
+  with pytest.raises(ValueError, match=r"\['client_momentum'\].*'fedavg'"):
+    registry.build('fedavg', _never_called, client_momentum=0.9)
+  with pytest.raises(ValueError, match='learning_rate'):
+    registry.build('gcfed', _never_called, learning_rate=0.1)
+
+
+BAD_HYPERPARAMETERS = [
+    ('fedavg', 'client_learning_rate', 0.0, r'> 0'),
+    ('fedavg', 'server_learning_rate', -1.0, r'> 0'),
+    ('fedadam', 'adam_beta_1', 1.0, r'\[0, 1\)'),
+    ('fedadam', 'adam_beta_2', -0.1, r'\[0, 1\)'),
+    ('fedadam', 'adam_epsilon', 0.0, r'> 0'),
+    ('fedadam', 'adam_bias_correction', 'yes', r'bool'),
+    ('fedzmg', 'client_momentum', 1.0, r'\[0, 1\)'),
+    ('fedzmg', 'weight_decay', -1e-4, r'>= 0'),
+    ('fedzmg_adam', 'client_momentum', -0.5, r'\[0, 1\)'),
+    ('local_gc', 'gc_lambda', 1.5, r'\[0, 1\]'),
+    ('local_gc', 'local_gc_layers', 'classifier', r"\['all', 'feature'\]"),
+    ('global_gc', 'global_gc_layers', 'feature', r"\['classifier', 'all'\]"),
+    ('global_gc', 'center_vectors', 1, r'bool'),
+    ('gcfed', 'gc_lambda', -0.1, r'\[0, 1\]'),
+    ('gcfed', 'client_learning_rate', float('nan'), r'> 0'),
+]
+
+
+@pytest.mark.parametrize('name, parameter, value, valid', BAD_HYPERPARAMETERS)
+def test_bad_hyperparameters_raise_naming_parameter_value_and_range(
+    name, parameter, value, valid
+):
+  with pytest.raises(ValueError) as error:
+    registry.build(name, _never_called, **{parameter: value})
+  message = str(error.value)
+  assert message.startswith(f'{parameter} must'), message
+  assert re.search(valid, message), message
+  assert message.endswith(f'got {value!r}'), message
+
+
+@pytest.mark.parametrize('client_rule, server_rule, bad', [
+    ('adam', 'sgd', "client_rule.*'adam'"),
+    ('sgd', 'zmg_sgdm', "server_rule.*'zmg_sgdm'"),
+])
+def test_unknown_rule_names_raise(client_rule, server_rule, bad):
+  with pytest.raises(ValueError, match=bad):
+    compose.build_process(
+        _never_called, client_rule, server_rule, client_weighting=UNIFORM,
+        client_learning_rate=0.1, server_learning_rate=1.0)
+
+
+def test_build_process_rejects_hyperparameters_neither_rule_takes():
+  with pytest.raises(ValueError, match=r"\['weight_decay'\].*'sgdm'"):
+    compose.build_process(
+        _never_called, 'sgdm', 'adam', client_weighting=EXAMPLES,
+        client_learning_rate=0.1, server_learning_rate=0.01,
+        weight_decay=1e-4)
+
+
+def test_every_rule_pair_validates_with_its_own_hyperparameters():
+  """Any client rule composes with any server rule (checked up to the model)."""
+  for client_rule, client in compose.CLIENT_RULES.items():
+    for server_rule, server in compose.SERVER_RULES.items():
+      with pytest.raises(AssertionError, match='must not be called'):
+        compose.build_process(
+            _never_called, client_rule, server_rule, client_weighting=UNIFORM,
+            client_learning_rate=0.1, server_learning_rate=1.0,
+            **{**client.hparams, **server.hparams})

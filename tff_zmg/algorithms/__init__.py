@@ -1,0 +1,37 @@
+"""Federated algorithms as TFF learning processes (ALGORITHMS.md section 4).
+
+Each `build_*` composes a client rule and a server rule with
+`compose.build_process`; `registry` maps `--algo` names to them.
+"""
+
+from tff_zmg.algorithms import compose
+from tff_zmg.algorithms import registry
+from tff_zmg.algorithms.compose import build_process
+from tff_zmg.algorithms.compose import CLIENT_RULES
+from tff_zmg.algorithms.compose import SERVER_RULES
+from tff_zmg.algorithms.fedavg import build_fedadam
+from tff_zmg.algorithms.fedavg import build_fedavg
+from tff_zmg.algorithms.fedzmg import build_fedzmg
+from tff_zmg.algorithms.fedzmg import build_fedzmg_adam
+from tff_zmg.algorithms.gc_fed import build_gcfed
+from tff_zmg.algorithms.gc_fed import build_global_gc
+from tff_zmg.algorithms.gc_fed import build_local_gc
+from tff_zmg.algorithms.registry import AlgorithmSpec
+from tff_zmg.algorithms.registry import ALGORITHMS
+
+__all__ = [
+    'ALGORITHMS',
+    'AlgorithmSpec',
+    'CLIENT_RULES',
+    'SERVER_RULES',
+    'build_fedadam',
+    'build_fedavg',
+    'build_fedzmg',
+    'build_fedzmg_adam',
+    'build_gcfed',
+    'build_global_gc',
+    'build_local_gc',
+    'build_process',
+    'compose',
+    'registry',
+]

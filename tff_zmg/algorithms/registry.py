@@ -1,0 +1,163 @@
+"""The algorithms by `--algo` name: builder, rules, weighting and default hyperparameters.
+
+`ALGORITHMS` is the table of ALGORITHMS.md section 4; a training program builds
+its flags and `--help` from it and calls `build(name, model_fn, **flags)`:
+
+    process = registry.build('fedzmg', task.model_fn, client_learning_rate=0.03)
+"""
+
+from collections.abc import Callable, Mapping
+import dataclasses
+import inspect
+import types
+from typing import Any
+
+import tensorflow_federated as tff
+
+from tff_zmg.algorithms import compose
+from tff_zmg.algorithms import fedavg
+from tff_zmg.algorithms import fedzmg
+from tff_zmg.algorithms import gc_fed
+
+_EXAMPLES = tff.learning.ClientWeighting.NUM_EXAMPLES
+_UNIFORM = tff.learning.ClientWeighting.UNIFORM
+_NOT_HYPERPARAMETERS = ('model_fn', 'loop_implementation')
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  """One algorithm of the registry.
+
+  Attributes:
+    name: The `--algo` name.
+    builder: `builder(model_fn, **hyperparameters) -> LearningProcess`.
+    client_rule: The key of `compose.CLIENT_RULES` the builder uses.
+    server_rule: The key of `compose.SERVER_RULES` the builder uses.
+    client_weighting: How client updates are averaged.
+    defaults: Every hyperparameter the builder takes, with its default (read
+      from the builder's signature).
+    description: One line for `--help`.
+  """
+
+  name: str
+  builder: Callable[..., tff.learning.templates.LearningProcess]
+  client_rule: str
+  server_rule: str
+  client_weighting: tff.learning.ClientWeighting
+  defaults: Mapping[str, Any]
+  description: str
+
+
+def _defaults(builder: Callable[..., Any]) -> Mapping[str, Any]:
+  """The keyword hyperparameters of `builder` and their defaults, read-only."""
+  return types.MappingProxyType({
+      name: parameter.default
+      for name, parameter in inspect.signature(builder).parameters.items()
+      if name not in _NOT_HYPERPARAMETERS
+  })
+
+
+def _spec(name, builder, client_rule, server_rule, weighting, description):
+  return AlgorithmSpec(
+      name=name,
+      builder=builder,
+      client_rule=client_rule,
+      server_rule=server_rule,
+      client_weighting=weighting,
+      defaults=_defaults(builder),
+      description=description,
+  )
+
+
+ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
+    spec.name: spec
+    for spec in (
+        _spec(
+            'fedavg', fedavg.build_fedavg, 'sgd', 'sgd', _EXAMPLES,
+            'FedAvg: client SGD, server SGD (McMahan et al. 2017).',
+        ),
+        _spec(
+            'fedadam', fedavg.build_fedadam, 'sgd', 'adam', _EXAMPLES,
+            'FedAdam: client SGD, server Adam (Reddi et al. 2021).',
+        ),
+        _spec(
+            'fedzmg', fedzmg.build_fedzmg, 'zmg_sgdm', 'sgd', _EXAMPLES,
+            'FedZMG: zero-mean-gradient client SGDM with decoupled weight '
+            'decay, server SGD.',
+        ),
+        _spec(
+            'fedzmg_adam', fedzmg.build_fedzmg_adam, 'zmg_sgdm', 'adam',
+            _EXAMPLES,
+            'FedZMG-Adam: FedZMG clients, FedAdam server.',
+        ),
+        _spec(
+            'local_gc', gc_fed.build_local_gc, 'local_gc', 'sgd', _UNIFORM,
+            'LocalGC: gradient-centralized client SGDM on every layer, '
+            'server SGD (GC-Fed paper).',
+        ),
+        _spec(
+            'global_gc', gc_fed.build_global_gc, 'sgdm', 'global_gc',
+            _UNIFORM,
+            'GlobalGC: client SGDM, server SGD on the centralized mean '
+            'update (GC-Fed paper).',
+        ),
+        _spec(
+            'gcfed', gc_fed.build_gcfed, 'local_gc', 'global_gc', _UNIFORM,
+            'GC-Fed: LocalGC on feature layers, GlobalGC on classifier '
+            'layers (Seo et al. 2025).',
+        ),
+    )
+})
+NAMES = tuple(ALGORITHMS)
+
+
+def get(name: str) -> AlgorithmSpec:
+  """The `AlgorithmSpec` named `name`.
+
+  Raises:
+    ValueError: If `name` is not a registered algorithm; the message lists the
+      valid names.
+  """
+  if not isinstance(name, str) or name not in ALGORITHMS:
+    raise ValueError(
+        f'Unknown algorithm {name!r}; valid names are {list(NAMES)}'
+    )
+  return ALGORITHMS[name]
+
+
+def build(
+    name: str,
+    model_fn: compose.ModelFn,
+    *,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
+    **hyperparameters: Any,
+) -> tff.learning.templates.LearningProcess:
+  """Builds algorithm `name` with its defaults overridden by `hyperparameters`.
+
+  Args:
+    name: A key of `ALGORITHMS`.
+    model_fn: A no-arg function returning a new
+      `tff.learning.models.VariableModel`.
+    loop_implementation: The client training loop.
+    **hyperparameters: Values for some of `get(name).defaults`.
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+
+  Raises:
+    ValueError: If `name` is unknown, a hyperparameter is not one of the
+      algorithm's, or a value is out of range.
+  """
+  spec = get(name)
+  unknown = sorted(set(hyperparameters) - set(spec.defaults))
+  if unknown:
+    raise ValueError(
+        f'Unknown hyperparameters {unknown} for algorithm {name!r}; its '
+        f'hyperparameters are {sorted(spec.defaults)}'
+    )
+  merged = {**spec.defaults, **hyperparameters}
+  return spec.builder(
+      model_fn, loop_implementation=loop_implementation, **merged
+  )
