@@ -1,14 +1,15 @@
-"""Tests for the algorithm builders and the registry (ALGORITHMS.md sections 2-4).
+"""Tests for the algorithm builders and the registry (ALGORITHMS.md s. 2-4).
 
 Each process is checked against an independent computation: TFF's own
 `build_weighted_fed_avg`, or NumPy formulas applied to the aggregated update
 that TFF's FedAvg (client SGD, server SGD with rate 1) reports as its weight
 change `u = w^t - w^{t+1}`.
 
-Runtime: building a process and running its first round costs ~15 s on two CPU
-cores whatever the model, so processes are shared by module fixtures, and only
-EMNIST runs every algorithm; CIFAR-100 and Shakespeare run FedZMG-Adam and
-GC-Fed, which cover every projected client and server rule.
+Runtime (~4.5 minutes on two CPU cores): building a process and running its
+first round costs ~15 s whatever the model, so processes are shared by module
+fixtures and only EMNIST runs every algorithm; CIFAR-100 runs FedZMG-Adam and
+Shakespeare GC-Fed, which between them put every projected client and server
+rule on conv, embedding (IndexedSlices) and GRU tensors.
 """
 
 import collections
@@ -36,14 +37,18 @@ SPEC_TABLE = {
     'gcfed': ('local_gc', 'global_gc', UNIFORM),
 }
 
-# EMNIST CNN trainable tensors: (kernel, bias) x 4 layers; the last is the
-# classifier (ALGORITHMS.md section 5).
-EMNIST_KERNELS = (True, False) * 4
-EMNIST_CLASSIFIER_KERNEL = 6
+# EMNIST CNN trainable tensors: (kernel, bias) x 4 layers, the last one the
+# classifier (ALGORITHMS.md section 5). The kernels each layer choice projects:
+KERNELS = {
+    'all': (True, False) * 4,
+    'feature': (True, False) * 3 + (False, False),
+    'classifier': (False,) * 6 + (True, False),
+}
 
 BATCH_SIZE = 20  # EMNIST's.
 CLIENT_LR = 0.1  # Every EMNIST process and the TFF reference use it.
 NUM_CLIENTS = 3
+WEIGHT_DECAY = 0.5  # Set in one-step tests: large, so its term is visible.
 
 
 def _np_project(g):
@@ -91,7 +96,7 @@ def _num_examples(task, client_id):
 
 
 def _loss(task, model_weights, datasets):
-  """The task loss of `model_weights` on `datasets`, per example, in eager Keras."""
+  """The task loss of `model_weights` on `datasets`, in eager Keras."""
   keras_model = task.keras_model_fn()
   model_weights.assign_weights_to(keras_model)
   loss_fn = task.spec.loss_fn()
@@ -124,7 +129,15 @@ def emnist_data(emnist):
 
 
 @pytest.fixture(scope='module')
-def one_step_data(emnist, small_task):
+def one_step_preprocess_fn(small_task):
+  """Preprocessing to one batch of up to BATCH_SIZE examples: one local step."""
+  return small_task(
+      'emnist', max_elements=BATCH_SIZE
+  ).train_preprocess_fn_for_seed(None)
+
+
+@pytest.fixture(scope='module')
+def one_step_data(emnist, one_step_preprocess_fn):
   """Exactly one local step of BATCH_SIZE examples per client.
 
   With equal example counts the example-weighted mean is the uniform mean, so
@@ -135,10 +148,7 @@ def one_step_data(emnist, small_task):
       if _num_examples(emnist, c) >= BATCH_SIZE
   ][:NUM_CLIENTS]
   assert len(client_ids) >= 2
-  preprocess_fn = small_task(
-      'emnist', max_elements=BATCH_SIZE
-  ).train_preprocess_fn_for_seed(None)
-  return _client_datasets(emnist, preprocess_fn, client_ids)
+  return _client_datasets(emnist, one_step_preprocess_fn, client_ids)
 
 
 @pytest.fixture(scope='module')
@@ -153,7 +163,7 @@ def tff_fed_avg(emnist):
 
 @pytest.fixture(scope='module')
 def emnist_process(emnist):
-  """`emnist_process(name)`: the registry's algorithm with CLIENT_LR, built once."""
+  """`emnist_process(name)`: registry algorithm with CLIENT_LR, built once."""
   cache = {}
 
   def get(name):
@@ -219,87 +229,148 @@ def test_fedadam_is_numpy_server_adam_on_the_aggregated_update(
     w = [np.float64(x) for x in _weights(fedadam, state)]
 
 
-@pytest.mark.parametrize('weight_decay', [0.0, 0.05])
-def test_fedzmg_one_step_update_is_projected_sgd_update_plus_decoupled_decay(
-    tff_context, emnist_process, tff_fed_avg, one_step_data, weight_decay
+def test_fedzmg_one_step_kernel_updates_have_zero_column_means(
+    tff_context, emnist_process, one_step_data
 ):
-  """One ZMG-SGDM step from v = 0: u = P(lr g) + lr wd w (P on kernels only)."""
-  del tff_context
-  fedzmg = emnist_process('fedzmg')
-  state = _with_hparams(
-      fedzmg, fedzmg.initialize(), weight_decay=weight_decay
-  )
-  w0 = _weights(fedzmg, state)
-  u = _update(w0, _weights(fedzmg, fedzmg.next(state, one_step_data).state))
-  u_sgd = _reference_update(
-      tff_fed_avg, fedzmg.get_model_weights(state), one_step_data
-  )
-  for i, is_kernel in enumerate(EMNIST_KERNELS):
-    projected = _np_project(u_sgd[i]) if is_kernel else u_sgd[i]
-    expected = projected + CLIENT_LR * weight_decay * np.float64(w0[i])
-    np.testing.assert_allclose(u[i], expected, rtol=0, atol=1e-6)
-  if weight_decay == 0.0:
-    # Every kernel's update is zero-mean per column...
-    for i in np.flatnonzero(EMNIST_KERNELS):
-      assert np.abs(_column_means(u[i])).max() < 1e-7
-    # ...but biases are not projected. (The classifier bias's is zero-mean
-    # anyway: softmax cross-entropy gradients sum to zero over the classes.)
-    bias_means = [abs(u[i].mean()) for i in np.flatnonzero(
-        np.logical_not(EMNIST_KERNELS))]
-    assert max(bias_means) > 1e-5, bias_means
+  """Without weight decay, one ZMG step gives kernels zero-mean column updates.
 
-
-@pytest.mark.parametrize('name', ['gcfed', 'global_gc'])
-def test_server_step_projects_exactly_the_spec_kernels(
-    tff_context, emnist_process, tff_fed_avg, one_step_data, name
-):
-  """One local step: client updates are linear in the SGD update u_sgd.
-
-  GC-Fed:    client u = M_f(P(u_sgd)) + lr wd w0   (coupled L2, feature layers)
-             server step = eta_g * M_c(P(u))       (classifier kernel only)
-  GlobalGC:  client u = u_sgd (SGDM's first step is SGD)
-             server step = eta_g * P(u) on every kernel
+  (With decoupled decay the update adds `lr * wd * w`, which is not zero-mean;
+  `test_one_local_step_matches_numpy` checks that case.)
   """
   del tff_context
-  process = emnist_process(name)
-  weight_decay = 0.5 if name == 'gcfed' else 0.0  # Large: visible in means.
+  fedzmg = emnist_process('fedzmg')
+  state = _with_hparams(fedzmg, fedzmg.initialize(), weight_decay=0.0)
+  w0 = _weights(fedzmg, state)
+  u = _update(w0, _weights(fedzmg, fedzmg.next(state, one_step_data).state))
+  for i in np.flatnonzero(KERNELS['all']):
+    assert np.abs(u[i]).max() > 1e-4
+    assert np.abs(_column_means(u[i])).max() < 1e-7
+  # Biases are not projected. (The classifier bias's update is zero-mean
+  # anyway: softmax cross-entropy gradients sum to zero over the classes.)
+  bias_means = [
+      abs(u[i].mean()) for i in np.flatnonzero(np.logical_not(KERNELS['all']))
+  ]
+  assert max(bias_means) > 1e-5, bias_means
+
+
+def _np_one_step_update(spec, hparams, u_sgd, w0):
+  """NumPy, from ALGORITHMS.md: `w^t - w^{t+1}` after one local step per client.
+
+  From `v = 0` one local step of any client rule is `lr * d`, with `d` linear
+  in the gradient, so the aggregate of the client updates follows from the
+  aggregated SGD update `u_sgd` (equal example counts make the weighted and
+  the uniform mean equal).
+  """
+  lr, eta = hparams['client_learning_rate'], hparams['server_learning_rate']
+  weight_decay = hparams.get('weight_decay', 0.0)
+  client_layers = {
+      'sgd': None,
+      'sgdm': None,
+      'zmg_sgdm': 'all',
+      'local_gc': hparams.get('local_gc_layers'),
+  }[spec.client_rule]
+  u = [
+      (_np_project(x) if client_layers and KERNELS[client_layers][i] else x)
+      + lr * weight_decay * np.float64(w)  # Decoupled or coupled: equal here.
+      for i, (x, w) in enumerate(zip(u_sgd, w0))
+  ]
+  if spec.server_rule == 'sgd':
+    return [eta * x for x in u]
+  if spec.server_rule == 'adam':  # The first step, from m = v = 0.
+    b1, b2, eps = (
+        hparams[k] for k in ('adam_beta_1', 'adam_beta_2', 'adam_epsilon')
+    )
+    return [eta * (1 - b1) * x / (np.sqrt((1 - b2) * x**2) + eps) for x in u]
+  assert spec.server_rule == 'global_gc'
+  mask = KERNELS[hparams['global_gc_layers']]
+  return [eta * (_np_project(x) if mask[i] else x) for i, x in enumerate(u)]
+
+
+def _one_step(process, tff_fed_avg, one_step_data, weight_decay):
+  """One round of one local step: (w0, server step, aggregated SGD update)."""
   state = process.initialize()
-  if weight_decay:
+  if weight_decay is not None:
     state = _with_hparams(process, state, weight_decay=weight_decay)
   w0 = _weights(process, state)
-  step = _update(w0, _weights(process, process.next(state,
-                                                    one_step_data).state))
+  after = _weights(process, process.next(state, one_step_data).state)
   u_sgd = _reference_update(
       tff_fed_avg, process.get_model_weights(state), one_step_data
   )
-  eta_g = registry.get(name).defaults['server_learning_rate']
-  for i, is_kernel in enumerate(EMNIST_KERNELS):
-    classifier = i == EMNIST_CLASSIFIER_KERNEL
-    if name == 'gcfed':
-      client = _np_project(u_sgd[i]) if is_kernel and not classifier else (
-          u_sgd[i])
-      client = client + CLIENT_LR * weight_decay * np.float64(w0[i])
-      server_projects = classifier
-    else:
-      client = u_sgd[i]
-      server_projects = is_kernel
-    expected = eta_g * (_np_project(client) if server_projects else client)
+  return w0, _update(w0, after), u_sgd
+
+
+@pytest.mark.parametrize('name', list(SPEC_TABLE))
+def test_one_local_step_matches_numpy(
+    tff_context, emnist_process, tff_fed_avg, one_step_data, name
+):
+  del tff_context
+  spec = registry.get(name)
+  hparams = {**spec.defaults, 'client_learning_rate': CLIENT_LR}
+  weight_decay = None
+  if 'weight_decay' in hparams:
+    weight_decay = hparams['weight_decay'] = WEIGHT_DECAY
+  w0, step, u_sgd = _one_step(
+      emnist_process(name), tff_fed_avg, one_step_data, weight_decay
+  )
+  expected = _np_one_step_update(spec, hparams, u_sgd, w0)
+  for i, (ours, theirs) in enumerate(zip(step, expected)):
+    np.testing.assert_allclose(
+        ours, theirs, rtol=0, atol=1e-6, err_msg=f'tensor {i}'
+    )
+
+
+def test_gcfed_server_step_projects_exactly_the_classifier_kernels(
+    tff_context, emnist_process, tff_fed_avg, one_step_data
+):
+  """GC-Fed's server step is `eta_g * M_c(P(u))`, `u` the mean client update.
+
+  After one local step `u = M_f(P(u_sgd)) + lr * wd * w0` (feature kernels
+  projected, coupled L2). The large weight decay makes every kernel's `u`
+  visibly non-zero-mean, so projecting a feature kernel on the server, or not
+  projecting the classifier kernel, would be caught.
+  """
+  del tff_context
+  w0, step, u_sgd = _one_step(
+      emnist_process('gcfed'), tff_fed_avg, one_step_data, WEIGHT_DECAY
+  )
+  eta_g = registry.get('gcfed').defaults['server_learning_rate']
+  for i, w in enumerate(w0):
+    u = _np_project(u_sgd[i]) if KERNELS['feature'][i] else u_sgd[i]
+    u = u + CLIENT_LR * WEIGHT_DECAY * np.float64(w)
+    expected = eta_g * (_np_project(u) if KERNELS['classifier'][i] else u)
     np.testing.assert_allclose(step[i], expected, rtol=0, atol=1e-6)
-    if name == 'gcfed' and is_kernel and not classifier:
-      # Projecting this feature kernel on the server too would be caught.
-      assert np.abs(_np_project(expected) - expected).max() > 1e-5
-    if classifier:  # Not projecting it would be caught.
-      assert np.abs(_np_project(client) - client).max() > 1e-4
+    if KERNELS['all'][i]:  # Projected and not differ by over 10 x atol.
+      assert eta_g * np.abs(_np_project(u) - u).max() > 1e-5
+
+
+def test_uniform_weighting_averages_clients_equally(
+    tff_context, emnist, emnist_process, tff_fed_avg, one_step_preprocess_fn
+):
+  """GlobalGC, one local step on clients of unequal size: P(mean_k u_k)."""
+  del tff_context
+  client_ids = emnist.datasets.train_data.client_ids[:NUM_CLIENTS]
+  data = _client_datasets(emnist, one_step_preprocess_fn, client_ids)
+  counts = [min(_num_examples(emnist, c), BATCH_SIZE) for c in client_ids]
+  assert len(set(counts)) > 1
+  process = emnist_process('global_gc')
+  state = process.initialize()
+  weights = process.get_model_weights(state)
+  w0 = _weights(process, state)
+  step = _update(w0, _weights(process, process.next(state, data).state))
+  per_client = [_reference_update(tff_fed_avg, weights, [d]) for d in data]
+  eta_g = registry.get('global_gc').defaults['server_learning_rate']
+  for i, is_kernel in enumerate(KERNELS['all']):
+    u = np.mean([u_k[i] for u_k in per_client], axis=0)
+    expected = eta_g * (_np_project(u) if is_kernel else u)
+    np.testing.assert_allclose(step[i], expected, rtol=0, atol=1e-6)
 
 
 # Every algorithm trains.
 
 EMNIST_RUNS = [('emnist', name) for name in SPEC_TABLE]
-OTHER_RUNS = [
-    (task, name)
-    for task in ('cifar100', 'shakespeare')
-    for name in ('fedzmg_adam', 'gcfed')
-]
+# One process each (~30-50 s apiece): together every projected rule on conv,
+# embedding (IndexedSlices) and GRU tensors.
+OTHER_RUNS = [('cifar100', 'fedzmg_adam'), ('shakespeare', 'gcfed')]
 # Settings under which two rounds lower the training loss by several percent
 # on the synthetic data (the synthetic CIFAR-100 is hard: it needs 3 epochs).
 OTHER_TASK_SETTINGS = {
@@ -333,8 +404,45 @@ def test_two_rounds_lower_the_training_loss(
     state = output.state
   loss_after = _loss(task, process.get_model_weights(state), data)
   assert np.isfinite(output.metrics['client_work']['train']['loss'])
-  print('LOSS', task_name, name, loss_before, loss_after)
   assert loss_after < 0.98 * loss_before, (loss_before, loss_after)
+
+
+class _Captured(Exception):
+  """Stops `build_process` once an optimizer's arguments are recorded."""
+
+
+@pytest.mark.parametrize('center_vectors', [False, True])
+@pytest.mark.parametrize('client_rule, server_rule, builder, layers', [
+    ('zmg_sgdm', 'sgd', 'build_zmg_sgdm', 'all'),
+    ('local_gc', 'sgd', 'build_local_gc_sgdm', 'feature'),
+    ('sgd', 'global_gc', 'build_global_gc_sgd', 'classifier'),
+])
+def test_rules_project_the_kernels_of_their_layers(
+    monkeypatch, emnist, client_rule, server_rule, builder, layers,
+    center_vectors
+):
+  """Masks from `model_fn` variables; `center_vectors` adds those layers' biases."""
+
+  def capture(learning_rate, **kwargs):
+    del learning_rate
+    raise _Captured(kwargs['mask'], kwargs['center_vectors'])
+
+  monkeypatch.setattr(compose.optimizers, builder, capture)
+  hparams = dict(center_vectors=center_vectors)
+  if client_rule == 'local_gc':
+    hparams['local_gc_layers'] = layers
+  if server_rule == 'global_gc':
+    hparams['global_gc_layers'] = layers
+  with pytest.raises(_Captured) as captured:
+    compose.build_process(
+        emnist.model_fn, client_rule, server_rule, client_weighting=UNIFORM,
+        client_learning_rate=0.1, server_learning_rate=1.0, **hparams)
+  mask, passed_center_vectors = captured.value.args
+  expected = KERNELS[layers]
+  if center_vectors:  # Each selected kernel's bias follows it.
+    expected = tuple(expected[i - i % 2] for i in range(len(expected)))
+  assert mask == expected
+  assert passed_center_vectors == center_vectors
 
 
 # The registry.

@@ -90,7 +90,7 @@ def zero_mean_projection(
 
 
 def _check_variables(variables: Any) -> tuple[Any, ...]:
-  """Returns `variables` as a tuple, or raises if it is not a sequence of them."""
+  """Returns `variables` as a tuple; raises if it is not a sequence of them."""
   if hasattr(variables, 'trainable_variables'):
     raise ValueError(
         'variables must be a sequence of tf.Variables, got a model '
@@ -124,7 +124,7 @@ def _scope(variable: tf.Variable) -> Optional[str]:
 
 
 def _layer_index_per_variable(variables: Sequence[tf.Variable]) -> list[int]:
-  """Numbers the layer of each variable: consecutive variables of one scope share a layer.
+  """Numbers each variable's layer: consecutive variables of a scope share one.
 
   A variable without a name scope is a layer of its own.
   """
@@ -220,7 +220,7 @@ def projection_mask(
     layers: str = 'all',
     gc_lambda: Optional[float] = None,
 ) -> tuple[bool, ...]:
-  """The mask of tensors a projection acts on: weight matrices of the chosen layers.
+  """The mask of tensors a projection acts on: kernels of the chosen layers.
 
   Example:
 
@@ -230,9 +230,10 @@ def projection_mask(
 
   Args:
     variables: The model's trainable `tf.Variable`s, in model order.
-    layers: 'all', 'feature' (the first floor(gc_lambda * L) layers) or 'classifier' (the
-      rest), see `layer_borderline_mask`.
-    gc_lambda: The layer borderline; None means every layer but the last is a feature layer.
+    layers: 'all', 'feature' (the first floor(gc_lambda * L) layers) or
+      'classifier' (the rest), see `layer_borderline_mask`.
+    gc_lambda: The layer borderline; None means every layer but the last is a
+      feature layer.
   """
   variables = _check_variables(variables)
   if layers == 'all':

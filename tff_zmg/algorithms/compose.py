@@ -46,7 +46,7 @@ GLOBAL_GC_LAYERS = ('classifier', 'all')
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """An update rule by name: how to build its optimizer, and its hyperparameters.
+  """A named update rule: how to build its optimizer, its hyperparameters.
 
   Attributes:
     build: `(learning_rate, variables, **hparams) -> Optimizer`, where
@@ -65,10 +65,10 @@ def _projected_tensors(
     gc_lambda: Optional[float],
     center_vectors: bool,
 ) -> tuple[bool, ...]:
-  """The mask of a projected rule: weight matrices of `layers`, plus rank-1 biases if asked.
+  """A projected rule's mask: the weight matrices of `layers` (+ their biases).
 
-  `projection.projection_mask` leaves biases out; `center_vectors` (the GC-Fed
-  authors' bias centring) needs the rank-1 biases of the same layers in.
+  `projection.projection_mask` leaves biases out; with `center_vectors` (the
+  GC-Fed authors' bias centring) the rank-1 biases of the same layers are in.
   """
   mask = projection.projection_mask(variables, layers, gc_lambda)
   if not center_vectors:
@@ -123,7 +123,7 @@ def _local_gc(
     gc_lambda,
     center_vectors,
 ):
-  """LocalGC SGDM with coupled L2 on the weight matrices of `local_gc_layers` (GC-Fed)."""
+  """LocalGC SGDM, coupled L2, on the kernels of `local_gc_layers` (GC-Fed)."""
   return optimizers.build_local_gc_sgdm(
       learning_rate,
       momentum=client_momentum,
@@ -180,7 +180,7 @@ def _adam(
 def _global_gc(
     learning_rate, variables, global_gc_layers, gc_lambda, center_vectors
 ):
-  """Global GC: `w <- w - lr * M'(P(u))` on the weight matrices of `global_gc_layers`."""
+  """Global GC: `w <- w - lr * M'(P(u))`, M': kernels of `global_gc_layers`."""
   return optimizers.build_global_gc_sgd(
       learning_rate,
       mask=_projected_tensors(
@@ -259,7 +259,7 @@ def _get_rule(kind: str, rules: Mapping[str, Rule], name: Any) -> Rule:
 
 
 def _trainable_variables(model_fn: ModelFn) -> tuple[tf.Variable, ...]:
-  """The trainable variables of a fresh `model_fn()`, built in a throwaway graph."""
+  """The trainable variables of a new `model_fn()`, built in a spare graph."""
   with tf.Graph().as_default():
     return tuple(model_fn().trainable_variables)
 
@@ -294,7 +294,7 @@ def build_process(
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
 ) -> tff.learning.templates.LearningProcess:
-  """Builds the learning process of `client_rule` x `server_rule` (module docstring).
+  """Builds the process of `client_rule` x `server_rule` (see module docstring).
 
   Hyperparameters left `None` take the chosen rule's default (see
   `CLIENT_RULES`, `SERVER_RULES`); `gc_lambda` and `center_vectors` are shared

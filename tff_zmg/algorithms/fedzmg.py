@@ -22,7 +22,7 @@ def build_fedzmg(
     center_vectors: bool = False,
     loop_implementation: tff.learning.LoopImplementation = _DATASET_REDUCE,
 ) -> tff.learning.templates.LearningProcess:
-  """FedZMG: ZMG-SGDM clients with decoupled decay, server SGD, weighted by examples.
+  """FedZMG: ZMG-SGDM clients with decoupled decay; server SGD; example weights.
 
       client k:  g~ = P(g)                   (every weight matrix; biases as is)
                  v  <- mu v + g~             (v = 0 at the start of a round)

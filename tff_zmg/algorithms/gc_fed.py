@@ -1,4 +1,4 @@
-"""LocalGC, GlobalGC and GC-Fed: gradient centralization on the client, the server or both.
+"""LocalGC, GlobalGC, GC-Fed: gradient centralization on clients and/or server.
 
 Seo et al., "GC-Fed: Gradient Centralized Federated Learning with Partial
 Client Participation" (arXiv 2503.13180); ALGORITHMS.md sections 1-4. `P`
@@ -35,15 +35,15 @@ def build_local_gc(
     center_vectors: bool = False,
     loop_implementation: tff.learning.LoopImplementation = _DATASET_REDUCE,
 ) -> tff.learning.templates.LearningProcess:
-  """LocalGC: clients take projected momentum steps with coupled L2; server SGD, uniform.
+  """LocalGC: projected client SGDM with coupled L2; server SGD; uniform mean.
 
       client k:  d = M(P(g)) + lambda_wd w_k     (M: `local_gc_layers`)
                  v <- mu v + d ;  w_k <- w_k - eta_l v
       server:    u = mean_k (w^t - w_k) ;  w^{t+1} = w^t - eta_g * u
 
-  GC-Fed paper, section 3.3, Definition 1 ("Local GC"), in the authors' order (L2 added
-  after the projection). Defaults: see the module docstring; every layer
-  projected.
+  GC-Fed paper, section 3.3, Definition 1 ("Local GC"), in the authors'
+  order (L2 added after the projection). Defaults: see the module docstring;
+  every layer projected.
 
   Args:
     model_fn: A no-arg function returning a new
@@ -92,15 +92,15 @@ def build_global_gc(
     center_vectors: bool = False,
     loop_implementation: tff.learning.LoopImplementation = _DATASET_REDUCE,
 ) -> tff.learning.templates.LearningProcess:
-  """GlobalGC: clients take momentum SGD steps; the server projects the mean update.
+  """GlobalGC: client SGDM; the server projects the uniform mean update.
 
       client k:  v <- mu v + g ;  w_k <- w_k - eta_l v
       server:    u = mean_k (w^t - w_k)
                  w^{t+1} = w^t - eta_g * M'(P(u))   (M': `global_gc_layers`)
 
-  GC-Fed paper, section 3.3, Definition 2 ("Global GC"). Defaults: see the module
-  docstring; every layer projected. The client rule is TFF's momentum SGD,
-  which has no weight decay: the paper's 1e-5 is left out (ALGORITHMS.md
+  GC-Fed paper, section 3.3, Definition 2 ("Global GC"). Defaults: see the
+  module docstring; every layer projected. The client rule is TFF's momentum
+  SGD, which has no weight decay: the paper's 1e-5 is left out (ALGORITHMS.md
   section 4 names the client rule SGDM).
 
   Args:

@@ -1,4 +1,4 @@
-"""The algorithms by `--algo` name: builder, rules, weighting and default hyperparameters.
+"""The algorithms by `--algo` name: builder, rules, weighting and defaults.
 
 `ALGORITHMS` is the table of ALGORITHMS.md section 4; a training program builds
 its flags and `--help` from it and calls `build(name, model_fn, **flags)`:
