@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -152,11 +152,9 @@ class _ProgressReleaseManager(tff.program.ReleaseManager):
     self._stream = stream
     self._start = None
     self._first_key = None
-    self.history = []
 
   async def release(self, value, key):
     flat = _flatten(value)
-    self.history.append((key, flat))
     loss = flat.get('client_work/train/loss')
     non_finite = flat.get('finalizer/update_non_finite', 0)
     if loss is not None and (not math.isfinite(float(loss)) or non_finite):
