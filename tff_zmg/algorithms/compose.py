@@ -258,13 +258,15 @@ def _get_rule(kind: str, rules: Mapping[str, Rule], name: Any) -> Rule:
   return rules[name]
 
 
-def _trainable_variables(model_fn: ModelFn) -> tuple[tf.Variable, ...]:
+def trainable_variables(model_fn: ModelFn) -> tuple[tf.Variable, ...]:
   """The trainable variables of a new `model_fn()`, built in a spare graph."""
   with tf.Graph().as_default():
     return tuple(model_fn().trainable_variables)
 
 
-def _initial_model_weights_fn(model_fn: ModelFn) -> tff.Computation:
+def initial_model_weights_computation(model_fn: ModelFn) -> tff.Computation:
+  """`( -> ModelWeights)`: the weights of a new `model_fn()`."""
+
   @tff.tensorflow.computation
   def initial_model_weights_fn():
     return tff.learning.models.ModelWeights.from_model(model_fn())
@@ -381,7 +383,7 @@ def build_process(
   def hparams_of(rule):
     return {name: given.get(name, d) for name, d in rule.hparams.items()}
 
-  variables = _trainable_variables(model_fn)
+  variables = trainable_variables(model_fn)
   client_optimizer = client.build(
       client_learning_rate, variables, **hparams_of(client)
   )
@@ -389,16 +391,40 @@ def build_process(
       server_learning_rate, variables, **hparams_of(server)
   )
 
-  initial_model_weights_fn = _initial_model_weights_fn(model_fn)
-  model_weights_type = initial_model_weights_fn.type_signature.result
-  distributor = tff.learning.templates.build_broadcast_process(
-      model_weights_type
-  )
+  initial_model_weights_fn = initial_model_weights_computation(model_fn)
   client_work = tff.learning.templates.build_model_delta_client_work(
       model_fn,
       client_optimizer,
       client_weighting,
       loop_implementation=loop_implementation,
+  )
+  distributor, aggregator, finalizer = build_server_parts(
+      initial_model_weights_fn, server_optimizer, client_weighting
+  )
+  return tff.learning.templates.compose_learning_process(
+      initial_model_weights_fn, distributor, client_work, aggregator, finalizer
+  )
+
+
+def build_server_parts(
+    initial_model_weights_fn: tff.Computation,
+    server_optimizer: Optimizer,
+    client_weighting: tff.learning.ClientWeighting,
+) -> tuple[
+    tff.templates.MeasuredProcess,
+    tff.templates.AggregationProcess,
+    tff.templates.MeasuredProcess,
+]:
+  """The parts around the client work: (distributor, aggregator, finalizer).
+
+  The distributor broadcasts the model weights; the aggregator is the
+  example-weighted or the uniform mean of client updates; the finalizer applies
+  `server_optimizer` to the aggregated update. Stateful-client processes
+  (`stateful_clients`) compose the same parts.
+  """
+  model_weights_type = initial_model_weights_fn.type_signature.result
+  distributor = tff.learning.templates.build_broadcast_process(
+      model_weights_type
   )
   if client_weighting == tff.learning.ClientWeighting.UNIFORM:
     aggregator_factory = tff.aggregators.as_weighted_aggregator(
@@ -412,6 +438,4 @@ def build_process(
   finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
       server_optimizer, model_weights_type
   )
-  return tff.learning.templates.compose_learning_process(
-      initial_model_weights_fn, distributor, client_work, aggregator, finalizer
-  )
+  return distributor, aggregator, finalizer
