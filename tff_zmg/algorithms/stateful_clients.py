@@ -1,0 +1,203 @@
+"""Learning processes whose clients keep state across the rounds they take part in.
+
+`tff.learning.templates.LearningProcess.next` takes `(state, client_data)` only, so a
+client rule that remembers something between rounds (FedRKMGC's corrections, FedGPS's
+last update) needs one more argument. Following TFF's stateful-clients example, the
+sampled clients' states go in CLIENTS-placed beside their data and their new states come
+out beside the metrics:
+
+    next: <S@SERVER, {D*}@CLIENTS, {C}@CLIENTS> -> <state=S@SERVER, metrics=M@SERVER,
+                                                   client_states={C}@CLIENTS>
+
+Where the states live between rounds is the training loop's business (see
+`tff_zmg.client_states`). The process is composed from the same four parts as TFF's
+`compose_learning_process`: distributor, client work (here a `StatefulClientWork`),
+aggregator and finalizer, so every server rule of the package composes with it.
+"""
+
+import collections
+import dataclasses
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+class StatefulClientsOutput(NamedTuple):
+  """The result of `StatefulClientsLearningProcess.next`.
+
+  Attributes:
+    state: The new server state.
+    metrics: The round's metrics (same layout as TFF's composed processes:
+      `distributor`, `client_work`, `aggregator`, `finalizer`).
+    client_states: The sampled clients' new states, in the order of the input.
+  """
+
+  state: Any
+  metrics: Any
+  client_states: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StatefulClientWork:
+  """Client work whose clients read and write their own state.
+
+  Attributes:
+    initialize: `( -> S@SERVER)`.
+    next: `(<S@SERVER, W@CLIENTS, {D*}@CLIENTS, C@CLIENTS, int32@CLIENTS> ->
+      MeasuredProcessOutput(state=S@SERVER, result=<ClientResult@CLIENTS,
+      C@CLIENTS>, measurements=M@SERVER))`; the int32 is the global round index
+      (from 0).
+    initial_client_state: `( -> C)`, the state of a client that has never taken
+      part (a `tff.tensorflow.computation`).
+  """
+
+  initialize: tff.Computation
+  next: tff.Computation
+  initial_client_state: tff.Computation
+
+  @property
+  def client_state_type(self) -> tff.Type:
+    return self.initial_client_state.type_signature.result
+
+
+class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
+  """A `LearningProcess`-shaped process whose `next` also maps client states.
+
+  It has `initialize`, `next(state, client_data, client_states)`,
+  `get_model_weights`, `set_model_weights`, and `initial_client_state()` (the
+  state a new client starts from, as NumPy values).
+  """
+
+  def __init__(
+      self,
+      initialize_fn: tff.Computation,
+      next_fn: tff.Computation,
+      get_model_weights: tff.Computation,
+      set_model_weights: tff.Computation,
+      initial_client_state_fn: tff.Computation,
+  ):
+    super().__init__(initialize_fn, next_fn, next_is_multi_arg=True)
+    self._get_model_weights = get_model_weights
+    self._set_model_weights = set_model_weights
+    self._initial_client_state_fn = initial_client_state_fn
+
+  @property
+  def get_model_weights(self) -> tff.Computation:
+    return self._get_model_weights
+
+  @property
+  def set_model_weights(self) -> tff.Computation:
+    return self._set_model_weights
+
+  @property
+  def client_state_type(self) -> tff.Type:
+    return self._initial_client_state_fn.type_signature.result
+
+  def initial_client_state(self):
+    """The state of a client that has never taken part (NumPy values)."""
+    return self._initial_client_state_fn()
+
+
+def compose_stateful_clients_process(
+    initial_model_weights_fn: tff.Computation,
+    distributor: tff.templates.MeasuredProcess,
+    client_work: StatefulClientWork,
+    aggregator: tff.templates.AggregationProcess,
+    finalizer: tff.templates.MeasuredProcess,
+) -> StatefulClientsLearningProcess:
+  """Composes the four parts, as `tff.learning.templates.compose_learning_process`.
+
+  The server state is an `OrderedDict` of `global_model_weights`, the four parts'
+  states, and `round_num` (the global round index `t`, from 0), which is
+  broadcast to the clients.
+  """
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_zip(
+        collections.OrderedDict(
+            global_model_weights=tff.federated_eval(
+                initial_model_weights_fn, tff.SERVER
+            ),
+            distributor=distributor.initialize(),
+            client_work=client_work.initialize(),
+            aggregator=aggregator.initialize(),
+            finalizer=finalizer.initialize(),
+            round_num=tff.federated_value(np.int32(0), tff.SERVER),
+        )
+    )
+
+  state_type = init_fn.type_signature.result
+  data_type = client_work.next.type_signature.parameter[2]
+  client_states_type = client_work.next.type_signature.parameter[3]
+
+  @tff.tensorflow.computation(np.int32)
+  def increment(round_num):
+    return round_num + 1
+
+  @tff.federated_computation(state_type, data_type, client_states_type)
+  def next_fn(state, client_data, client_states):
+    weights = state.global_model_weights
+    distributor_output = distributor.next(state.distributor, weights)
+    work_output = client_work.next(
+        state.client_work,
+        distributor_output.result,
+        client_data,
+        client_states,
+        tff.federated_broadcast(state.round_num),
+    )
+    client_result = work_output.result[0]
+    aggregator_output = aggregator.next(
+        state.aggregator, client_result.update, client_result.update_weight
+    )
+    finalizer_output = finalizer.next(
+        state.finalizer, weights, aggregator_output.result
+    )
+    new_state = tff.federated_zip(
+        collections.OrderedDict(
+            global_model_weights=finalizer_output.result,
+            distributor=distributor_output.state,
+            client_work=work_output.state,
+            aggregator=aggregator_output.state,
+            finalizer=finalizer_output.state,
+            round_num=tff.federated_map(increment, state.round_num),
+        )
+    )
+    metrics = tff.federated_zip(
+        collections.OrderedDict(
+            distributor=distributor_output.measurements,
+            client_work=work_output.measurements,
+            aggregator=aggregator_output.measurements,
+            finalizer=finalizer_output.measurements,
+        )
+    )
+    return StatefulClientsOutput(
+        state=new_state, metrics=metrics, client_states=work_output.result[1]
+    )
+
+  @tff.tensorflow.computation(state_type.member)
+  def get_model_weights(state):
+    return state['global_model_weights']
+
+  weights_type = get_model_weights.type_signature.result
+
+  @tff.tensorflow.computation(state_type.member, weights_type)
+  def set_model_weights(state, weights):
+    updated = collections.OrderedDict(state)
+    updated['global_model_weights'] = weights
+    return updated
+
+  return StatefulClientsLearningProcess(
+      init_fn,
+      next_fn,
+      get_model_weights,
+      set_model_weights,
+      client_work.initial_client_state,
+  )
+
+
+def trainable_zeros(trainable_type: tff.Type) -> tuple[tf.Tensor, ...]:
+  """Zero tensors shaped like a model's trainable weights (inside TF graphs)."""
+  return tuple(tf.zeros(t.shape, t.dtype) for t in trainable_type)  # pytype: disable=attribute-error

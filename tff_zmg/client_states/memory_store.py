@@ -1,0 +1,85 @@
+"""A client-state store in memory, for populations whose states fit in RAM.
+
+Fast (no file per client and round), but memory grows with every client that has
+taken part. With a `snapshot_directory` it is checkpointed with the run: `commit`
+writes every state to one file per checkpoint version, `restore` reads it back.
+"""
+
+import os
+from typing import Optional
+
+import numpy as np
+
+from tff_zmg.client_states import store
+
+_IDS = 'client_ids'
+_LENGTHS = 'state_lengths'
+
+
+class InMemoryClientStateStore(store.ClientStateStore):
+  """Client states in a dict; snapshots under `snapshot_directory` if given."""
+
+  def __init__(self, snapshot_directory: Optional[str] = None):
+    self._states: dict[str, store.State] = {}
+    self._snapshot_directory = snapshot_directory
+    if snapshot_directory is not None:
+      os.makedirs(snapshot_directory, exist_ok=True)
+
+  def _snapshot_path(self, version: int) -> str:
+    return os.path.join(self._snapshot_directory, f'snapshot-{version:08d}.npz')
+
+  def _snapshot_versions(self) -> list[int]:
+    names = os.listdir(self._snapshot_directory)
+    return sorted(
+        int(n[len('snapshot-'): -len('.npz')])
+        for n in names
+        if n.startswith('snapshot-') and n.endswith('.npz')
+    )
+
+  def read(self, client_id: str) -> Optional[store.State]:
+    return self._states.get(client_id)
+
+  def write(self, version: int, states) -> None:
+    del version  # Only the latest states are held; snapshots keep the versions.
+    self._states.update({k: list(v) for k, v in states.items()})
+
+  def commit(self, version: int, kept_versions) -> None:
+    if self._snapshot_directory is None:
+      return
+    ids = sorted(self._states)
+    arrays = {
+        _IDS: np.array(ids, dtype=np.str_),
+        _LENGTHS: np.array([len(self._states[i]) for i in ids], dtype=np.int64),
+    }
+    for n, client_id in enumerate(ids):
+      for j, array in enumerate(self._states[client_id]):
+        arrays[f'c{n}_{j}'] = np.asarray(array)
+    store.save_arrays_atomically(self._snapshot_path(version), arrays)
+    kept = set(kept_versions) | {version}
+    for v in self._snapshot_versions():
+      if v not in kept:
+        os.remove(self._snapshot_path(v))
+
+  def restore(self, version: Optional[int]) -> None:
+    if version is None:
+      self._states = {}
+      return
+    if self._snapshot_directory is None:
+      raise ValueError(
+          'an in-memory client-state store without a snapshot directory cannot be'
+          f' restored to round {version}'
+      )
+    path = self._snapshot_path(version)
+    if not os.path.exists(path):
+      raise store.CorruptClientStateError(
+          f'no client-state snapshot for checkpoint {version} ({path} is missing);'
+          ' start the run afresh with --overwrite'
+      )
+    arrays = store.load_arrays(path)
+    self._states = {
+        str(client_id): [arrays[f'c{n}_{j}'] for j in range(int(length))]
+        for n, (client_id, length) in enumerate(zip(arrays[_IDS], arrays[_LENGTHS]))
+    }
+
+  def client_ids(self) -> list[str]:
+    return sorted(self._states)
