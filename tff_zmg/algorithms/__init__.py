@@ -1,7 +1,9 @@
 """Federated algorithms as TFF learning processes (ALGORITHMS.md section 4).
 
 Each `build_*` composes a client rule and a server rule with
-`compose.build_process`; `registry` maps `--algo` names to them.
+`compose.build_process` (or, for clients that keep state, with
+`stateful_clients.compose_stateful_clients_process`); `registry` maps `--algo`
+names to them.
 """
 
 from tff_zmg.algorithms import compose
@@ -11,6 +13,7 @@ from tff_zmg.algorithms.compose import CLIENT_RULES
 from tff_zmg.algorithms.compose import SERVER_RULES
 from tff_zmg.algorithms.fedavg import build_fedadam
 from tff_zmg.algorithms.fedavg import build_fedavg
+from tff_zmg.algorithms.fedrkmgc import build_fed_rkmgc
 from tff_zmg.algorithms.fedzmg import build_fedzmg
 from tff_zmg.algorithms.fedzmg import build_fedzmg_adam
 from tff_zmg.algorithms.gc_fed import build_gcfed
@@ -18,6 +21,10 @@ from tff_zmg.algorithms.gc_fed import build_global_gc
 from tff_zmg.algorithms.gc_fed import build_local_gc
 from tff_zmg.algorithms.registry import AlgorithmSpec
 from tff_zmg.algorithms.registry import ALGORITHMS
+from tff_zmg.algorithms.stateful_clients import compose_stateful_clients_process
+from tff_zmg.algorithms.stateful_clients import StatefulClientsLearningProcess
+from tff_zmg.algorithms.stateful_clients import StatefulClientsOutput
+from tff_zmg.algorithms.stateful_clients import StatefulClientWork
 
 __all__ = [
     'ALGORITHMS',
@@ -25,6 +32,7 @@ __all__ = [
     'CLIENT_RULES',
     'SERVER_RULES',
     'build_fedadam',
+    'build_fed_rkmgc',
     'build_fedavg',
     'build_fedzmg',
     'build_fedzmg_adam',
@@ -32,6 +40,10 @@ __all__ = [
     'build_global_gc',
     'build_local_gc',
     'build_process',
+    'StatefulClientWork',
+    'StatefulClientsLearningProcess',
+    'StatefulClientsOutput',
     'compose',
+    'compose_stateful_clients_process',
     'registry',
 ]

@@ -8,6 +8,7 @@ its flags and `--help` from it and calls `build(name, model_fn, **flags)`:
 
 from collections.abc import Callable, Mapping
 import dataclasses
+import functools
 import inspect
 import types
 from typing import Any
@@ -16,12 +17,14 @@ import tensorflow_federated as tff
 
 from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import fedavg
+from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import fedzmg
 from tff_zmg.algorithms import gc_fed
 
 _EXAMPLES = tff.learning.ClientWeighting.NUM_EXAMPLES
 _UNIFORM = tff.learning.ClientWeighting.UNIFORM
-_NOT_HYPERPARAMETERS = ('model_fn', 'loop_implementation')
+# `correction` is part of a FedRKMGC variant's identity (its registry name).
+_NOT_HYPERPARAMETERS = ('model_fn', 'loop_implementation', 'correction')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,13 +33,17 @@ class AlgorithmSpec:
 
   Attributes:
     name: The `--algo` name.
-    builder: `builder(model_fn, **hyperparameters) -> LearningProcess`.
-    client_rule: The key of `compose.CLIENT_RULES` the builder uses.
+    builder: `builder(model_fn, **hyperparameters) -> LearningProcess` (or a
+      `StatefulClientsLearningProcess` when `stateful`).
+    client_rule: The client rule: a key of `compose.CLIENT_RULES`, or
+      'corrected_sgdm' (FedRKMGC's stateful client work).
     server_rule: The key of `compose.SERVER_RULES` the builder uses.
     client_weighting: How client updates are averaged.
     defaults: Every hyperparameter the builder takes, with its default (read
       from the builder's signature).
     description: One line for `--help`.
+    stateful: Whether clients keep state across rounds (the process's `next`
+      then also takes and returns the sampled clients' states).
   """
 
   name: str
@@ -46,6 +53,7 @@ class AlgorithmSpec:
   client_weighting: tff.learning.ClientWeighting
   defaults: Mapping[str, Any]
   description: str
+  stateful: bool = False
 
 
 def _defaults(builder: Callable[..., Any]) -> Mapping[str, Any]:
@@ -57,7 +65,10 @@ def _defaults(builder: Callable[..., Any]) -> Mapping[str, Any]:
   })
 
 
-def _spec(name, builder, client_rule, server_rule, weighting, description):
+def _spec(
+    name, builder, client_rule, server_rule, weighting, description,
+    stateful=False,
+):
   return AlgorithmSpec(
       name=name,
       builder=builder,
@@ -66,6 +77,17 @@ def _spec(name, builder, client_rule, server_rule, weighting, description):
       client_weighting=weighting,
       defaults=_defaults(builder),
       description=description,
+      stateful=stateful,
+  )
+
+
+def _fed_rkmgc_variant(name, correction, rho, description):
+  builder = functools.partial(
+      fedrkmgc.build_fed_rkmgc, correction=correction, rho=rho
+  )
+  return _spec(
+      name, builder, 'corrected_sgdm', 'sgd', _UNIFORM, description,
+      stateful=True,
   )
 
 
@@ -106,6 +128,31 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             'GC-Fed: LocalGC on feature layers, GlobalGC on classifier '
             'layers (Seo et al. 2025).',
         ),
+        _fed_rkmgc_variant(
+            'fedrkmgc', 'fast_km', 1.5,
+            'FedRKMGC: corrected client SGDM with fast KM steps, relaxed '
+            'server averaging (stateful clients).',
+        ),
+        _fed_rkmgc_variant(
+            'fedrkmgc_raw', 'raw', 1.0,
+            'FedRKMGC ablation: raw correction, no KM, no relaxation.',
+        ),
+        _fed_rkmgc_variant(
+            'fedrkmgc_re', 'raw', 1.5,
+            'FedRKMGC ablation: raw correction with relaxation.',
+        ),
+        _fed_rkmgc_variant(
+            'fedrkmgc_km', 'km', 1.0,
+            'FedRKMGC ablation: standard KM correction, no relaxation.',
+        ),
+        _fed_rkmgc_variant(
+            'fedrkmgc_fast_km', 'fast_km', 1.0,
+            'FedRKMGC ablation: fast KM correction, no relaxation.',
+        ),
+        _fed_rkmgc_variant(
+            'fedrkmgc_re_km', 'km', 1.5,
+            'FedRKMGC ablation: standard KM correction with relaxation.',
+        ),
     )
 })
 NAMES = tuple(ALGORITHMS)
@@ -144,7 +191,8 @@ def build(
     **hyperparameters: Values for some of `get(name).defaults`.
 
   Returns:
-    A `tff.learning.templates.LearningProcess`.
+    A `tff.learning.templates.LearningProcess`, or a
+    `StatefulClientsLearningProcess` for a stateful algorithm.
 
   Raises:
     ValueError: If `name` is unknown, a hyperparameter is not one of the

@@ -1,0 +1,272 @@
+"""FedRKMGC and its ablations against a NumPy re-computation of ALGORITHMS.md.
+
+A softmax-regression model (3 inputs, 2 classes) on three clients, three rounds with
+partial participation: every client's `D_n` and `Dt_n` and the global weights must
+equal the spec's formulas, computed here in float64 from scratch (the gradient of the
+mean cross-entropy included), for the full method and each ablation. The KM clock
+runs over t = 0, 1, 2.
+"""
+
+import collections
+import functools
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_zmg import client_states
+from tff_zmg import correction
+from tff_zmg.algorithms import fedrkmgc
+from tff_zmg.algorithms import registry
+
+# (round's sampled clients): client 2 skips round 0, client 0 round 1, client 1 round 2.
+PARTICIPATION = ((0, 1), (1, 2), (0, 2))
+HPARAMS = dict(client_learning_rate=0.1, client_momentum=0.8, beta=0.5, gamma=3.0)
+# registry name: (correction, rho)
+VARIANTS = {
+    'fedrkmgc': ('fast_km', 1.5),
+    'fedrkmgc_raw': ('raw', 1.0),
+    'fedrkmgc_re': ('raw', 1.5),
+    'fedrkmgc_km': ('km', 1.0),
+    'fedrkmgc_fast_km': ('fast_km', 1.0),
+    'fedrkmgc_re_km': ('km', 1.5),
+}
+
+
+def tiny_model_fn():
+  keras_model = tf.keras.Sequential(
+      [tf.keras.layers.Input(shape=(3,)), tf.keras.layers.Dense(2)]
+  )
+  return tff.learning.models.from_keras_model(
+      keras_model,
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=collections.OrderedDict(
+          x=tf.TensorSpec([None, 3], tf.float32), y=tf.TensorSpec([None], tf.int32)
+      ),
+      metrics=[tf.keras.metrics.SparseCategoricalAccuracy()],
+  )
+
+
+def _client_data(seed):
+  """Two batches of two examples per client, fixed."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(4, 3)).astype(np.float32)
+  y = rng.integers(0, 2, size=4).astype(np.int32)
+  return x, y
+
+
+CLIENT_DATA = [_client_data(seed) for seed in range(3)]
+
+
+def _dataset(client):
+  x, y = CLIENT_DATA[client]
+  return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(2)
+
+
+def _np_gradient(w, x, y):
+  """Gradient of the mean softmax cross-entropy of `x @ W + b`, float64."""
+  kernel, bias = w
+  logits = x @ kernel + bias
+  p = np.exp(logits - logits.max(axis=1, keepdims=True))
+  p /= p.sum(axis=1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  p /= len(y)
+  return [x.T @ p, p.sum(axis=0)]
+
+
+def _np_client(w, client, d, d_raw, t, kind):
+  """One client's round, from the spec: corrected SGDM, then the KM step."""
+  lr, mu = HPARAMS['client_learning_rate'], HPARAMS['client_momentum']
+  beta, gamma = HPARAMS['beta'], HPARAMS['gamma']
+  x, y = (np.float64(a) if a.dtype == np.float32 else a for a in CLIENT_DATA[client])
+  local = [a.copy() for a in w]
+  v = [np.zeros_like(a) for a in w]
+  for batch in (slice(0, 2), slice(2, 4)):
+    g = _np_gradient(local, x[batch], y[batch])
+    v = [mu * vi + (gi - di) for vi, gi, di in zip(v, g, d)]
+    local = [wi - lr * vi for wi, vi in zip(local, v)]
+  delta = [l - w0 for l, w0 in zip(local, w)]
+  d_raw_new = [di - beta * dl for di, dl in zip(d, delta)]
+  a = (2 * (t + 1) + gamma) / (2 * (t + 1 + gamma))
+  b = (t + 1) / (t + 1 + gamma)
+  if kind == 'raw':
+    d_new = d_raw_new
+  elif kind == 'km':
+    d_new = [a * di + gamma / (2 * (t + 1 + gamma)) * rn for di, rn in zip(d, d_raw_new)]
+  else:
+    d_new = [a * (rn + di) - b * r for rn, di, r in zip(d_raw_new, d, d_raw)]
+  return local, d_new, d_raw_new
+
+
+def _np_run(w0, kind, rho, km_clock):
+  """Three rounds of the spec's algorithm: per round (weights, D, Dt) of all clients."""
+  w = [np.float64(a) for a in w0]
+  zeros = [np.zeros_like(a) for a in w]
+  d = {c: zeros for c in range(3)}
+  d_raw = {c: zeros for c in range(3)}
+  taken_part = collections.Counter()
+  history = []
+  for t, clients in enumerate(PARTICIPATION):
+    locals_ = []
+    for c in clients:
+      clock = t if km_clock == 'global' else taken_part[c]
+      local, d[c], d_raw[c] = _np_client(w, c, d[c], d_raw[c], clock, kind)
+      taken_part[c] += 1
+      locals_.append(local)
+    mean_local = [np.mean(ls, axis=0) for ls in zip(*locals_)]
+    w = [(1 - rho) * wi + rho * m for wi, m in zip(w, mean_local)]  # Relaxation.
+    history.append((w, dict(d), dict(d_raw)))
+  return history
+
+
+def _with_rho(state, rho):
+  """`state` with the relaxation (the server SGD learning rate) set to `rho`."""
+  state = collections.OrderedDict(state)
+  finalizer = collections.OrderedDict(state['finalizer'])
+  finalizer['learning_rate'] = np.float32(rho)
+  state['finalizer'] = finalizer
+  return state
+
+
+@functools.lru_cache(maxsize=None)
+def _process(name, km_clock='global'):
+  return registry.build(name, tiny_model_fn, km_clock=km_clock, **HPARAMS)
+
+
+@functools.lru_cache(maxsize=None)
+def _run(name, rho=None, km_clock='global'):
+  """Three rounds through the package's trainer and in-memory store.
+
+  Building a process and its first round cost ~25 s, so the ablations that differ
+  from a built one only in `rho` run it with the relaxation set in its state.
+  """
+  trainer = client_states.StatefulClientsTrainer(
+      _process(name, km_clock), client_states.InMemoryClientStateStore()
+  )
+  state = trainer.initialize()
+  if rho is not None:
+    state = _with_rho(state, rho)
+  w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
+  history = []
+  for t, clients in enumerate(PARTICIPATION):
+    selection = client_states.ClientSelection(
+        t, [f'client{c}' for c in clients], [_dataset(c) for c in clients]
+    )
+    state = trainer.next(state, selection).state
+    weights = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
+    states = {c: trainer.client_state(f'client{c}') for c in range(3)}
+    history.append((weights, states))
+  return w0, history, state
+
+
+def _assert_close(actual, expected, what):
+  for i, (a, e) in enumerate(zip(actual, expected)):
+    np.testing.assert_allclose(a, e, rtol=2e-5, atol=1e-6, err_msg=f'{what}[{i}]')
+
+
+def _check_against_numpy(run, kind, rho, km_clock):
+  w0, history, state = run
+  expected = _np_run(w0, kind, rho, km_clock)
+  assert int(state['round_num']) == 3
+  for t, ((weights, states), (w, d, d_raw)) in enumerate(zip(history, expected)):
+    _assert_close(weights, w, f'round {t} weights')
+    for c in range(3):
+      _assert_close(states[c]['correction'], d[c], f'round {t} client {c} D')
+      _assert_close(states[c]['raw_correction'], d_raw[c], f'round {t} client {c} Dt')
+  participations = [int(history[-1][1][c]['participations']) for c in range(3)]
+  assert participations == [2, 2, 2]
+  # The corrections moved: a test that cannot pass with D = 0 everywhere.
+  assert np.abs(history[-1][1][0]['correction'][0]).max() > 1e-3
+
+
+# Every ablation is one of three built processes (one per correction), run with its
+# own relaxation.
+BUILT_FOR = {'raw': 'fedrkmgc_raw', 'km': 'fedrkmgc_km', 'fast_km': 'fedrkmgc'}
+
+
+def test_registry_names_are_the_papers_ablations():
+  for name, (kind, rho) in VARIANTS.items():
+    spec = registry.get(name)
+    assert spec.builder.keywords == {'correction': kind, 'rho': rho}, name
+    assert spec.defaults['rho'] == rho
+
+
+@pytest.mark.parametrize('name', sorted(VARIANTS))
+def test_variant_matches_numpy_over_three_rounds(tff_context, name):
+  del tff_context
+  kind, rho = VARIANTS[name]
+  built = BUILT_FOR[kind]
+  run = _run(built, None if VARIANTS[built][1] == rho else rho)
+  _check_against_numpy(run, kind, rho, 'global')
+
+
+def test_participation_clock_counts_the_clients_own_rounds(tff_context):
+  del tff_context
+  _check_against_numpy(
+      _run('fedrkmgc', km_clock='participation'), 'fast_km', 1.5, 'participation'
+  )
+
+
+def test_skipping_client_keeps_its_state(tff_context):
+  del tff_context
+  _, history, _ = _run('fedrkmgc')
+  # Client 0 skips round 1: its state after round 1 is its state after round 0.
+  after_0, after_1 = history[0][1][0], history[1][1][0]
+  for key in ('correction', 'raw_correction'):
+    for a, b in zip(after_0[key], after_1[key]):
+      np.testing.assert_array_equal(a, b)
+  # Client 2 has not taken part in round 0: the initial (zero) state.
+  assert all(not np.any(a) for a in history[0][1][2]['correction'])
+
+
+def test_km_coefficients_for_the_first_rounds():
+  # gamma = 500: a_t = (2(t+1) + 500) / (2(t+1+500)), b_t = (t+1) / (t+1+500).
+  for t, a, b in ((0, 502 / 1002, 1 / 501), (1, 504 / 1004, 2 / 502),
+                  (2, 506 / 1006, 3 / 503)):
+    np.testing.assert_allclose(correction.km_coefficients(t, 500.0), (a, b))
+  # Standard KM is a convex combination: D_n = Dt_new = 1 gives 1.
+  assert correction.standard_km_step(1.0, 1.0, 2, 500.0) == pytest.approx(1.0)
+
+
+BAD = [
+    ('beta', 0.0, r'beta must be > 0'),
+    ('gamma', -1.0, r'gamma must be > 0'),
+    ('rho', 0.0, r'rho must be in \(0, 2\]'),
+    ('rho', 2.5, r'rho must be in \(0, 2\]'),
+    ('km_clock', 'local', r"km_clock must be one of \['global', 'participation'\]"),
+    ('client_momentum', 1.0, r'client_momentum must be in \[0, 1\)'),
+]
+
+
+def _never_called():
+  raise AssertionError('model_fn must not be called before validation')
+
+
+@pytest.mark.parametrize('name, value, message', BAD)
+def test_bad_hyperparameters_raise(name, value, message):
+  with pytest.raises(ValueError, match=message):
+    registry.build('fedrkmgc', _never_called, **{name: value})
+
+
+def test_unsafe_relaxation_needs_the_flag_and_small_gamma_warns():
+  with pytest.raises(AssertionError, match='must not be called'):
+    registry.build('fedrkmgc', _never_called, rho=2.5, allow_unsafe_relaxation=True)
+  with pytest.raises(ValueError, match='rho must be > 0'):
+    registry.build('fedrkmgc', _never_called, rho=-1.0, allow_unsafe_relaxation=True)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    with pytest.raises(AssertionError, match='must not be called'):
+      registry.build('fedrkmgc', _never_called, gamma=1.0)
+  assert any('gamma=1.0' in str(w.message) for w in caught)
+
+
+def test_registry_lists_every_ablation_with_the_papers_defaults():
+  for name in VARIANTS:
+    spec = registry.get(name)
+    assert spec.stateful and spec.client_weighting == tff.learning.ClientWeighting.UNIFORM
+    assert (spec.defaults['client_learning_rate'], spec.defaults['client_momentum'],
+            spec.defaults['beta'], spec.defaults['gamma'],
+            spec.defaults['km_clock']) == (0.01, 0.8, 0.03, 500.0, 'global')
+  assert fedrkmgc.MAX_SAFE_RHO == 2.0
