@@ -23,14 +23,17 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
-from tff_zmg.algorithms import registry
+from tff_zmg import client_states
 from tff_zmg import context
 from tff_zmg import validation
+from tff_zmg.algorithms import registry
+from tff_zmg.algorithms import stateful_clients
 
 FLAGS_FILENAME = 'flags.json'
 METRICS_FILENAME = 'metrics.csv'
 CHECKPOINT_DIRNAME = 'checkpoints'
 TENSORBOARD_DIRNAME = 'tensorboard'
+CLIENT_STATES_DIRNAME = 'client_states'
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
     {'total_rounds', 'executor', 'max_concurrent_clients', 'rounds_per_checkpoint'}
@@ -69,6 +72,7 @@ class ExperimentConfig:
   executor: str = 'cpu'
   max_concurrent_clients: int = -1
   overwrite: bool = False
+  client_state_store: str = 'disk'
 
   @property
   def output_dir(self) -> str:
@@ -104,6 +108,11 @@ def _validate(config: ExperimentConfig) -> None:
     validation.check_positive('client_batch_size', config.client_batch_size)
   if config.executor not in ('cpu', 'gpu'):
     raise ExperimentError(f"executor must be 'cpu' or 'gpu', got {config.executor!r}")
+  if config.client_state_store not in client_states.STORES:
+    raise ExperimentError(
+        f'client_state_store must be one of {list(client_states.STORES)}, got'
+        f' {config.client_state_store!r}'
+    )
 
 
 def _client_seed(seed: int, round_num: int, client_index: int) -> int:
@@ -275,14 +284,19 @@ def run(config: ExperimentConfig) -> dict:
       train_data.client_ids, replace=False, random_seed=config.seed
   )
 
+  stateful = isinstance(process, stateful_clients.StatefulClientsLearningProcess)
+
   def training_selection_fn(round_num):
     ids = sample_clients(round_num, clients_per_round)
-    return [
+    datasets = [
         task.train_preprocess_fn_for_seed(_client_seed(config.seed, round_num, i))(
             train_data.create_tf_dataset_for_client(cid)
         )
         for i, cid in enumerate(ids)
     ]
+    if stateful:  # The trainer needs the ids to find the clients' states.
+      return client_states.ClientSelection(round_num, ids, datasets)
+    return datasets
 
   # The same test clients at every evaluation and for every algorithm and seed, so that
   # curves are comparable and paired tests are paired.
@@ -302,6 +316,14 @@ def run(config: ExperimentConfig) -> dict:
     with open(os.path.join(config.output_dir, FLAGS_FILENAME), 'w') as f:
       json.dump(config.recorded(), f, indent=2, sort_keys=True)
     state_manager = tff.program.FileProgramStateManager(config.checkpoint_dir, keep_total=3)
+    training_process = process
+    if stateful:
+      store = client_states.create_store(
+          config.client_state_store,
+          os.path.join(config.output_dir, CLIENT_STATES_DIRNAME),
+      )
+      training_process = client_states.StatefulClientsTrainer(process, store)
+      state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
     progress = _ProgressReleaseManager(config.total_rounds)
     metrics_managers = [
         progress,
@@ -311,7 +333,7 @@ def run(config: ExperimentConfig) -> dict:
         ),
     ]
     tff.simulation.run_training_process(
-        training_process=process,
+        training_process=training_process,
         training_selection_fn=training_selection_fn,
         total_rounds=config.total_rounds,
         evaluation_fn=_evaluation_fn(task, process),

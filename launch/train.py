@@ -92,6 +92,11 @@ _HPARAM_FLAGS = {
     'adam_epsilon': flags.DEFINE_float,
     'adam_bias_correction': flags.DEFINE_bool,
     'center_vectors': flags.DEFINE_bool,
+    'beta': flags.DEFINE_float,
+    'gamma': flags.DEFINE_float,
+    'rho': flags.DEFINE_float,
+    'km_clock': flags.DEFINE_string,
+    'allow_unsafe_relaxation': flags.DEFINE_bool,
 }
 _HPARAM_HELP = {
     'client_learning_rate': 'Client learning rate eta_l.',
@@ -107,6 +112,12 @@ _HPARAM_HELP = {
     'adam_epsilon': 'Server Adam epsilon.',
     'adam_bias_correction': 'Server Adam bias correction.',
     'center_vectors': 'Also centre bias vectors (the GC-Fed authors\' code does).',
+    'beta': 'FedRKMGC correction rate beta (> 0).',
+    'gamma': 'FedRKMGC KM parameter gamma (> 0; a warning below 2).',
+    'rho': 'FedRKMGC relaxation rho in (0, 2] (server SGD rate on the uniform mean).',
+    'km_clock': "FedRKMGC KM clock: 'global' (round index) or 'participation' (the"
+    " client's own count of rounds taken part).",
+    'allow_unsafe_relaxation': 'Accept rho > 2.',
 }
 _HPARAMS = {
     name: define(name, None, _HPARAM_HELP[name] + _per_algorithm_defaults(name))
@@ -137,6 +148,12 @@ _EXECUTOR = flags.DEFINE_enum(
 _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
     'max_concurrent_clients', -1,
     'How many client computations the TFF worker runs at once (<= 0: no limit).',
+)
+_CLIENT_STATE_STORE = flags.DEFINE_enum(
+    'client_state_store', 'disk', ['disk', 'memory'],
+    'Where clients that keep state (FedRKMGC) keep it between rounds: on disk, one'
+    ' file per client under <experiment>/client_states (memory flat in the'
+    ' population), or in memory (faster; snapshots at each checkpoint).',
 )
 _OVERWRITE = flags.DEFINE_bool(
     'overwrite', False, 'Delete an existing experiment of the same name and start afresh.'
@@ -186,6 +203,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       executor=_EXECUTOR.value,
       max_concurrent_clients=_MAX_CONCURRENT_CLIENTS.value,
       overwrite=_OVERWRITE.value,
+      client_state_store=_CLIENT_STATE_STORE.value,
   )
 
 
