@@ -14,9 +14,14 @@ and checkpoints/. Re-running the same command resumes from the last checkpoint;
 """
 
 import json
+import os
 import sys
 
-from absl import app
+# TF's C++ start-up and grappler INFO lines would bury the progress output; --verbosity
+# does not reach them. Set before TensorFlow is imported.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 import tensorflow as tf

@@ -1,0 +1,140 @@
+r"""Peak memory of FedRKMGC's client states as the population grows at a fixed cohort.
+
+  python -m launch.memory_benchmark --populations=30,300 --cohort=10 --rounds=30
+
+Each (store, population) pair is an ordinary `launch.experiment` run of `fedrkmgc` on
+synthetic data in its own child process, so that its peak resident memory is its
+own. The peak is sampled over the child and its TFF worker together. With the disk
+store the peak must stay flat as the population grows (only the cohort's states are
+ever in memory); with the memory store it grows with the clients that have taken
+part, which shows the benchmark can see growth. One line per run, then one line per
+store with the ratio of the largest population's peak to the smallest's:
+
+  store=disk population=30 ... peak_rss_mib=2311 clients_with_state=29
+  store=disk peak_rss_ratio=1.01 (population x10)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+_POPULATIONS = flags.DEFINE_list(
+    'populations', ['30', '300'], 'Numbers of training clients to compare.'
+)
+_STORES = flags.DEFINE_list('stores', ['disk', 'memory'], 'Client-state stores.')
+_COHORT = flags.DEFINE_integer('cohort', 10, 'Clients per round.')
+_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Training rounds per run.')
+_TASK = flags.DEFINE_string('task', 'emnist', 'Task (its model sets the state size).')
+_EXAMPLES = flags.DEFINE_integer(
+    'examples_per_client', 5, 'Synthetic examples per client (few: memory is the point).'
+)
+_OUTPUT_DIR = flags.DEFINE_string(
+    'output_dir', None, 'Where runs and data go (default: a temporary directory).'
+)
+_CHILD = flags.DEFINE_string('child', None, 'Internal: run one benchmark (JSON).')
+
+
+def _child(settings: dict) -> None:
+  """One run; prints one JSON line with its peak memory."""
+  from launch import experiment  # pylint: disable=g-import-not-at-top
+  from launch import resources  # pylint: disable=g-import-not-at-top
+  from tff_zmg import client_states  # pylint: disable=g-import-not-at-top
+
+  sampler = resources.PeakMemorySampler()
+  config = experiment.ExperimentConfig(
+      task=settings['task'],
+      algo='fedrkmgc',
+      root_output_dir=settings['root'],
+      experiment_name=f'{settings["store"]}_{settings["population"]}',
+      data_source='synthetic',
+      cache_dir=settings['cache_dir'],
+      synthetic_settings=dict(
+          num_train_clients=settings['population'],
+          num_test_clients=2,
+          mean_examples_per_client=settings['examples'],
+      ),
+      total_rounds=settings['rounds'],
+      clients_per_round=settings['cohort'],
+      num_eval_clients=2,
+      rounds_per_eval=settings['rounds'],
+      rounds_per_checkpoint=settings['rounds'],
+      client_state_store=settings['store'],
+      overwrite=True,
+  )
+  start = time.monotonic()
+  summary = experiment.run(config)
+  peak = sampler.stop()
+  store = client_states.create_store(
+      settings['store'],
+      os.path.join(summary['output_dir'], experiment.CLIENT_STATES_DIRNAME),
+  )
+  store.restore(settings['rounds'])
+  print(
+      json.dumps(
+          dict(
+              peak_rss_mib=round(peak / 2**20),
+              clients_with_state=len(store.client_ids()),
+              wall_s=round(time.monotonic() - start, 1),
+          )
+      ),
+      flush=True,
+  )
+
+
+def main(argv) -> int:
+  del argv
+  if _CHILD.value:
+    _child(json.loads(_CHILD.value))
+    return 0
+  populations = sorted(int(p) for p in _POPULATIONS.value)
+  root = _OUTPUT_DIR.value or tempfile.mkdtemp(prefix='tff_zmg-memory-')
+  os.makedirs(root, exist_ok=True)
+  print(f'runs and data under {root}', flush=True)
+  peaks = {}
+  for store in _STORES.value:
+    for population in populations:
+      settings = dict(
+          task=_TASK.value, store=store, population=population, cohort=_COHORT.value,
+          rounds=_ROUNDS.value, examples=_EXAMPLES.value,
+          root=os.path.join(root, 'runs'), cache_dir=os.path.join(root, 'data'),
+      )
+      log_path = os.path.join(root, f'{store}_{population}.log')
+      with open(log_path, 'w') as log:
+        # Output to a file: a TFF worker that outlived the child could otherwise
+        # hold a pipe open.
+        rc = subprocess.call(
+            [sys.executable, '-m', 'launch.memory_benchmark',
+             f'--child={json.dumps(settings)}'],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+      with open(log_path) as log:
+        lines = [l for l in log.read().splitlines() if l.startswith('{')]
+      if rc != 0 or not lines:
+        print(f'store={store} population={population} failed (rc={rc}); see {log_path}')
+        return 1
+      result = json.loads(lines[-1])
+      peaks[store, population] = result['peak_rss_mib']
+      print(
+          f'store={store} population={population} cohort={_COHORT.value}'
+          f' rounds={_ROUNDS.value} peak_rss_mib={result["peak_rss_mib"]}'
+          f' clients_with_state={result["clients_with_state"]}'
+          f' wall_s={result["wall_s"]}',
+          flush=True,
+      )
+    small, large = populations[0], populations[-1]
+    print(
+        f'store={store} peak_rss_ratio={peaks[store, large] / peaks[store, small]:.2f}'
+        f' (population x{large / small:g})',
+        flush=True,
+    )
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))
