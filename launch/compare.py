@@ -266,7 +266,16 @@ def main(argv) -> int:
           for t in task_names for a in algos for s in seeds
       ]
       print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
-      runner.run_all(runs, parallel=runner.PARALLEL.value, log_dir=os.path.join(report_dir, 'logs'))
+      try:
+        runner.run_all(
+            runs, parallel=runner.PARALLEL.value, log_dir=os.path.join(report_dir, 'logs')
+        )
+      except experiment.ExperimentError as e:
+        raise ValueError(
+            f'{e} (in a comparison the run names are fixed, <task>_<algo>_seed<seed>: to compare'
+            ' runs made with other settings, add --collect_only; for new runs, choose another'
+            ' --root_output_dir)'
+        ) from e
     text = report(root, report_dir, task_names, algos, seeds, thresholds)
   except (ValueError, experiment.ExperimentError, runner.RunFailed) as e:
     print(f'compare: error: {e}', file=sys.stderr)
