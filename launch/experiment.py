@@ -73,6 +73,12 @@ class ExperimentConfig:
   max_concurrent_clients: int = -1
   overwrite: bool = False
   client_state_store: str = 'disk'
+  # Dirichlet re-partitioning of the training examples (tasks.partition); None keeps the
+  # dataset's clients and leaves the other three None.
+  partition: Optional[str] = None
+  dirichlet_alpha: Optional[float] = None
+  num_clients: Optional[int] = None
+  partition_seed: Optional[int] = None
 
   @property
   def output_dir(self) -> str:
@@ -238,6 +244,17 @@ def read_metric(csv_path: str, name: str) -> dict[int, float]:
   }
 
 
+def is_finished(config: ExperimentConfig) -> bool:
+  """Whether the run has trained all `config.total_rounds` rounds (its metrics.csv says so).
+
+  Raises:
+    ExperimentError: the directory holds a run with other settings.
+  """
+  _check_resumable(config)
+  train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
+  return max(train_loss, default=0) >= config.total_rounds
+
+
 def run(config: ExperimentConfig) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
@@ -266,6 +283,10 @@ def run(config: ExperimentConfig) -> dict:
       shuffle_seed=config.seed,
       model_seed=config.seed,
       synthetic_settings=config.synthetic_settings,
+      partition=config.partition,
+      dirichlet_alpha=config.dirichlet_alpha,
+      num_clients=config.num_clients,
+      partition_seed=config.partition_seed,
   )
   loop = (
       tff.learning.LoopImplementation.DATASET_ITERATOR

@@ -163,7 +163,53 @@ _CLIENT_STATE_STORE = flags.DEFINE_enum(
 _OVERWRITE = flags.DEFINE_bool(
     'overwrite', False, 'Delete an existing experiment of the same name and start afresh.'
 )
-flags.mark_flags_as_required(['task', 'algo'])
+_PARTITION = flags.DEFINE_enum(
+    'partition', None, ['dirichlet'],
+    'Re-partition the training examples of an image task: pool them and deal them out to'
+    ' --num_clients new clients with Dirichlet(--dirichlet_alpha) label distributions'
+    " (tasks/partition.py; the test split is kept). Unset: the dataset's own clients.",
+)
+_DIRICHLET_ALPHA = flags.DEFINE_float(
+    'dirichlet_alpha', 0.1, 'With --partition=dirichlet: the concentration (smaller is more'
+    ' skewed).'
+)
+_NUM_CLIENTS = flags.DEFINE_integer(
+    'num_clients', 100, 'With --partition=dirichlet: the number of training clients.'
+)
+_PARTITION_SEED = flags.DEFINE_integer(
+    'partition_seed', 0,
+    'With --partition=dirichlet: the partition seed (separate from --seed, so that runs'
+    ' with different seeds share one split).',
+)
+
+
+def synthetic_settings_from_flags():
+  """The synthetic generator's settings (None unless --data_source=synthetic)."""
+  if _DATA_SOURCE.value != 'synthetic':
+    return None
+  return {
+      'num_train_clients': _SYNTHETIC_TRAIN_CLIENTS.value,
+      'num_test_clients': _SYNTHETIC_TEST_CLIENTS.value,
+      'mean_examples_per_client': _SYNTHETIC_EXAMPLES.value,
+      'dirichlet_alpha': _SYNTHETIC_ALPHA.value,
+      'seed': _SYNTHETIC_SEED.value,
+  }
+
+
+def partition_settings_from_flags() -> dict:
+  """`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed` (all None unless set)."""
+  names = ('dirichlet_alpha', 'num_clients', 'partition_seed')
+  if _PARTITION.value is None:
+    given = [n for n in names if flags.FLAGS[n].present]
+    if given:
+      raise ValueError(f'--{given[0]} only applies with --partition=dirichlet')
+    return dict(partition=None, **{n: None for n in names})
+  return dict(
+      partition=_PARTITION.value,
+      dirichlet_alpha=_DIRICHLET_ALPHA.value,
+      num_clients=_NUM_CLIENTS.value,
+      partition_seed=_PARTITION_SEED.value,
+  )
 
 
 def config_from_flags() -> experiment.ExperimentConfig:
@@ -176,15 +222,6 @@ def config_from_flags() -> experiment.ExperimentConfig:
         f' {sorted(spec.defaults)}'
     )
   hparams = {n: f.value for n, f in _HPARAMS.items() if f.value is not None}
-  synthetic = None
-  if _DATA_SOURCE.value == 'synthetic':
-    synthetic = {
-        'num_train_clients': _SYNTHETIC_TRAIN_CLIENTS.value,
-        'num_test_clients': _SYNTHETIC_TEST_CLIENTS.value,
-        'mean_examples_per_client': _SYNTHETIC_EXAMPLES.value,
-        'dirichlet_alpha': _SYNTHETIC_ALPHA.value,
-        'seed': _SYNTHETIC_SEED.value,
-    }
   return experiment.ExperimentConfig(
       task=_TASK.value,
       algo=_ALGO.value,
@@ -195,7 +232,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       hparams=hparams,
       data_source=_DATA_SOURCE.value,
       cache_dir=_CACHE_DIR.value,
-      synthetic_settings=synthetic,
+      synthetic_settings=synthetic_settings_from_flags(),
       total_rounds=_TOTAL_ROUNDS.value,
       clients_per_round=_CLIENTS_PER_ROUND.value,
       client_epochs_per_round=_EPOCHS.value,
@@ -209,6 +246,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       max_concurrent_clients=_MAX_CONCURRENT_CLIENTS.value,
       overwrite=_OVERWRITE.value,
       client_state_store=_CLIENT_STATE_STORE.value,
+      **partition_settings_from_flags(),
   )
 
 
@@ -243,4 +281,7 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  # Required only here, so that the grid search and comparison programs can import these
+  # flags and pass them through (they set --algo themselves, or take --algos).
+  flags.mark_flags_as_required(['task', 'algo'])
   app.run(lambda argv: sys.exit(main(argv)))

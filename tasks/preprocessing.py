@@ -83,6 +83,11 @@ def _shakespeare_char_table() -> tf.lookup.StaticHashTable:
   )
 
 
+def shakespeare_char_ids(snippet: tf.Tensor) -> tf.Tensor:
+  """The int64 character ids of one snippet (characters outside the vocabulary -> 65)."""
+  return _shakespeare_char_table().lookup(tf.strings.bytes_split(snippet))
+
+
 def shakespeare_preprocess_fn(
     batch_size: int, num_epochs: int = 1, shuffle_seed: Optional[int] = None,
     max_elements: Optional[int] = None,
@@ -98,8 +103,7 @@ def shakespeare_preprocess_fn(
   piece = sequence_length + 1
 
   def to_ids(example):
-    table = _shakespeare_char_table()
-    ids = table.lookup(tf.strings.bytes_split(example['snippets']))
+    ids = shakespeare_char_ids(example['snippets'])
     pad = (-tf.shape(ids)[0]) % piece
     return tf.concat(
         [ids, tf.fill([pad], tf.constant(SHAKESPEARE_PAD_LABEL, tf.int64))], 0

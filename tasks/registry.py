@@ -107,6 +107,10 @@ def get(
     max_elements: Optional[int] = None,
     model_seed: int = 0,
     synthetic_settings: Optional[dict] = None,
+    partition: Optional[str] = None,
+    dirichlet_alpha: Optional[float] = None,
+    num_clients: Optional[int] = None,
+    partition_seed: Optional[int] = None,
 ) -> Task:
   """Builds a task: its federated train/test data, preprocessing and TFF model.
 
@@ -122,6 +126,13 @@ def get(
     max_elements: Optional cap on examples per client and round (after repeating).
     model_seed: Seed of the Keras initializers.
     synthetic_settings: Generator settings for data_source='synthetic'.
+    partition: None (the dataset's own clients) or 'dirichlet': the training examples
+      pooled and dealt out to `num_clients` new clients with Dirichlet(`dirichlet_alpha`)
+      label distributions (`tasks.partition`; image tasks only). The test split is kept.
+    dirichlet_alpha: The Dirichlet concentration (> 0), with partition='dirichlet'.
+    num_clients: The number of new training clients, with partition='dirichlet'.
+    partition_seed: Seed of the partition (default 0), separate from the training seeds
+      so that runs with different seeds share one split.
 
   Returns:
     A `Task`, usable wherever TFF takes a `tff.simulation.baselines.BaselineTask`.
@@ -134,8 +145,19 @@ def get(
   validation.check_positive('batch_size', batch_size)
   validation.check_positive('eval_batch_size', eval_batch_size)
   validation.check_positive('num_epochs', num_epochs)
+  partition_settings = None
+  if partition is not None:
+    partition_settings = dict(
+        partition=partition, dirichlet_alpha=dirichlet_alpha, num_clients=num_clients,
+        partition_seed=partition_seed,
+    )
+  elif (dirichlet_alpha, num_clients, partition_seed) != (None, None, None):
+    raise ValueError(
+        'dirichlet_alpha, num_clients and partition_seed only apply with'
+        " partition='dirichlet'."
+    )
   train_data, test_data = sources.load_client_data(
-      name, data_source, cache_dir, synthetic_settings
+      name, data_source, cache_dir, synthetic_settings, partition_settings
   )
   train_preprocess_fn_for_seed = functools.partial(
       lambda seed: spec.preprocess_fn(

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import tensorflow_federated as tff
 
+from tasks import partition as partition_lib
 from tasks import synthetic
 
 DATA_SOURCES = ('tff', 'synthetic')
@@ -77,6 +78,7 @@ def load_client_data(
     data_source: str = 'tff',
     cache_dir: Optional[str] = None,
     synthetic_settings: Optional[dict] = None,
+    partition: Optional[dict] = None,
 ):
   """Returns the raw `(train, test)` `tff.simulation.datasets.ClientData` of a task.
 
@@ -86,6 +88,9 @@ def load_client_data(
     cache_dir: Where the SQLite files live; TFF's default `~/.tff` when None.
     synthetic_settings: Keyword arguments for `synthetic.ensure_synthetic_cache_dir`
       (client counts, examples per client, Dirichlet alpha, seed).
+    partition: Keyword arguments for `partition.ensure_partitioned_cache_dir`
+      (`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed`) to train on the
+      task's examples dealt out to new clients; None keeps the dataset's own clients.
 
   Raises:
     MissingDataError: the real file is absent and cannot be downloaded.
@@ -98,6 +103,8 @@ def load_client_data(
     raise ValueError(
         f'Unknown data_source {data_source!r}; choose one of {list(DATA_SOURCES)}.'
     )
+  if partition is not None:
+    partition_lib.check_settings(task_name, **partition)
   cache_dir = os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR)
   if data_source == 'synthetic':
     cache_dir = synthetic.ensure_synthetic_cache_dir(
@@ -108,10 +115,16 @@ def load_client_data(
   path = os.path.join(cache_dir, synthetic.SQLITE_FILENAMES[task_name])
   if not os.path.exists(path):
     try:
-      return _LOADERS[task_name](cache_dir)  # TFF downloads it when the network allows.
+      data = _LOADERS[task_name](cache_dir)  # TFF downloads it when the network allows.
     except OSError as e:
       with contextlib.suppress(OSError):
         os.remove(path)  # TFF writes the download in place: never leave half a file.
       raise MissingDataError(_missing_data_message(task_name, path, e)) from e
+    if partition is None:
+      return data
   _check_database(path, synthetic.SPLIT_NAMES[task_name])
+  if partition is not None:
+    cache_dir = partition_lib.ensure_partitioned_cache_dir(
+        task_name, path, splits=synthetic.SPLIT_NAMES[task_name], **partition
+    )
   return _LOADERS[task_name](cache_dir)

@@ -20,3 +20,4 @@ from tff_zmg.algorithms import build_gcfed
 from tff_zmg.algorithms import build_global_gc
 from tff_zmg.algorithms import build_local_gc
 from tff_zmg.algorithms import build_process
+from tff_zmg import analysis

@@ -1,0 +1,289 @@
+r"""Compares algorithms over seeds: `python -m launch.compare --task=... --algos=... --seeds=...`.
+
+Trains (or finishes, or just collects) one run per task, algorithm and seed, all on the
+same data split, then writes the FedZMG paper's tables and figures (ALGORITHMS.md
+section 6) for each task: final accuracy, rounds to each accuracy threshold, late-stage
+sustained accuracy, paired t-tests of each algorithm against the others, and the
+validation accuracy curves (mean and standard deviation band over seeds):
+
+  python -m launch.compare --task=emnist --algos=fedzmg,fedavg,fedadam --seeds=0,1,2,3,4 \
+      --total_rounds=1000 --parallel=2 \
+      --algo_hparams='fedzmg:client_learning_rate=0.0316;fedavg:client_learning_rate=0.1'
+
+Runs live where `launch.train` puts them by default, `<root_output_dir>/<task>_<algo>_seed<seed>`,
+so runs made by hand are picked up, finished runs are not trained again, and an
+interrupted comparison resumes. Every flag of `launch.train` is passed on to every run;
+--algo_hparams sets hyperparameters per algorithm ('algo:name=value,name=value;algo:...').
+--collect_only trains nothing and reports on the runs that exist. Reports go to
+--report_dir (default `<root_output_dir>/compare`): runs.csv, summary.csv, ttests.csv,
+report.md and <task>_accuracy.png; each run's training output to logs/ there.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+import tasks
+from launch import experiment
+from launch import runner
+from launch import train
+from tff_zmg import analysis
+from tff_zmg.algorithms import registry
+
+_ALGOS = flags.DEFINE_list('algos', None, 'The algorithms to compare (comma list).')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'The seeds of each algorithm (comma list).')
+_TASKS = flags.DEFINE_list(
+    'tasks', None, 'Tasks to compare on (comma list); default: the one of --task.'
+)
+_ALGO_HPARAMS = flags.DEFINE_string(
+    'algo_hparams', None,
+    "Hyperparameters per algorithm, e.g. 'fedzmg:client_learning_rate=0.03,"
+    "server_learning_rate=1;fedavg:client_learning_rate=0.1'. They override the flags of"
+    ' the same name for that algorithm.',
+)
+_THRESHOLDS = flags.DEFINE_list(
+    'thresholds', None,
+    "Accuracy thresholds (comma list); default: the task's (emnist 0.75,0.85; cifar100"
+    ' 0.2,0.33; shakespeare 0.35,0.45).',
+)
+_COLLECT_ONLY = flags.DEFINE_bool(
+    'collect_only', False, 'Train nothing: report on the runs that exist.'
+)
+_REPORT_DIR = flags.DEFINE_string(
+    'report_dir', None, 'Where the tables and figures go (default <root_output_dir>/compare).'
+)
+for _name in ('task', 'total_rounds', 'root_output_dir', 'parallel'):
+  flags.declare_key_flag(_name)
+
+# flags.json settings that fix a run's data: runs compared in pairs must agree on them.
+DATA_SETTINGS = (
+    'data_source', 'synthetic_settings', 'partition', 'dirichlet_alpha', 'num_clients',
+    'partition_seed', 'num_eval_clients',
+)
+
+
+def run_name(task: str, algo: str, seed: int) -> str:
+  """The run directory name, `launch.train`'s default experiment name."""
+  return f'{task}_{algo}_seed{seed}'
+
+
+def _hparam_names() -> set:
+  return set().union(*(spec.defaults for spec in registry.ALGORITHMS.values()))
+
+
+def parse_algo_hparams(text, algos) -> dict[str, dict]:
+  """'algo:name=value,name=value;algo:...' -> {algo: {name: typed value}}."""
+  out = {}
+  for part in filter(None, (p.strip() for p in (text or '').split(';'))):
+    algo, sep, assignments = part.partition(':')
+    algo = algo.strip()
+    if not sep or algo not in algos:
+      raise ValueError(
+          f"--algo_hparams: {part!r} must read 'algo:name=value,...' with algo one of"
+          f' --algos {list(algos)}'
+      )
+    for item in filter(None, (i.strip() for i in assignments.split(','))):
+      name, eq, value = (x.strip() for x in item.partition('='))
+      if not eq or name not in _hparam_names():
+        raise ValueError(
+            f'--algo_hparams: {item!r} must read name=value with name one of'
+            f' {sorted(_hparam_names())}'
+        )
+      if name not in registry.get(algo).defaults:
+        raise ValueError(
+            f'--algo_hparams: {name} does not apply to {algo}; its hyperparameters are'
+            f' {sorted(registry.get(algo).defaults)}'
+        )
+      try:
+        out.setdefault(algo, {})[name] = flags.FLAGS[name].parser.parse(value)
+      except ValueError as e:
+        raise ValueError(f'--algo_hparams: {item!r}: {e}') from None
+  return out
+
+
+def _parse_settings():
+  if _ALGOS.value is None:
+    raise ValueError('--algos is required')
+  for name, instead in (('algo', 'algos'), ('seed', 'seeds'), ('experiment_name', None)):
+    if flags.FLAGS[name].present:
+      hint = f'use --{instead}' if instead else 'runs are named <task>_<algo>_seed<seed>'
+      raise ValueError(f'--{name} does not apply to a comparison; {hint}')
+  algos = list(dict.fromkeys(_ALGOS.value))
+  for algo in algos:
+    registry.get(algo)
+  try:
+    seeds = [int(s) for s in _SEEDS.value]
+  except ValueError:
+    raise ValueError(f'--seeds must be integers, got {_SEEDS.value}') from None
+  if flags.FLAGS.task is not None and _TASKS.value:
+    raise ValueError('give the tasks with either --task or --tasks, not both')
+  task_names = list(dict.fromkeys(_TASKS.value or filter(None, [flags.FLAGS.task])))
+  if not task_names:
+    raise ValueError('--task (or --tasks) is required')
+  for t in task_names:
+    if t not in tasks.TASK_NAMES:
+      raise ValueError(f'unknown task {t!r}; choose from {list(tasks.TASK_NAMES)}')
+  thresholds = None
+  if _THRESHOLDS.value:
+    try:
+      thresholds = tuple(float(t) for t in _THRESHOLDS.value)
+    except ValueError:
+      raise ValueError(f'--thresholds must be numbers, got {_THRESHOLDS.value}') from None
+  return task_names, algos, seeds, parse_algo_hparams(_ALGO_HPARAMS.value, algos), thresholds
+
+
+def collect(root: str, task: str, algos, seeds, stream=None):
+  """(series algo -> seed -> (rounds, accuracies), one status row per run) of a task.
+
+  Missing and diverged runs are left out of the series, with a line on `stream`.
+
+  Raises:
+    ValueError: the runs were not trained on the same data split.
+  """
+  stream = stream or sys.stdout
+  series, rows, data = {a: {} for a in algos}, [], {}
+  for algo in algos:
+    for seed in seeds:
+      run_dir = os.path.join(root, run_name(task, algo, seed))
+      recorded = analysis.runs.read_flags(run_dir)
+      row = {'task': task, 'algo': algo, 'seed': seed, 'run_dir': run_dir}
+      if recorded is None:
+        print(f'{task}: no run {run_dir}; left out', file=stream, flush=True)
+        continue
+      row['hparams'] = json.dumps(recorded.get('hparams', {}), sort_keys=True)
+      data[run_dir] = {k: recorded.get(k) for k in DATA_SETTINGS}
+      done = analysis.runs.completed_rounds(run_dir)
+      if os.path.exists(os.path.join(run_dir, runner.DIVERGED_FILENAME)):
+        row['status'] = runner.DIVERGED
+        print(f'{task}: {run_dir} diverged; left out', file=stream, flush=True)
+      else:
+        rounds, acc = analysis.accuracy_series(run_dir)
+        if not acc.size:
+          print(f'{task}: {run_dir} has no evaluation yet; left out', file=stream, flush=True)
+          continue
+        series[algo][seed] = (rounds, acc)
+        total = recorded.get('total_rounds')
+        row['status'] = runner.FINISHED if done >= (total or 0) else f'unfinished ({done}/{total})'
+      rows.append(row)
+  if len({json.dumps(d, sort_keys=True) for d in data.values()}) > 1:
+    first = next(iter(data))
+    differ = [
+        f'{d}: ' + ', '.join(f'{k}={v[k]!r}' for k in DATA_SETTINGS if v[k] != data[first][k])
+        for d, v in data.items() if v != data[first]
+    ]
+    raise ValueError(
+        f'the {task} runs do not share one data split, so they cannot be paired; against'
+        f' {first}, ' + '; '.join(differ)
+    )
+  return {a: s for a, s in series.items() if s}, rows
+
+
+def _format_summary(summary, thresholds):
+  """Summary rows for Markdown: 'mean ± std' cells."""
+  def cell(row, column):
+    mean, std = row[f'{column}_mean'], row[f'{column}_std']
+    if mean is None:
+      return analysis.NOT_REACHED
+    return analysis.tables.format_value(mean) + (
+        '' if std is None or std != std else f' ± {analysis.tables.format_value(std, 2)}'
+    )
+
+  out = []
+  for row in summary:
+    r = {'algo': row['algo'], 'seeds': row['seeds'],
+         'final accuracy': cell(row, 'final_accuracy')}
+    for t in thresholds:
+      col = analysis.comparison.rounds_column(t)
+      r[f'rounds to {t:g}'] = f'{cell(row, col)} ({row[f"{col}_reached"]})'
+    for t in thresholds:
+      col = analysis.comparison.late_stage_column(t)
+      start = row[f'{col}_from_round']
+      r[f'late-stage {t:g}'] = cell(row, col) + ('' if start is None else f' (from round {start})')
+    out.append(r)
+  return out
+
+
+def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None) -> str:
+  """Collects the runs, writes the tables and figures; returns the Markdown report."""
+  stream = stream or sys.stdout
+  os.makedirs(report_dir, exist_ok=True)
+  all_runs, all_summary, all_ttests, markdown = [], [], [], []
+  for task in task_names:
+    task_thresholds = thresholds or tasks.SPECS[task].accuracy_thresholds
+    series, status_rows = collect(root, task, algos, seeds, stream)
+    markdown.append(f'## {task}\n\n')
+    if not series:
+      markdown.append('No runs to compare.\n\n')
+      all_runs.extend(status_rows)
+      continue
+    tables = analysis.compare_runs(series, task_thresholds)
+    by_run = {(r['algo'], r['seed']): r for r in tables['runs']}
+    for row in status_rows:
+      all_runs.append({**row, **by_run.get((row['algo'], row['seed']), {})})
+    all_summary.extend({'task': task, **r} for r in tables['summary'])
+    all_ttests.extend({'task': task, **r} for r in tables['ttests'])
+    figure = os.path.join(report_dir, f'{task}_accuracy.png')
+    analysis.accuracy_curves(
+        {a: list(s.values()) for a, s in series.items()}, figure,
+        title=f'{task}: validation accuracy, mean and std over seeds',
+        thresholds=task_thresholds,
+    )
+    markdown += [
+        analysis.markdown_table(_format_summary(tables['summary'], task_thresholds)),
+        '\nPaired t-tests over seeds (a - b):\n\n',
+        analysis.markdown_table(tables['ttests'], [
+            'metric', 'algo_a', 'algo_b', 'mean_a', 'mean_b', 'mean_difference', 't', 'p',
+            'n']) if tables['ttests'] else 'None (fewer than two algorithms with runs).\n',
+        f'\n![{task}]({os.path.basename(figure)})\n\n',
+    ]
+  analysis.write_csv(os.path.join(report_dir, 'runs.csv'), all_runs)
+  analysis.write_csv(os.path.join(report_dir, 'summary.csv'), all_summary)
+  analysis.write_csv(os.path.join(report_dir, 'ttests.csv'), all_ttests)
+  text = ''.join(markdown)
+  with open(os.path.join(report_dir, 'report.md'), 'w') as f:
+    f.write(text)
+  return text
+
+
+def main(argv) -> int:
+  train._quiet_libraries()  # pylint: disable=protected-access
+  if len(argv) > 1:
+    print(f'compare: error: unexpected arguments {argv[1:]}', file=sys.stderr)
+    return 2
+  try:
+    task_names, algos, seeds, hparams, thresholds = _parse_settings()
+    root = flags.FLAGS.root_output_dir
+    report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
+    if not _COLLECT_ONLY.value:
+      runs = [
+          runner.train_run(run_name(t, a, s), {
+              'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
+              **hparams.get(a, {}),
+          })
+          for t in task_names for a in algos for s in seeds
+      ]
+      print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
+      try:
+        runner.run_all(
+            runs, parallel=runner.PARALLEL.value, log_dir=os.path.join(report_dir, 'logs')
+        )
+      except experiment.ExperimentError as e:
+        raise ValueError(
+            f'{e} (in a comparison the run names are fixed, <task>_<algo>_seed<seed>: to compare'
+            ' runs made with other settings, add --collect_only; for new runs, choose another'
+            ' --root_output_dir)'
+        ) from e
+    text = report(root, report_dir, task_names, algos, seeds, thresholds)
+  except (ValueError, experiment.ExperimentError, runner.RunFailed) as e:
+    print(f'compare: error: {e}', file=sys.stderr)
+    return 2
+  print(text)
+  print(f'tables and figures: {report_dir}', flush=True)
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,184 @@
+r"""Client x server learning-rate grid search: `python -m launch.grid_search --task=... --algo=...`.
+
+The FedZMG paper's protocol (ALGORITHMS.md section 6): every pair of a 9 x 9 grid of
+client and server learning rates 10^-3, 10^-2.5, ..., 10^1, trained for 50 rounds with
+10 clients per round, scored by the mean validation accuracy of the last 10 rounds:
+
+  python -m launch.grid_search --task=emnist --algo=fedzmg --parallel=4
+
+Either axis can be set as a comma list, and every flag of `launch.train` is passed on to
+each cell (--total_rounds defaults to 50 here, not 10):
+
+  python -m launch.grid_search --task=emnist --algo=fedavg --data_source=synthetic \
+      --client_learning_rates=0.01,0.1 --server_learning_rates=0.1,1.0 --total_rounds=5
+
+Each cell is an ordinary training run in `<root_output_dir>/<experiment_name>/<cell>/`
+(experiment_name defaults to grid_<task>_<algo>), trained by its own `launch.train`
+process, `--parallel` at a time; a cell's output is in `logs/<cell>.log` there.
+Re-running the same command resumes an interrupted search: finished cells are not run
+again, unfinished ones resume from their checkpoints. A diverging cell is recorded as
+diverged (score NaN); --overwrite retrains every cell from scratch. Outputs, next to the
+cells: grid.csv, grid.md, grid_heatmap.png and best.json (the best pair).
+"""
+
+import json
+import math
+import os
+import sys
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from launch import experiment
+from launch import runner
+from launch import train
+from tff_zmg import analysis
+
+# The paper's grid: 10^-3 ... 10^1 in half decades.
+HALF_DECADES = tuple(10.0 ** (k / 2) for k in range(-6, 3))
+DEFAULT_TOTAL_ROUNDS = 50
+
+_CLIENT_LRS = flags.DEFINE_list(
+    'client_learning_rates', None,
+    'Client learning rates to try (comma list). Default: 10^-3 ... 10^1 in half decades.',
+)
+_SERVER_LRS = flags.DEFINE_list(
+    'server_learning_rates', None,
+    'Server learning rates to try (comma list). Default: 10^-3 ... 10^1 in half decades.',
+)
+_SCORE_ROUNDS = flags.DEFINE_integer(
+    'score_rounds', analysis.metrics.GRID_SCORE_ROUNDS,
+    'A cell scores the mean validation accuracy of its last this many rounds.',
+)
+for _name in ('task', 'algo', 'total_rounds', 'root_output_dir', 'experiment_name',
+              'parallel'):
+  flags.declare_key_flag(_name)
+
+
+def parse_learning_rates(name: str, values) -> tuple[float, ...]:
+  """Positive, distinct floats from a comma list; the half-decade grid when None."""
+  if values is None:
+    return HALF_DECADES
+  try:
+    rates = tuple(float(v) for v in values)
+  except ValueError:
+    raise ValueError(f'--{name} must be a comma list of numbers, got {values}') from None
+  if not rates or any(not (r > 0 and math.isfinite(r)) for r in rates):
+    raise ValueError(f'--{name} must be positive numbers, got {values}')
+  if len(set(rates)) != len(rates):
+    raise ValueError(f'--{name} has repeated values: {values}')
+  return rates
+
+
+def cell_name(client_lr: float, server_lr: float) -> str:
+  return f'clr{client_lr:.3g}_slr{server_lr:.3g}'
+
+
+def cell_score(run: runner.Run, state: str, score_rounds: int) -> float:
+  """The mean validation accuracy of the last rounds; NaN if diverged or not evaluated."""
+  if state != runner.FINISHED:
+    return math.nan
+  try:
+    rounds, acc = analysis.accuracy_series(run.config.output_dir)
+  except (OSError, ValueError):
+    return math.nan
+  return analysis.mean_of_last_rounds(acc, rounds, score_rounds) if acc.size else math.nan
+
+
+def _check_flags() -> None:
+  for name in ('task', 'algo'):
+    if flags.FLAGS[name].value is None:
+      raise ValueError(f'--{name} is required')
+  for name in ('client_learning_rate', 'server_learning_rate'):
+    if flags.FLAGS[name].present:
+      raise ValueError(f'the grid sets --{name}; give the values with --{name}s')
+  if _SCORE_ROUNDS.value < 1:
+    raise ValueError(f'--score_rounds must be >= 1, got {_SCORE_ROUNDS.value}')
+
+
+def main(argv) -> int:
+  train._quiet_libraries()  # pylint: disable=protected-access
+  if len(argv) > 1:
+    print(f'grid_search: error: unexpected arguments {argv[1:]}', file=sys.stderr)
+    return 2
+  try:
+    _check_flags()
+    client_lrs = parse_learning_rates('client_learning_rates', _CLIENT_LRS.value)
+    server_lrs = parse_learning_rates('server_learning_rates', _SERVER_LRS.value)
+    total_rounds = (
+        flags.FLAGS.total_rounds if flags.FLAGS['total_rounds'].present
+        else DEFAULT_TOTAL_ROUNDS
+    )
+    grid_dir = os.path.join(
+        flags.FLAGS.root_output_dir,
+        flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
+    )
+    cells = {}
+    for s in server_lrs:
+      for c in client_lrs:
+        cells[(c, s)] = runner.train_run(cell_name(c, s), {
+            'root_output_dir': grid_dir, 'experiment_name': cell_name(c, s),
+            'client_learning_rate': c, 'server_learning_rate': s,
+            'total_rounds': total_rounds,
+        })
+    print(
+        f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
+        f' {len(server_lrs)} server learning rates, {total_rounds} rounds per'
+        f' cell, {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
+    )
+    score_rounds = _SCORE_ROUNDS.value
+    states = runner.run_all(
+        list(cells.values()), parallel=runner.PARALLEL.value, log_dir=os.path.join(grid_dir, 'logs'),
+        describe=lambda run, state: f'score={cell_score(run, state, score_rounds):.4f}',
+    )
+  except (ValueError, experiment.ExperimentError, runner.RunFailed) as e:
+    print(f'grid_search: error: {e}', file=sys.stderr)
+    return 2
+
+  rows = []
+  scores = np.full((len(server_lrs), len(client_lrs)), np.nan)
+  for (c, s), run in cells.items():
+    score = cell_score(run, states[run.name], score_rounds)
+    scores[server_lrs.index(s), client_lrs.index(c)] = score
+    rows.append(dict(
+        client_learning_rate=c, server_learning_rate=s, status=states[run.name],
+        score=score, output_dir=run.config.output_dir,
+    ))
+  analysis.write_csv(os.path.join(grid_dir, 'grid.csv'), rows)
+  with open(os.path.join(grid_dir, 'grid.md'), 'w') as f:
+    f.write(analysis.markdown_table(rows, [
+        'client_learning_rate', 'server_learning_rate', 'status', 'score']))
+  best = None
+  if np.isfinite(scores).any():
+    i, j = np.unravel_index(np.nanargmax(scores), scores.shape)
+    best = dict(
+        task=flags.FLAGS.task, algo=flags.FLAGS.algo, client_learning_rate=client_lrs[j],
+        server_learning_rate=server_lrs[i], score=float(scores[i, j]),
+        score_rounds=score_rounds, total_rounds=total_rounds,
+    )
+    with open(os.path.join(grid_dir, 'best.json'), 'w') as f:
+      json.dump(best, f, indent=2)
+  heatmap_path = os.path.join(grid_dir, 'grid_heatmap.png')
+  analysis.heatmap(
+      scores, [f'{s:.3g}' for s in server_lrs], [f'{c:.3g}' for c in client_lrs],
+      heatmap_path, xlabel='client learning rate', ylabel='server learning rate',
+      title=f'{flags.FLAGS.algo} on {flags.FLAGS.task}, {total_rounds} rounds\nmean'
+      f' validation accuracy of the last {score_rounds} rounds',
+      colorbar_label='validation accuracy',
+      highlight=None if best is None else (i, j),
+  )
+  print(f'table: {os.path.join(grid_dir, "grid.csv")}\nheatmap: {heatmap_path}')
+  if best is None:
+    print('best: none (every cell diverged)')
+    return 1
+  print(
+      f'best: --client_learning_rate={best["client_learning_rate"]!r}'
+      f' --server_learning_rate={best["server_learning_rate"]!r}'
+      f' (score {best["score"]:.4f})', flush=True,
+  )
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))

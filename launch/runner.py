@@ -1,0 +1,203 @@
+"""Many training runs, each an ordinary `python -m launch.train` process, some at a time.
+
+The grid search and the comparison program describe each run by the flags of
+`launch.train` (this program's own flags as the user gave them, plus a few set per run)
+and hand the list to `run_all`. A run whose metrics.csv already holds all its rounds is
+not started again, so an interrupted program picks up where it stopped: unfinished runs
+resume from their last checkpoint, as `launch.train` does. A run that diverges (exit 3)
+is recorded with a `diverged.txt` in its directory and not retried; any other failure
+stops everything with the end of that run's log. Each run's output goes to
+`<log_dir>/<name>.log`, one `=== start` header per attempt.
+"""
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+from absl import flags
+
+from launch import experiment
+from launch import train
+
+PARALLEL = flags.DEFINE_integer(
+    'parallel', 1, 'How many training runs go at once, each in its own process.'
+)
+DIVERGED_FILENAME = 'diverged.txt'
+FINISHED, DIVERGED, PENDING = 'finished', 'diverged', 'pending'
+_DIVERGED_EXIT_CODE = 3
+_PR_SET_PDEATHSIG = 1
+_STOP_GRACE_S = 30.0
+_POLL_S = 0.5
+_LOG_TAIL_LINES = 15
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class RunFailed(Exception):
+  """A training run ended with an error other than divergence."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run: a name for progress lines and logs, its config and its flags."""
+
+  name: str
+  config: experiment.ExperimentConfig
+  args: tuple[str, ...]
+
+  @property
+  def command(self) -> list[str]:
+    return [sys.executable, '-m', 'launch.train', *self.args]
+
+
+def training_flag_names() -> list[str]:
+  """The flags `launch.train` defines (the ones a run is described by)."""
+  return [f.name for f in flags.FLAGS.get_flags_for_module(train)]
+
+
+def train_run(name: str, overrides: Mapping[str, object]) -> Run:
+  """The run `launch.train` would make of this program's flags with `overrides` set.
+
+  The flags the user gave (`present`) and the overridden ones are passed on; the config
+  is built by `train.config_from_flags` from the same values, so it is exactly what the
+  subprocess will record (and it fails here, early, on settings it would refuse).
+  """
+  unknown = sorted(set(overrides) - set(training_flag_names()))
+  if unknown:
+    raise ValueError(f'not flags of launch.train: {unknown}')
+  saved = {n: flags.FLAGS[n].value for n in overrides}
+  try:
+    for n, value in overrides.items():
+      flags.FLAGS[n].value = value
+    config = train.config_from_flags()
+    args = tuple(
+        flags.FLAGS[n].serialize() for n in training_flag_names()
+        if (flags.FLAGS[n].present or n in overrides) and flags.FLAGS[n].value is not None
+    )
+  finally:
+    for n, value in saved.items():
+      flags.FLAGS[n].value = value
+  return Run(name=name, config=config, args=args)
+
+
+def status(run: Run) -> str:
+  """FINISHED (all rounds trained), DIVERGED (recorded as such) or PENDING.
+
+  Raises:
+    experiment.ExperimentError: the run's directory holds a run with other settings.
+  """
+  if run.config.overwrite:
+    return PENDING
+  finished = experiment.is_finished(run.config)  # Checks the recorded settings first.
+  if os.path.exists(os.path.join(run.config.output_dir, DIVERGED_FILENAME)):
+    return DIVERGED
+  return FINISHED if finished else PENDING
+
+
+def _die_with_parent() -> None:
+  """Runs in the child: Linux sends it SIGTERM (it stops cleanly) if this process dies."""
+  with contextlib.suppress(OSError, AttributeError):
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _tail(path: str) -> str:
+  with open(path, errors='replace') as f:
+    return ''.join(f.readlines()[-_LOG_TAIL_LINES:])
+
+
+def _last_error_line(path: str) -> str:
+  lines = [l.strip() for l in _tail(path).splitlines() if 'error:' in l]
+  return lines[-1] if lines else 'training diverged'
+
+
+def run_all(
+    runs: Sequence[Run], *, parallel: int, log_dir: str,
+    describe: Optional[Callable[[Run, str], str]] = None, stream=None,
+) -> dict[str, str]:
+  """Brings every run to FINISHED or DIVERGED, `parallel` processes at a time.
+
+  Prints one line per run as it is skipped, started and done; `describe(run, status)`
+  may add to the 'done' line (e.g. a score).
+
+  Returns:
+    name -> FINISHED or DIVERGED.
+
+  Raises:
+    RunFailed: a run failed otherwise; the others are stopped (they resume next time).
+    experiment.ExperimentError: a run's directory holds a run with other settings.
+  """
+  if parallel < 1:
+    raise ValueError(f'parallel must be >= 1, got {parallel}')
+  stream = stream or sys.stdout
+  total = len(runs)
+  results, pending = {}, []
+  for i, run in enumerate(runs):
+    state = status(run)
+    if state == PENDING:
+      pending.append((i, run))
+    else:
+      results[run.name] = state
+      extra = f'  {describe(run, state)}' if describe else ''
+      print(f'[{i + 1}/{total}] {run.name}: already {state}{extra}', file=stream, flush=True)
+  os.makedirs(log_dir, exist_ok=True)
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get('PYTHONPATH')]))
+  running = {}  # Popen -> (index, run, log path, log file, start time)
+  try:
+    while pending or running:
+      while pending and len(running) < parallel:
+        i, run = pending.pop(0)
+        log_path = os.path.join(log_dir, f'{run.name}.log')
+        log = open(log_path, 'a')
+        log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(run.command)}\n')
+        log.flush()
+        proc = subprocess.Popen(
+            run.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, preexec_fn=_die_with_parent,
+        )
+        running[proc] = (i, run, log_path, log, time.monotonic())
+        print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
+      time.sleep(_POLL_S)
+      for proc in [p for p in running if p.poll() is not None]:
+        i, run, log_path, log, start = running.pop(proc)
+        log.close()
+        seconds = time.monotonic() - start
+        if proc.returncode == 0:
+          state = FINISHED
+        elif proc.returncode == _DIVERGED_EXIT_CODE:
+          state = DIVERGED
+          os.makedirs(run.config.output_dir, exist_ok=True)
+          with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
+            f.write(_last_error_line(log_path) + '\n')
+        else:
+          raise RunFailed(
+              f'{run.name} failed (exit {proc.returncode}) after {seconds:.0f} s; the end of'
+              f' {log_path}:\n{_tail(log_path)}'
+          )
+        results[run.name] = state
+        extra = f'  {describe(run, state)}' if describe else ''
+        print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}',
+              file=stream, flush=True)
+  finally:
+    _stop(running)
+  return results
+
+
+def _stop(running) -> None:
+  """Stops the runs still going (SIGTERM: they stop their TFF workers), then waits."""
+  for proc in running:
+    if proc.poll() is None:
+      proc.terminate()
+  deadline = time.monotonic() + _STOP_GRACE_S
+  for proc, (_, _, _, log, _) in running.items():
+    try:
+      proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+    log.close()

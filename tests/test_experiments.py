@@ -1,0 +1,303 @@
+"""The experiment programs: grid search, comparison and data statistics, end to end."""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from absl import flags
+import matplotlib.image
+import numpy as np
+import pytest
+import scipy.stats
+
+from launch import compare
+from launch import data_stats
+from launch import grid_search
+from launch import runner
+from tasks import labels
+from tasks import preprocessing
+from tff_zmg import analysis
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TINY = [
+    '--data_source=synthetic', '--synthetic_train_clients=4', '--synthetic_test_clients=2',
+    '--synthetic_examples_per_client=10', '--clients_per_round=2', '--num_eval_clients=2',
+]
+
+
+@pytest.fixture
+def run_main(capsys):
+  """Runs a program's `main` in-process with the given flags; returns (rc, out, err)."""
+
+  def run(module, *args):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS([module.__name__, *args])
+    rc = module.main([module.__name__])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
+def _rows(path):
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _attempts(log_path):
+  with open(log_path) as f:
+    return sum(line.startswith('=== start') for line in f)
+
+
+# --- grid search ------------------------------------------------------------------------
+
+
+def test_grid_search_completes_resumes_after_an_interruption_and_reports(
+    synthetic_cache_dir, tmp_path, run_main
+):
+  """A 2 x 2 grid of 2-round cells, 2 at a time; SIGTERM once two cells are done.
+
+  The client learning rate 1e30 diverges in round 1 (the second batch overflows); a
+  divergence is recorded, not retried. The Dirichlet flags pass through to every cell.
+  """
+  args = [
+      '--task=emnist', '--algo=fedavg', f'--cache_dir={synthetic_cache_dir}',
+      f'--root_output_dir={tmp_path}', *_TINY, '--total_rounds=2', '--rounds_per_checkpoint=2',
+      '--client_batch_size=5', '--client_learning_rates=0.05,1e30',
+      '--server_learning_rates=1,0.5', '--parallel=2', '--partition=dirichlet',
+      '--num_clients=4', '--dirichlet_alpha=0.5',
+  ]
+  grid = tmp_path / 'grid_emnist_fedavg'
+  cells = ['clr0.05_slr1', 'clr1e+30_slr1', 'clr0.05_slr0.5', 'clr1e+30_slr0.5']
+  first = subprocess.Popen([sys.executable, '-m', 'launch.grid_search', *args], cwd=_REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  done = []
+  try:
+    for line in first.stdout:
+      if re.search(r': (finished|diverged) in', line):
+        done.append(line.split(']')[1].split(':')[0].strip())
+        if len(done) == 2:
+          first.send_signal(signal.SIGTERM)
+          break
+    first.communicate(timeout=120)
+  finally:
+    if first.poll() is None:
+      first.kill()
+  assert len(done) == 2 and set(done) < set(cells)
+  assert not (grid / 'grid.csv').exists()  # Interrupted before the table.
+
+  # Resumed by the same command (in-process here, to save a TensorFlow start-up).
+  rc, out, err = run_main(grid_search, *args)
+  assert rc == 0, err
+  for cell in cells:
+    state = 'diverged' if '1e+30' in cell else 'finished'
+    if cell in done:  # Started once, never again.
+      assert f'{cell}: already {state}' in out
+      assert _attempts(grid / 'logs' / f'{cell}.log') == 1
+    else:
+      assert f'{cell}: {state} in' in out
+
+  rows = {(r['client_learning_rate'], r['server_learning_rate']): r
+          for r in _rows(grid / 'grid.csv')}
+  assert sorted(rows) == [('0.05', '0.5'), ('0.05', '1.0'), ('1e+30', '0.5'), ('1e+30', '1.0')]
+  for (c, s), row in rows.items():
+    cell = grid / grid_search.cell_name(float(c), float(s))
+    recorded = json.loads((cell / 'flags.json').read_text())
+    assert recorded['hparams'] == {'client_learning_rate': float(c),
+                                   'server_learning_rate': float(s)}
+    assert (recorded['partition'], recorded['num_clients'], recorded['total_rounds']) == (
+        'dirichlet', 4, 2)
+    if c == '0.05':
+      rounds, acc = analysis.accuracy_series(str(cell))
+      assert row['status'] == 'finished' and list(rounds) == [1, 2]
+      assert float(row['score']) == pytest.approx(np.mean(acc))
+    else:
+      assert row['status'] == 'diverged' and row['score'] == 'nan'
+  best = json.loads((grid / 'best.json').read_text())
+  assert best['client_learning_rate'] == 0.05
+  assert best['score'] == max(float(r['score']) for r in rows.values() if r['score'] != 'nan')
+  assert f'best: --client_learning_rate=0.05 --server_learning_rate={best["server_learning_rate"]}' in out
+  image = matplotlib.image.imread(str(grid / 'grid_heatmap.png'))
+  assert image.ndim == 3 and min(image.shape[:2]) > 100
+
+
+def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_main, tmp_path):
+  np.testing.assert_allclose(grid_search.parse_learning_rates('x', None),
+                             [1e-3, 10**-2.5, 1e-2, 10**-1.5, 0.1, 10**-0.5, 1, 10**0.5, 10])
+  assert grid_search.parse_learning_rates('x', ['0.1', '1']) == (0.1, 1.0)
+  base = ['--task=emnist', '--algo=fedavg', f'--root_output_dir={tmp_path}']
+  for args, message in [
+      (['--client_learning_rates=0.1,-1'], 'positive'),
+      (['--server_learning_rates=0.1,0.1'], 'repeated'),
+      (['--client_learning_rates=a'], 'comma list of numbers'),
+      (['--client_learning_rate=0.1'], 'give the values with --client_learning_rates'),
+      (['--gc_lambda=0.5'], 'does not apply'),
+  ]:
+    rc, _, err = run_main(grid_search, *base, *args)
+    assert rc == 2 and err.startswith('grid_search: error:') and message in err, err
+  assert not os.listdir(tmp_path)
+
+
+# --- comparison -------------------------------------------------------------------------
+
+
+def _fake_run(root, task, algo, seed, accuracies, diverged=False, **data):
+  """A run directory as launch.train leaves it: flags.json and metrics.csv."""
+  run_dir = os.path.join(root, compare.run_name(task, algo, seed))
+  os.makedirs(run_dir)
+  recorded = dict(task=task, algo=algo, seed=seed, total_rounds=len(accuracies), hparams={},
+                  data_source='synthetic', synthetic_settings={'seed': 0}, partition=None,
+                  num_eval_clients=2)
+  recorded.update(data)
+  with open(os.path.join(run_dir, 'flags.json'), 'w') as f:
+    json.dump(recorded, f)
+  with open(os.path.join(run_dir, 'metrics.csv'), 'w') as f:
+    f.write('key,evaluation/sparse_categorical_accuracy,client_work/train/loss\n0,0.0,\n')
+    for r, a in enumerate(accuracies, start=1):
+      f.write(f'{r},{a},1.0\n')
+  if diverged:
+    with open(os.path.join(run_dir, runner.DIVERGED_FILENAME), 'w') as f:
+      f.write('diverged\n')
+
+
+def test_compare_collects_runs_and_reports_the_papers_metrics(run_main, tmp_path):
+  root = str(tmp_path / 'runs')
+  ramp = np.array([0.1, 0.3, 0.5, 0.7, 0.8, 0.8, 0.9, 0.9])
+  for seed, (zmg_shift, avg_shift) in enumerate([(0.0, 0.01), (0.02, 0.02), (-0.02, -0.04)]):
+    _fake_run(root, 'emnist', 'fedzmg', seed, ramp + zmg_shift)
+    _fake_run(root, 'emnist', 'fedavg', seed, ramp - 0.1 + avg_shift)
+  _fake_run(root, 'emnist', 'fedadam', 0, ramp, diverged=True)
+  rc, out, err = run_main(
+      compare, '--task=emnist', '--algos=fedzmg,fedavg,fedadam', '--seeds=0,1,2',
+      f'--root_output_dir={root}', '--collect_only', '--thresholds=0.75,0.95',
+  )
+  assert rc == 0, err
+  report = tmp_path / 'runs' / 'compare'
+  assert 'diverged; left out' in out and 'no run' in out  # fedadam seeds 0 and 1, 2.
+  runs = {(r['algo'], r['seed']): r for r in _rows(report / 'runs.csv')}
+  assert runs[('fedadam', '0')]['status'] == 'diverged'
+  # 8 rounds: the final accuracy is the last round's. The 4-round averages of the ramp are
+  # .4 .575 .7 .8 .85 at rounds 4..8: fedzmg reaches .75 at round 7 (.7 + shift at 6),
+  # fedavg (-.1 + shift) at round 8 for seeds 0 and 1 (.76, .77), never for seed 2 (.71).
+  assert float(runs[('fedzmg', '0')]['final_accuracy']) == pytest.approx(0.9)
+  assert [runs[('fedzmg', s)]['rounds_to_0.75'] for s in '012'] == ['7', '7', '7']
+  assert [runs[('fedavg', s)]['rounds_to_0.75'] for s in '012'] == ['8', '8', 'not reached']
+  assert runs[('fedzmg', '0')]['rounds_to_0.95'] == 'not reached'
+  assert runs[('fedzmg', '0')]['late_stage_0.75'] == 'not reached'  # fedavg seed 2 never.
+  ttests = {(r['metric'], r['algo_a'], r['algo_b']): r for r in _rows(report / 'ttests.csv')}
+  final = ttests[('final_accuracy', 'fedzmg', 'fedavg')]
+  expected = scipy.stats.ttest_rel([0.9, 0.92, 0.88], [0.81, 0.82, 0.76])
+  assert int(final['n']) == 3
+  assert float(final['mean_difference']) == pytest.approx(0.31 / 3)
+  assert float(final['t']) == pytest.approx(expected.statistic)
+  assert float(final['p']) == pytest.approx(expected.pvalue)
+  rounds = ttests[('rounds_to_0.75', 'fedzmg', 'fedavg')]
+  assert int(rounds['n']) == 2 and float(rounds['mean_difference']) == pytest.approx(-1.0)
+  assert ('final_accuracy', 'fedzmg', 'fedadam') not in ttests  # fedadam has no runs left.
+  summary = {r['algo']: r for r in _rows(report / 'summary.csv')}
+  assert float(summary['fedzmg']['final_accuracy_mean']) == pytest.approx(0.9)
+  assert summary['fedavg']['rounds_to_0.75_reached'] == '2/3'
+  assert summary['fedavg']['rounds_to_0.75_mean'] == 'not reached'
+  text = (report / 'report.md').read_text()
+  assert '## emnist' in text and '| fedzmg | 3 | 0.9 ± 0.02 |' in text
+  assert 'not reached (2/3)' in text and 'emnist_accuracy.png' in text
+  image = matplotlib.image.imread(str(report / 'emnist_accuracy.png'))
+  assert image.ndim == 3
+
+
+def test_compare_refuses_runs_on_different_data_splits(run_main, tmp_path):
+  root = str(tmp_path)
+  _fake_run(root, 'emnist', 'fedzmg', 0, [0.5] * 4)
+  _fake_run(root, 'emnist', 'fedavg', 0, [0.5] * 4, partition='dirichlet')
+  rc, _, err = run_main(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
+                        f'--root_output_dir={root}', '--collect_only')
+  assert rc == 2 and 'do not share one data split' in err and "partition='dirichlet'" in err
+
+
+def test_compare_builds_one_training_run_per_algorithm_and_seed(tmp_path):
+  """--algo_hparams override the shared flags per algorithm; nothing is trained here."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['compare', '--algos=fedzmg,fedavg', '--seeds=0,1', '--task=emnist',
+                 f'--root_output_dir={tmp_path}', '--client_learning_rate=0.2',
+                 '--algo_hparams=fedzmg:client_learning_rate=0.03,weight_decay=0.001'])
+    _, algos, seeds, hparams, _ = compare._parse_settings()  # pylint: disable=protected-access
+    assert hparams == {'fedzmg': {'client_learning_rate': 0.03, 'weight_decay': 0.001}}
+    runs = {
+        (a, s): runner.train_run(compare.run_name('emnist', a, s), {
+            'algo': a, 'seed': s, 'experiment_name': compare.run_name('emnist', a, s),
+            **hparams.get(a, {})})
+        for a in algos for s in seeds
+    }
+    zmg, avg = runs[('fedzmg', 1)], runs[('fedavg', 0)]
+    assert zmg.config.hparams == {'client_learning_rate': 0.03, 'weight_decay': 0.001}
+    assert zmg.config.seed == 1 and zmg.config.output_dir == str(tmp_path / 'emnist_fedzmg_seed1')
+    assert '--client_learning_rate=0.03' in zmg.args and '--algo=fedzmg' in zmg.args
+    assert avg.config.hparams == {'client_learning_rate': 0.2}
+    assert '--client_learning_rate=0.2' in avg.args and '--seed=0' in avg.args
+    assert flags.FLAGS.client_learning_rate == 0.2 and flags.FLAGS.algo is None  # Restored.
+    assert runner.status(zmg) == runner.PENDING
+    for bad, message in [
+        ('fedavg:weight_decay=0.1', 'does not apply to fedavg'),
+        ('fedprox:client_learning_rate=1', 'algo one of'),
+        ('fedzmg:client_learning_rate', 'name=value'),
+        ('fedzmg:client_learning_rate=abc', 'abc'),
+    ]:
+      with pytest.raises(ValueError, match=message):
+        compare.parse_algo_hparams(bad, algos)
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+# --- data statistics --------------------------------------------------------------------
+
+
+def _direct_counts(task, client_data, cid):
+  """Class counts by iterating the client's examples in Python."""
+  counts = np.zeros(labels.NUM_CLASSES[task], dtype=int)
+  for e in client_data.create_tf_dataset_for_client(cid):
+    if task == 'shakespeare':
+      for byte in e['snippets'].numpy():  # The model reads bytes.
+        ch = chr(byte)
+        counts[preprocessing.SHAKESPEARE_CHARS.find(ch) % 66] += 1  # -1 -> 65 (OOV).
+    else:
+      counts[int(e['label'])] += 1
+  return counts
+
+
+@pytest.mark.parametrize('task, extra', [
+    ('emnist', ['--partition=dirichlet', '--num_clients=5', '--dirichlet_alpha=0.3']),
+    ('shakespeare', []),
+])
+def test_data_stats_tables_match_direct_counts(run_main, small_task, synthetic_cache_dir,
+                                               tmp_path, task, extra):
+  settings = ['--synthetic_train_clients=8', '--synthetic_test_clients=3',
+              '--synthetic_examples_per_client=' + ('6' if task == 'shakespeare' else '20')]
+  rc, out, err = run_main(
+      data_stats, f'--task={task}', '--data_source=synthetic',
+      f'--cache_dir={synthetic_cache_dir}', *settings, *extra, '--num_sampled_clients=3',
+      f'--output_dir={tmp_path}',
+  )
+  assert rc == 0, err
+  kwargs = dict(partition='dirichlet', dirichlet_alpha=0.3, num_clients=5) if extra else {}
+  client_data = small_task(task, **kwargs).datasets.train_data
+  rows = _rows(tmp_path / f'{task}_clients.csv')
+  assert len(rows) == 3 and len({r['client_id'] for r in rows}) == 3
+  global_counts = sum(_direct_counts(task, client_data, c) for c in client_data.client_ids)
+  for row in rows:
+    counts = _direct_counts(task, client_data, row['client_id'])
+    assert int(row['volume']) == counts.sum()
+    assert int(row['label_diversity']) == np.count_nonzero(counts)
+    assert float(row['kl_divergence']) == pytest.approx(
+        scipy.stats.entropy(counts, global_counts))
+    assert float(row['gini']) == pytest.approx(analysis.gini(counts))
+  summary = _rows(tmp_path / f'{task}_summary.csv')[0]
+  assert int(summary['clients']) == len(client_data.client_ids)
+  assert int(summary['labels']) == global_counts.sum()
+  assert float(summary['volume_mean']) == pytest.approx(np.mean([int(r['volume']) for r in rows]))
+  assert (tmp_path / f'{task}_summary.md').read_text() in out

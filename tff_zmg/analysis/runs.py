@@ -1,0 +1,73 @@
+"""Reading what a training run wrote: its metrics.csv and flags.json.
+
+`launch.train` writes `<run>/metrics.csv` with TFF's `tff.program.CSVFileReleaseManager`:
+one row per round, the round in column `key`, round 0 being the evaluation of the
+initial model, and a column per metric ('evaluation/sparse_categorical_accuracy',
+'client_work/train/loss', ...); a round without evaluation leaves the column empty.
+"""
+
+import csv
+import json
+import os
+from typing import Optional
+
+import numpy as np
+
+EVAL_ACCURACY = 'evaluation/sparse_categorical_accuracy'
+TRAIN_LOSS = 'client_work/train/loss'
+METRICS_FILENAME = 'metrics.csv'
+FLAGS_FILENAME = 'flags.json'
+
+
+def metric_series(
+    csv_path: str, column: str = EVAL_ACCURACY, *, include_initial: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+  """(rounds, values) of one column of a metrics.csv, in round order.
+
+  Rows whose column is empty are skipped; if a round appears twice, the last row wins.
+  Round 0 (the untrained model) is left out unless `include_initial`.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: the file has no such column.
+  """
+  with open(csv_path, newline='') as f:
+    reader = csv.DictReader(f)
+    if reader.fieldnames is None or column not in reader.fieldnames or 'key' not in (
+        reader.fieldnames
+    ):
+      raise ValueError(
+          f'{csv_path} has no column {column!r} (columns: {reader.fieldnames})'
+      )
+    by_round = {int(r['key']): float(r[column]) for r in reader if r[column] not in ('', None)}
+  rounds = sorted(r for r in by_round if include_initial or r > 0)
+  return np.array(rounds, dtype=int), np.array([by_round[r] for r in rounds], dtype=float)
+
+
+def accuracy_series(
+    run: str, *, include_initial: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+  """(rounds, validation accuracy) of a run directory or of its metrics.csv."""
+  path = os.path.join(run, METRICS_FILENAME) if os.path.isdir(run) else run
+  return metric_series(path, EVAL_ACCURACY, include_initial=include_initial)
+
+
+def completed_rounds(run: str) -> int:
+  """The last round with a training loss in a run's metrics.csv (0 if none or no file)."""
+  path = os.path.join(run, METRICS_FILENAME) if os.path.isdir(run) else run
+  if not os.path.exists(path):
+    return 0
+  try:
+    rounds, _ = metric_series(path, TRAIN_LOSS)
+  except ValueError:
+    return 0
+  return int(rounds[-1]) if rounds.size else 0
+
+
+def read_flags(run_dir: str) -> Optional[dict]:
+  """The settings a run recorded in flags.json, or None when it has none."""
+  path = os.path.join(run_dir, FLAGS_FILENAME)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
