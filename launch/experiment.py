@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Optional
 
+import grpc
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -162,6 +163,16 @@ def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseMana
       yield
   except context.WorkerUnavailableError as e:
     raise _worker_lost_error(config, progress.last_key, e) from e
+  except grpc.RpcError as e:  # Every worker still answers: the computation failed there.
+    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    code = e.code().name if isinstance(e, grpc.Call) else 'error'
+    raise ExperimentError(
+        f'a computation failed on a TFF worker (gRPC {code}:'
+        f' {details.strip().splitlines()[0] if details.strip() else "no details"}). Every'
+        f' worker must run TFF {tff.__version__} and read the data files at the same'
+        ' absolute path as this machine (--cache_dir): TFF sends each client\'s tf.data'
+        ' pipeline, not its examples.'
+    ) from e
 
 
 def _worker_lost_error(

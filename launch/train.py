@@ -150,7 +150,7 @@ _WORKERS = flags.DEFINE_list(
     'workers', [],
     'host:port of remote TFF workers (`python -m launch.worker --port=PORT` on each'
     ' machine, same TFF version) that share every round\'s clients; empty: one local'
-    ' worker. Results equal a local run\'s.',
+    ' worker. Results equal a local run\'s up to float32 summation order.',
 )
 _WORKER_TIMEOUT = flags.DEFINE_float(
     'worker_timeout_s', context.REMOTE_CONNECT_TIMEOUT_S,

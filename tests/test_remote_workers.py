@@ -215,6 +215,18 @@ def test_remote_context_sums_over_workers_and_keeps_computation_errors(workers):
       total([1.0, -2.0, 3.0])
     assert not isinstance(error.value, context.WorkerUnavailableError)
     assert 'assert' in str(error.value).lower()
+  # launch.train says so in one line, with the usual causes (a missing data file there).
+  config = experiment.ExperimentConfig(
+      task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
+      workers=tuple(addresses),
+  )
+  with pytest.raises(experiment.ExperimentError) as error:
+    with experiment._execution_context(config, progress=None):
+      total([1.0, -2.0, 3.0])
+  message = str(error.value)
+  assert not isinstance(error.value, experiment.WorkerLostError)
+  assert 'failed on a TFF worker' in message and 'same absolute path' in message
+  assert len(message.splitlines()) == 1
 
 
 def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
