@@ -8,6 +8,7 @@ settings) is checked before anything is written to the output directory.
 
 import asyncio
 import collections
+import contextlib
 import csv
 import dataclasses
 import json
@@ -18,6 +19,7 @@ import sys
 import time
 from typing import Optional
 
+import grpc
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -36,7 +38,10 @@ TENSORBOARD_DIRNAME = 'tensorboard'
 CLIENT_STATES_DIRNAME = 'client_states'
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
-    {'total_rounds', 'executor', 'max_concurrent_clients', 'rounds_per_checkpoint'}
+    {
+        'total_rounds', 'executor', 'max_concurrent_clients', 'rounds_per_checkpoint',
+        'workers', 'worker_timeout_s',
+    }
 )
 
 
@@ -46,6 +51,10 @@ class ExperimentError(Exception):
 
 class DivergedError(ExperimentError):
   """Training produced a non-finite loss or update."""
+
+
+class WorkerLostError(ExperimentError):
+  """A remote TFF worker stopped answering during a round; the last checkpoint is kept."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +88,12 @@ class ExperimentConfig:
   dirichlet_alpha: Optional[float] = None
   num_clients: Optional[int] = None
   partition_seed: Optional[int] = None
+  # `host:port` of remote TFF workers (`python -m launch.worker`) sharing each round's
+  # clients; empty: one local worker.
+  workers: tuple = ()
+  # How long a remote worker may not answer, at start or during a round, before the run
+  # stops.
+  worker_timeout_s: float = context.REMOTE_CONNECT_TIMEOUT_S
 
   @property
   def output_dir(self) -> str:
@@ -119,6 +134,85 @@ def _validate(config: ExperimentConfig) -> None:
         f'client_state_store must be one of {list(client_states.STORES)}, got'
         f' {config.client_state_store!r}'
     )
+  _validate_workers(config)
+
+
+def _validate_workers(config: ExperimentConfig) -> None:
+  if isinstance(config.workers, str):
+    raise ExperimentError(
+        f"workers must be a sequence of 'host:port' strings, got the string {config.workers!r}"
+    )
+  for address in config.workers:
+    context.parse_worker_address(address)  # ValueError says what is allowed.
+  validation.check_positive('worker_timeout_s', config.worker_timeout_s)
+  if config.workers and config.max_concurrent_clients > 0:
+    raise ExperimentError(
+        'max_concurrent_clients limits the local worker; with workers, give each its limit:'
+        ' python -m launch.worker --port=PORT --max_concurrent_computation_calls=N'
+    )
+
+
+def _check_workers_reachable(config: ExperimentConfig) -> None:
+  """Fails before anything is written if a remote worker does not answer."""
+  try:
+    workers = context.connect_workers(config.workers, config.worker_timeout_s)
+  except (ValueError, context.WorkerUnavailableError) as e:
+    raise ExperimentError(str(e)) from e
+  for worker in workers:
+    worker.close()
+
+
+@contextlib.contextmanager
+def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseManager'):
+  """The local worker, or the remote ones; a remote worker lost mid-run ends the run.
+
+  TFF's training loop releases a round's metrics and then saves its state, so the round
+  that fails has written nothing and the run resumes from the last checkpoint.
+  """
+  if not config.workers:
+    with context.execution_context(config.max_concurrent_clients):
+      yield
+    return
+  try:
+    with context.remote_execution_context(config.workers, 0, config.worker_timeout_s):
+      yield
+  except context.WorkerUnavailableError as e:
+    raise _worker_lost_error(config, progress.last_key, e) from e
+  except grpc.RpcError as e:  # Every worker still answers: the computation failed there.
+    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    code = e.code().name if isinstance(e, grpc.Call) else 'error'
+    raise ExperimentError(
+        f'a computation failed on a TFF worker (gRPC {code}:'
+        f' {details.strip().splitlines()[0] if details.strip() else "no details"}). Every'
+        f' worker must run TFF {tff.__version__} and read the data files at the same'
+        ' absolute path as this machine (--cache_dir): TFF sends each client\'s tf.data'
+        ' pipeline, not its examples.'
+    ) from e
+
+
+def _worker_lost_error(
+    config: ExperimentConfig,
+    last_released_round: Optional[int],
+    error: context.WorkerUnavailableError,
+) -> 'WorkerLostError':
+  """Says which round a lost remote worker failed, what is kept, and how to resume."""
+  manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
+  versions = asyncio.get_event_loop().run_until_complete(manager.get_versions()) or []
+  checkpoint = max(versions, default=None)
+  if last_released_round is not None:
+    failed = last_released_round + 1
+  else:
+    failed = 0 if checkpoint is None else checkpoint + 1
+  kept = (
+      'no checkpoint was written yet, so re-running starts afresh'
+      if checkpoint is None
+      else f'the checkpoint of round {checkpoint} is kept'
+  )
+  return WorkerLostError(
+      f'a TFF worker was lost in round {failed}: {error}. Nothing of round {failed} was'
+      f' written and {kept}. Start the worker again (python -m launch.worker --port=PORT)'
+      ' and re-run the same command to resume (--workers may name other machines).'
+  )
 
 
 def _client_seed(seed: int, round_num: int, client_index: int) -> int:
@@ -167,6 +261,7 @@ class _ProgressReleaseManager(tff.program.ReleaseManager):
     self._stream = stream
     self._start = None
     self._first_key = None
+    self.last_key = None
 
   async def release(self, value, key):
     flat = _flatten(value)
@@ -178,6 +273,7 @@ class _ProgressReleaseManager(tff.program.ReleaseManager):
           f' {bool(non_finite)}. The last good checkpoint is kept; try a smaller learning'
           ' rate.'
       )
+    self.last_key = key
     now = time.monotonic()
     if self._start is None:
       self._start, self._first_key = now, key
@@ -260,19 +356,25 @@ def run(config: ExperimentConfig) -> dict:
 
   Raises:
     ExperimentError: bad settings, an existing run with other settings, an unreadable
-      checkpoint, or divergence (then the last good checkpoint is kept).
+      checkpoint, an unreachable remote worker, or divergence (then the last good
+      checkpoint is kept).
+    WorkerLostError: a remote worker stopped answering mid-run (an ExperimentError; the
+      failed round wrote nothing and re-running resumes from the last checkpoint).
     tasks.MissingDataError, tasks.CorruptDataError: the data is not usable.
     ValueError: a hyperparameter out of its range.
   """
   _validate(config)
   if not config.overwrite:
     _check_resumable(config)
-  if config.executor == 'gpu' and not gpu_devices():
+  # With remote workers the GPUs that matter are theirs.
+  if config.executor == 'gpu' and not config.workers and not gpu_devices():
     raise ExperimentError(
         '--executor=gpu but TensorFlow sees no GPU on this machine'
         f' (CUDA_VISIBLE_DEVICES={os.environ.get("CUDA_VISIBLE_DEVICES", "unset")});'
         ' use --executor=cpu'
     )
+  if config.workers:
+    _check_workers_reachable(config)
   task = tasks.get(
       config.task,
       data_source=config.data_source,
@@ -296,6 +398,16 @@ def run(config: ExperimentConfig) -> dict:
   process = registry.build(
       config.algo, task.model_fn, loop_implementation=loop, **config.hparams
   )
+  stateful = isinstance(process, stateful_clients.StatefulClientsLearningProcess)
+  if stateful and len(config.workers) > 1:
+    # TFF's mergeable context splits a round at its aggregation and merges
+    # SERVER-placed results; the clients' new states are CLIENTS-placed outputs, a
+    # case we have neither built nor tested.
+    raise ExperimentError(
+        f'--algo={config.algo} keeps per-client state, which runs on one worker only'
+        ' (several --workers split rounds with TFF\'s mergeable context, which does'
+        ' not return per-client outputs); pass one --workers address or none'
+    )
   if config.overwrite and os.path.exists(config.output_dir):
     shutil.rmtree(config.output_dir)
 
@@ -304,8 +416,6 @@ def run(config: ExperimentConfig) -> dict:
   sample_clients = tff.simulation.build_uniform_sampling_fn(
       train_data.client_ids, replace=False, random_seed=config.seed
   )
-
-  stateful = isinstance(process, stateful_clients.StatefulClientsLearningProcess)
 
   def training_selection_fn(round_num):
     ids = sample_clients(round_num, clients_per_round)
@@ -331,7 +441,8 @@ def run(config: ExperimentConfig) -> dict:
   ]
 
   start = time.monotonic()
-  with context.execution_context(config.max_concurrent_clients):
+  progress = _ProgressReleaseManager(config.total_rounds)
+  with _execution_context(config, progress):
     _check_checkpoint(config, process)
     os.makedirs(config.output_dir, exist_ok=True)
     with open(os.path.join(config.output_dir, FLAGS_FILENAME), 'w') as f:
@@ -345,7 +456,6 @@ def run(config: ExperimentConfig) -> dict:
       )
       training_process = client_states.StatefulClientsTrainer(process, store)
       state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
-    progress = _ProgressReleaseManager(config.total_rounds)
     metrics_managers = [
         progress,
         tff.program.CSVFileReleaseManager(config.metrics_csv),

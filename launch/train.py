@@ -11,6 +11,13 @@ On TFF's published data (`<cache_dir>/emnist_all.sqlite` etc.):
 Outputs go to `<root_output_dir>/<experiment_name>/`: flags.json, metrics.csv, tensorboard/
 and checkpoints/. Re-running the same command resumes from the last checkpoint;
 --overwrite starts afresh. `--helpfull` lists every flag with its default.
+
+On several machines, each running `python -m launch.worker --port=8000`:
+
+  python -m launch.train --task=emnist --algo=fedzmg --workers=hostA:8000,hostB:8000
+
+Exit status: 0 done, 2 bad settings or data or an unreachable worker, 3 divergence, 4 a
+worker lost mid-run (re-run the same command to resume from the last checkpoint).
 """
 
 import json
@@ -28,6 +35,7 @@ import tensorflow as tf
 
 import tasks
 from launch import experiment
+from tff_zmg import context
 from tff_zmg.algorithms import registry
 
 
@@ -160,6 +168,17 @@ _CLIENT_STATE_STORE = flags.DEFINE_enum(
     ' file per client under <experiment>/client_states (memory flat in the'
     ' population), or in memory (faster; snapshots at each checkpoint).',
 )
+_WORKERS = flags.DEFINE_list(
+    'workers', [],
+    'host:port of remote TFF workers (`python -m launch.worker --port=PORT` on each'
+    ' machine, same TFF version) that share every round\'s clients; empty: one local'
+    ' worker. Results equal a local run\'s up to float32 summation order.',
+)
+_WORKER_TIMEOUT = flags.DEFINE_float(
+    'worker_timeout_s', context.REMOTE_CONNECT_TIMEOUT_S,
+    'With --workers: how long a worker may not answer, at start or during a round, before'
+    ' the run stops (it resumes from its last checkpoint when re-run).',
+)
 _OVERWRITE = flags.DEFINE_bool(
     'overwrite', False, 'Delete an existing experiment of the same name and start afresh.'
 )
@@ -247,6 +266,8 @@ def config_from_flags() -> experiment.ExperimentConfig:
       overwrite=_OVERWRITE.value,
       client_state_store=_CLIENT_STATE_STORE.value,
       **partition_settings_from_flags(),
+      workers=tuple(_WORKERS.value),
+      worker_timeout_s=_WORKER_TIMEOUT.value,
   )
 
 
@@ -270,6 +291,9 @@ def main(argv) -> int:
   except experiment.DivergedError as e:
     print(f'train: error: {e}', file=sys.stderr)
     return 3
+  except experiment.WorkerLostError as e:
+    print(f'train: error: {e}', file=sys.stderr)
+    return 4
   except (
       ValueError, experiment.ExperimentError, tasks.MissingDataError,
       tasks.CorruptDataError,

@@ -9,7 +9,7 @@ in the package that creates execution contexts, and it owns their workers:
 * each worker writes to its own log file, never to the parent's stdout/stderr;
 * each worker is started with a parent-death signal (Linux), so even a parent killed with
   SIGKILL takes its workers along;
-* every worker is registered and stopped (SIGINT, then SIGKILL after a grace period) by
+* every worker is registered and stopped (SIGTERM, then SIGKILL after a grace period) by
   `stop_all_workers()`, which runs at interpreter exit, after uncaught exceptions and Ctrl-C,
   and on SIGTERM.
 
@@ -17,11 +17,17 @@ Typical use::
 
   with tff_zmg.context.execution_context():
     state = process.initialize()
+
+Several machines: each runs TFF's executor service (`python -m launch.worker --port=8000`),
+and `remote_execution_context(['hostA:8000', 'hostB:8000'])` spreads every round's clients
+over them with TFF's own mergeable-computation context. Those workers belong to whoever
+started them; this module connects to them and never starts or stops them.
 """
 
 import atexit
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -29,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 from absl import logging
 import grpc
@@ -43,6 +49,13 @@ _GRPC_OPTIONS = [
     ('grpc.max_receive_message_length', 2**31 - 1),
 ]
 _PR_SET_PDEATHSIG = 1
+# Default time a remote worker may not answer, at start or before a call, before the run
+# fails: long enough for a network blip, short enough that a dead machine fails the round.
+REMOTE_CONNECT_TIMEOUT_S = 10.0
+WORKER_HELP = (
+    'start one on each machine with `python -m launch.worker --port=PORT` (the same TFF'
+    ' version as here) and check the host names, ports and firewalls'
+)
 
 _lock = threading.Lock()
 _live_workers: set['LocalWorker'] = set()
@@ -65,11 +78,26 @@ class WorkerStartError(RuntimeError):
   """A TFF worker process did not come up."""
 
 
-class LocalWorker:
-  """One TFF C++ `worker_binary` serving on a loopback port, owned by this process."""
+class WorkerUnavailableError(RuntimeError):
+  """A remote TFF worker cannot be reached: not started, or gone in the middle of a run.
 
-  def __init__(self, max_concurrent_computation_calls: int = -1):
+  Deliberately not a `tff.framework.RetryableError`: TFF's contexts retry those forever.
+  """
+
+  def __init__(self, addresses: Sequence[str], message: str):
+    super().__init__(message)
+    self.addresses = tuple(addresses)
+
+
+class LocalWorker:
+  """One TFF C++ `worker_binary` serving on a port of this machine, owned by this process.
+
+  Without `port` it picks a free one; `launch.worker` passes the port other machines use.
+  """
+
+  def __init__(self, max_concurrent_computation_calls: int = -1, port: Optional[int] = None):
     self._max_concurrent_computation_calls = max_concurrent_computation_calls
+    self._port = port
     self._process: Optional[subprocess.Popen] = None
     self._stub: Optional[tff.framework.RemoteExecutorGrpcStub] = None
     self._log_path: Optional[str] = None
@@ -83,13 +111,21 @@ class LocalWorker:
   def log_path(self) -> Optional[str]:
     return self._log_path
 
+  @property
+  def port(self) -> Optional[int]:
+    return self._port
+
+  def poll(self) -> Optional[int]:
+    """The worker's exit status once it has ended; None while it runs (or before start)."""
+    return None if self._process is None else self._process.poll()
+
   def _start(self) -> None:
     binary = worker_binary_path()
     if not os.path.isfile(binary):
       raise WorkerStartError(
           f'TFF worker binary not found at {binary}; reinstall with scripts/bootstrap.sh.'
       )
-    port = portpicker.pick_unused_port()
+    port = self._port or portpicker.pick_unused_port()
     fd, self._log_path = tempfile.mkstemp(prefix=f'tff_zmg-worker-{port}-', suffix='.log')
     with os.fdopen(fd, 'wb') as log:
       self._process = subprocess.Popen(
@@ -111,9 +147,11 @@ class LocalWorker:
     deadline = time.monotonic() + _WORKER_START_TIMEOUT_S
     while not stub.is_ready:
       if self._process.poll() is not None or time.monotonic() > deadline:
+        log_path = self._log_path
         self.stop(keep_log=True)
         raise WorkerStartError(
-            f'TFF worker on port {port} did not start; its log is {self._log_path}'
+            f'TFF worker on port {port} did not start (is the port in use?); its log is'
+            f' {log_path}'
         )
       time.sleep(0.05)
     self._stub = stub
@@ -159,9 +197,108 @@ def stop_all_workers() -> None:
     worker.stop()
 
 
-def _create_sync_context(workers: list[LocalWorker], default_num_clients: int):
-  """A synchronous TFF context that runs computations on the given worker."""
-  (worker,) = workers  # One local worker; remote multi-worker contexts compose several.
+def parse_worker_address(address: str) -> str:
+  """Checks a worker address `host:port` (`[v6-address]:port` for IPv6); returns it trimmed.
+
+  Raises:
+    ValueError: not of that form, or the port is not in 1..65535.
+  """
+  text = str(address).strip()
+  host, sep, port = text.rpartition(':')
+  if host.startswith('[') and host.endswith(']'):
+    bare_host = host[1:-1]
+  else:
+    bare_host = host
+  if (
+      not sep or not bare_host or not port.isdigit() or not 1 <= int(port) <= 65535
+      or (':' in bare_host and bare_host == host)
+  ):
+    raise ValueError(
+        f"worker address {address!r} is not 'host:port' (e.g. 'hostA:8000', '10.0.0.7:8000',"
+        " '[::1]:8000') with a port in 1..65535"
+    )
+  return text
+
+
+class RemoteWorker:
+  """A TFF executor service at `host:port` that someone else runs (`python -m launch.worker`).
+
+  Offers `LocalWorker`'s `stub()`, but is never started or stopped from here. TFF's contexts
+  retry an unavailable worker forever (they expect it to be restarted, as a local one is);
+  instead `stub()` waits up to `connect_timeout_s` for the worker to serve again and then
+  raises `WorkerUnavailableError`, which TFF does not retry, so the call fails.
+  """
+
+  def __init__(self, address: str, connect_timeout_s: float = REMOTE_CONNECT_TIMEOUT_S):
+    self.address = parse_worker_address(address)
+    self.connect_timeout_s = connect_timeout_s
+    self._channel = grpc.insecure_channel(self.address, _GRPC_OPTIONS)
+    self._stub = tff.framework.RemoteExecutorGrpcStub(self._channel)
+
+  def wait_ready(self, timeout_s: float) -> bool:
+    """Whether the worker serves (now, or within `timeout_s` seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while not self._stub.is_ready:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.05)
+    return True
+
+  def stub(self) -> tff.framework.RemoteExecutorGrpcStub:
+    """The worker's stub once it serves.
+
+    Raises:
+      WorkerUnavailableError: it did not serve within the connection timeout.
+    """
+    if not self.wait_ready(self.connect_timeout_s):
+      raise WorkerUnavailableError(
+          [self.address],
+          f'the TFF worker at {self.address} did not answer for {self.connect_timeout_s:g} s',
+      )
+    return self._stub
+
+  def close(self) -> None:
+    self._channel.close()
+
+
+def connect_workers(
+    addresses: Sequence[str], timeout_s: float = REMOTE_CONNECT_TIMEOUT_S
+) -> list[RemoteWorker]:
+  """Connects to every remote worker at once, waiting up to `timeout_s` for all of them.
+
+  The workers keep `timeout_s` as the time they may not answer during a computation.
+
+  Raises:
+    ValueError: an address is malformed or given twice.
+    WorkerUnavailableError: some workers did not answer; it names them all.
+  """
+  addresses = [parse_worker_address(a) for a in addresses]
+  if not addresses:
+    raise ValueError('no worker addresses given')
+  duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
+  if duplicates:
+    raise ValueError(f'worker addresses given twice: {", ".join(duplicates)}')
+  workers = [RemoteWorker(a, timeout_s) for a in addresses]
+  deadline = time.monotonic() + timeout_s
+  # The channels connect in parallel, so all workers share one deadline.
+  unreachable = [
+      w.address for w in workers if not w.wait_ready(max(0.0, deadline - time.monotonic()))
+  ]
+  if unreachable:
+    for w in workers:
+      w.close()
+    raise WorkerUnavailableError(
+        unreachable,
+        f'TFF worker{"s" if len(unreachable) > 1 else ""} not reachable within'
+        f' {timeout_s:g} s: {", ".join(unreachable)}; {WORKER_HELP}',
+    )
+  return workers
+
+
+def _executor_factory(
+    worker: Union[LocalWorker, RemoteWorker], default_num_clients: int
+) -> tff.framework.ResourceManagingExecutorFactory:
+  """TFF's per-cardinality executor cache, each executor a `RemoteExecutor` on `worker`."""
 
   def executor_stack_fn(cardinalities):
     if cardinalities.get(tff.CLIENTS) is None:
@@ -170,14 +307,84 @@ def _create_sync_context(workers: list[LocalWorker], default_num_clients: int):
     executor.set_cardinalities(cardinalities)
     return executor
 
-  return tff.framework.SyncExecutionContext(
-      executor_fn=tff.framework.ResourceManagingExecutorFactory(
-          executor_stack_fn=executor_stack_fn
-      ),
-      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-      transform_args=tff.tensorflow.transform_args,
-      transform_result=tff.tensorflow.transform_result,
+  return tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=executor_stack_fn)
+
+
+def _create_sync_context(
+    workers: Sequence[Union[LocalWorker, RemoteWorker]], default_num_clients: int
+) -> tff.framework.SyncContext:
+  """A synchronous TFF context that runs computations on the given workers.
+
+  One worker runs whole computations. Several run TFF's mergeable-computation context: TFF
+  compiles each computation into `up_to_merge` / `merge` / `after_merge` on its one level
+  of aggregation, gives each worker a contiguous slice of the CLIENTS-placed arguments,
+  and merges the partial aggregates.
+  """
+  if len(workers) == 1:
+    return tff.framework.SyncExecutionContext(
+        executor_fn=_executor_factory(workers[0], default_num_clients),
+        compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+        transform_args=tff.tensorflow.transform_args,
+        transform_result=tff.tensorflow.transform_result,
+    )
+  # Every worker runs the same compiled parts; compile each once, not once per worker (with
+  # the pure-Python protobuf TFF 0.87 runs on here, compiling dominates a first round).
+  compile_once = functools.lru_cache(maxsize=None)(
+      tff.backends.native.desugar_and_transform_to_native
   )
+  return tff.backends.native.create_mergeable_comp_execution_context([
+      tff.framework.AsyncExecutionContext(
+          executor_fn=_executor_factory(worker, default_num_clients),
+          compiler_fn=compile_once,
+          transform_args=tff.tensorflow.transform_args,
+          transform_result=tff.tensorflow.transform_result,
+      )
+      for worker in workers
+  ])
+
+
+@contextlib.contextmanager
+def remote_execution_context(
+    addresses: Sequence[str],
+    default_num_clients: int = 0,
+    connect_timeout_s: float = REMOTE_CONNECT_TIMEOUT_S,
+):
+  """Runs the enclosed TFF computations on remote TFF workers (one or several).
+
+  Args:
+    addresses: `host:port` of each worker (`python -m launch.worker --port=...`).
+    default_num_clients: Cardinality of CLIENTS when it cannot be inferred.
+    connect_timeout_s: How long a worker may not answer, at start or before a call,
+      before `WorkerUnavailableError`.
+
+  Yields:
+    The `RemoteWorker`s, in the order of `addresses`.
+
+  Raises:
+    ValueError: a malformed or repeated address.
+    WorkerUnavailableError: a worker did not answer at start, or stopped answering during
+      a computation (that computation fails; nothing is retried on another worker).
+  """
+  workers = connect_workers(addresses, connect_timeout_s)
+  context = _create_sync_context(workers, default_num_clients)
+  try:
+    with tff.framework.get_context_stack().install(context):
+      yield workers
+  except grpc.RpcError as e:
+    # A worker dying in the middle of a call can surface as a non-retryable gRPC error
+    # (e.g. a stream reset). It is a lost worker only if one no longer answers; an error
+    # from a computation on live workers (say, a missing data file) stays what it is.
+    lost = [w.address for w in workers if not w.wait_ready(w.connect_timeout_s)]
+    if not lost:
+      raise
+    raise WorkerUnavailableError(
+        lost,
+        f'the TFF worker{"s" if len(lost) > 1 else ""} at {", ".join(lost)} stopped'
+        f' answering ({e.code().name if isinstance(e, grpc.Call) else e})',
+    ) from e
+  finally:
+    for worker in workers:
+      worker.close()
 
 
 @contextlib.contextmanager

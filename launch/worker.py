@@ -1,0 +1,105 @@
+r"""Serves TFF's executor service on this machine: `python -m launch.worker --port=8000`.
+
+Runs TFF's C++ `worker_binary` (the one inside the installed TFF package) in the
+foreground, listening on `--port` of every network interface, until Ctrl-C or SIGTERM.
+Training programs on other machines then spread their rounds' clients over such workers:
+
+  python -m launch.train --task=emnist --algo=fedzmg --workers=hostA:8000,hostB:8000
+
+Every worker must run the same TFF version as the training program (this prints its
+own). The service has no authentication or encryption: run it on a trusted network only.
+
+Exit status: 0 when stopped with Ctrl-C, 128+15 on SIGTERM, 1 if the worker could not start
+or ended by itself, 2 for a bad flag or a port already in use.
+"""
+
+import signal
+import socket
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import portpicker
+import tensorflow_federated as tff
+
+from tff_zmg import context
+
+_PORT = flags.DEFINE_integer('port', None, 'TCP port to serve on (all interfaces).')
+_MAX_CONCURRENT = flags.DEFINE_integer(
+    'max_concurrent_computation_calls', -1,
+    'How many client computations this worker runs at once (<= 0: no limit); lower it if'
+    ' the worker runs out of memory.',
+)
+
+_POLL_S = 0.5
+
+
+def _tail(path: str, lines: int = 20) -> str:
+  try:
+    with open(path, errors='replace') as f:
+      return ''.join(f.readlines()[-lines:])
+  except OSError:
+    return ''
+
+
+def main(argv) -> int:
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  if len(argv) > 1:
+    print(f'worker: error: unexpected arguments {argv[1:]}', file=sys.stderr)
+    return 2
+  port = _PORT.value
+  # Checked here rather than marked required, so that importing this module next to
+  # another program's flags (tests, a launcher of launchers) does not make --port theirs.
+  if port is None:
+    print('worker: error: --port is required, e.g. --port=8000', file=sys.stderr)
+    return 2
+  if not 1 <= port <= 65535:
+    print(f'worker: error: --port must be in 1..65535, got {port}', file=sys.stderr)
+    return 2
+  if not portpicker.is_port_free(port):
+    print(
+        f'worker: error: port {port} is already in use on this machine; choose another'
+        ' --port',
+        file=sys.stderr,
+    )
+    return 2
+  # Ctrl-C must stop the worker even when a shell started this in the background (which
+  # ignores SIGINT); worker_binary itself ignores SIGINT, so it is stopped with SIGTERM.
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  worker = context.LocalWorker(_MAX_CONCURRENT.value, port=port)
+  keep_log = False
+  try:
+    try:
+      worker.stub()
+    except context.WorkerStartError as e:
+      keep_log = True  # The message names it.
+      print(f'worker: error: {e}', file=sys.stderr)
+      return 1
+    print(
+        f'TFF {tff.__version__} worker (pid {worker.pid}) serving on'
+        f' {socket.gethostname()}:{port}; its log is {worker.log_path}.'
+        f' Train elsewhere with --workers={socket.gethostname()}:{port}. Ctrl-C stops it.',
+        flush=True,
+    )
+    while worker.poll() is None:
+      time.sleep(_POLL_S)
+    log_path, status, keep_log = worker.log_path, worker.poll(), True
+    print(
+        f'worker: error: the TFF worker ended by itself (status {status}); its log'
+        f' {log_path} ends with:\n{_tail(log_path)}',
+        file=sys.stderr,
+    )
+    return 1
+  except KeyboardInterrupt:
+    print('worker: stopped', flush=True)
+    return 0
+  finally:
+    # On SIGTERM, tff_zmg.context's handler stops the worker and exits through here.
+    worker.stop(keep_log=keep_log)
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))

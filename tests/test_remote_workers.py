@@ -1,0 +1,298 @@
+"""Rounds on remote TFF workers: real `launch.worker` programs on loopback ports.
+
+Each remote run compiles TFF's mergeable form of its computations (tens of seconds of one
+CPU core), so one long test covers the match with a local run, a worker killed mid-run and
+the resumption; the other tests fail before anything is compiled.
+"""
+
+import csv
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from absl import flags
+import grpc
+import numpy as np
+import portpicker
+import psutil
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tasks
+from launch import experiment
+from launch import train
+from launch import worker
+from tff_zmg import context
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the flags below give (launch.train fills in the Dirichlet alpha and the seed).
+_SMALL = dict(num_train_clients=8, num_test_clients=3, mean_examples_per_client=20,
+              dirichlet_alpha=0.5, seed=0)
+_TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
+# Local and remote runs lower aggregations the same way and the two workers' slices merge
+# in the order the local worker folds them; measured difference 0. The bound leaves room
+# for float32 summation order only (values here are O(1..10)).
+_ATOL = 1e-6
+
+
+def _gone(pid: int, timeout: float = 15.0) -> bool:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    try:
+      if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        return True
+    except psutil.NoSuchProcess:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+class _Launcher:
+  """One `python -m launch.worker` process and the worker_binary it runs."""
+
+  def __init__(self, log_dir):
+    self.port = portpicker.pick_unused_port()
+    self.address = f'localhost:{self.port}'
+    self.log = os.path.join(log_dir, f'worker-{self.port}.log')
+    with open(self.log, 'w') as out:
+      self.proc = subprocess.Popen(
+          [sys.executable, '-m', 'launch.worker', f'--port={self.port}'],
+          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=_REPO,
+      )
+    self.worker_pids = []
+
+  def wait_serving(self, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      with open(self.log) as f:
+        if 'serving on' in f.read():
+          break
+      assert self.proc.poll() is None, open(self.log).read()
+      time.sleep(0.2)
+    else:
+      raise AssertionError(f'launch.worker did not start: {open(self.log).read()}')
+    self.worker_pids = [
+        p.pid for p in psutil.Process(self.proc.pid).children()
+        if 'worker_binary' in ' '.join(p.cmdline())
+    ]
+    assert len(self.worker_pids) == 1
+
+  def kill(self) -> None:
+    """A machine that dies: SIGKILL; the parent-death signal takes its worker along."""
+    self.proc.send_signal(signal.SIGKILL)
+    self.proc.wait(30)
+
+
+@pytest.fixture(scope='module')
+def workers(tmp_path_factory):
+  """Three launch.worker programs (a, b, c), serving; all stopped at the end, checked gone."""
+  log_dir = str(tmp_path_factory.mktemp('workers'))
+  launchers = []
+  try:
+    launchers.extend(_Launcher(log_dir) for _ in range(3))  # They boot in parallel.
+    for launcher in launchers:
+      launcher.wait_serving()
+    yield launchers
+  finally:
+    for launcher in launchers:
+      if launcher.proc.poll() is None:
+        launcher.proc.terminate()  # What a SIGTERM'd launcher does (Ctrl-C: the same, rc 0).
+        assert launcher.proc.wait(30) == 128 + signal.SIGTERM, open(launcher.log).read()
+    for launcher in launchers:
+      for pid in [launcher.proc.pid, *launcher.worker_pids]:
+        assert _gone(pid), f'process {pid} of the worker on port {launcher.port} outlived the test'
+
+
+def _flags(cache_dir, root, name, *extra):
+  return [
+      '--task=emnist', '--algo=fedzmg', '--data_source=synthetic', f'--cache_dir={cache_dir}',
+      '--synthetic_train_clients=8', '--synthetic_test_clients=3',
+      '--synthetic_examples_per_client=20', '--clients_per_round=4', '--num_eval_clients=3',
+      # Evaluate at round 0 only: each evaluation compiles another mergeable computation.
+      '--total_rounds=2', '--rounds_per_eval=100',
+      f'--root_output_dir={root}', f'--experiment_name={name}', *extra,
+  ]
+
+
+def _main(argv, capsys):
+  """`launch.train.main` in this process; returns (rc, stdout, stderr)."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', *argv])
+    rc = train.main(['train'])
+  finally:
+    flags.FLAGS.unparse_flags()
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+def _rows(path):
+  with open(path, newline='') as f:
+    return [{k: v for k, v in r.items() if k not in _TIME_COLUMNS} for r in csv.DictReader(f)]
+
+
+def _checkpoint(output_dir, version):
+  state = tf.saved_model.load(os.path.join(output_dir, 'checkpoints', f'program_state_{version}'))
+  return [np.asarray(v) for v in tf.nest.flatten(state())]
+
+
+def test_worker_addresses_are_checked():
+  for good in ('hostA:8000', ' 10.0.0.7:8000 ', '[::1]:8000'):
+    assert context.parse_worker_address(good) == good.strip()
+  for bad in ('hostA', 'hostA:', ':8000', 'hostA:0', 'hostA:65536', 'hostA:http', '::1:8000'):
+    with pytest.raises(ValueError, match='host:port'):
+      context.parse_worker_address(bad)
+  with pytest.raises(ValueError, match='twice'):
+    context.connect_workers(['hostA:8000', 'hostA:8000'])
+  config = experiment.ExperimentConfig(
+      task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
+      workers='hostA:8000',
+  )
+  with pytest.raises(experiment.ExperimentError, match='sequence'):
+    experiment.run(config)
+  config = dataclasses.replace(config, workers=('hostA:8000',), max_concurrent_clients=2)
+  with pytest.raises(experiment.ExperimentError, match='max_concurrent_computation_calls'):
+    experiment.run(config)
+
+
+def test_unreachable_worker_at_start_is_one_clear_line_and_writes_nothing(
+    workers, synthetic_cache_dir, tmp_path, capsys
+):
+  live = workers[0]
+  dead = f'localhost:{portpicker.pick_unused_port()}'  # Nobody listens there.
+  started = time.monotonic()
+  rc, _, err = _main(
+      _flags(synthetic_cache_dir, tmp_path, 'x', '--worker_timeout_s=2',
+             f'--workers={live.address},{dead}'),
+      capsys,
+  )
+  assert rc == 2
+  assert len(err.strip().splitlines()) == 1
+  assert dead in err and live.address not in err
+  assert 'python -m launch.worker --port=' in err and 'within 2 s' in err
+  assert time.monotonic() - started < 15  # Checked before the task and process are built.
+  assert not os.listdir(tmp_path)
+
+
+def test_worker_program_refuses_a_bad_or_busy_port(workers, capsys):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS.mark_as_parsed()
+  try:
+    for port, message in (
+        (None, 'required'), (0, 'must be in 1..65535'), (workers[0].port, 'already in use'),
+    ):
+      flags.FLAGS.port = port
+      assert worker.main(['worker']) == 2
+      err = capsys.readouterr().err
+      assert message in err and len(err.strip().splitlines()) == 1
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def test_remote_context_sums_over_workers_and_keeps_computation_errors(workers):
+  @tff.tensorflow.computation(np.float32)
+  def checked(x):
+    with tf.control_dependencies([tf.debugging.assert_positive(x)]):
+      return tf.identity(x)
+
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def total(xs):
+    return tff.federated_sum(tff.federated_map(checked, xs))
+
+  with context.remote_execution_context([workers[0].address]):  # Whole computations.
+    assert total([1.0, 2.0]) == 3.0
+  addresses = [w.address for w in workers[:2]]
+  with context.remote_execution_context(addresses, connect_timeout_s=2) as remote:
+    assert [w.address for w in remote] == addresses
+    assert total([1.0, 2.0, 3.0, 4.0, 5.0]) == 15.0
+    # A failing computation on live workers is its own error, not a lost worker.
+    with pytest.raises(grpc.RpcError) as error:
+      total([1.0, -2.0, 3.0])
+    assert not isinstance(error.value, context.WorkerUnavailableError)
+    assert 'assert' in str(error.value).lower()
+  # launch.train says so in one line, with the usual causes (a missing data file there).
+  config = experiment.ExperimentConfig(
+      task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
+      workers=tuple(addresses),
+  )
+  with pytest.raises(experiment.ExperimentError) as error:
+    with experiment._execution_context(config, progress=None):
+      total([1.0, -2.0, 3.0])
+  message = str(error.value)
+  assert not isinstance(error.value, experiment.WorkerLostError)
+  assert 'failed on a TFF worker' in message and 'same absolute path' in message
+  assert len(message.splitlines()) == 1
+
+
+def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
+    workers, synthetic_cache_dir, tmp_path, capsys
+):
+  a, b, c = workers
+  remote_dir = tmp_path / 'remote'
+  metrics_csv = remote_dir / 'metrics.csv'
+  # Both runs below read the same synthetic files: write them before they start.
+  tasks.get('emnist', data_source='synthetic', cache_dir=synthetic_cache_dir,
+            synthetic_settings=_SMALL)
+
+  # The remote run is a real `launch.train` process, so that machine b can die (SIGKILL)
+  # once round 1 is reported, while the local reference run uses the other CPU core.
+  def kill_b_after_round_1():
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+      if metrics_csv.exists() and any(r['key'] == '1' for r in _rows(metrics_csv)):
+        b.kill()
+        return
+      time.sleep(0.05)
+
+  killer = threading.Thread(target=kill_b_after_round_1, daemon=True)
+  with open(tmp_path / 'remote.out', 'w') as out, open(tmp_path / 'remote.err', 'w') as err:
+    remote = subprocess.Popen(
+        [sys.executable, '-m', 'launch.train',
+         *_flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+                 f'--workers={a.address},{b.address}')],
+        stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=_REPO,
+    )
+  try:
+    killer.start()
+    rc, _, err = _main(_flags(synthetic_cache_dir, tmp_path, 'local'), capsys)
+    assert rc == 0, err
+    assert remote.wait(600) == 4
+  finally:
+    if remote.poll() is None:
+      remote.kill()
+  killer.join(5)
+  err = (tmp_path / 'remote.err').read_text().strip().splitlines()
+  message = err[-1]
+  assert message.startswith('train: error: a TFF worker was lost in round 2'), err
+  assert b.address in message and 'checkpoint of round 1 is kept' in message
+  assert 're-run the same command' in message and 'python -m launch.worker' in message
+  assert [r['key'] for r in _rows(metrics_csv)] == ['0', '1']  # Round 2 wrote nothing.
+  checkpoints = os.listdir(remote_dir / 'checkpoints')
+  assert 'program_state_1' in checkpoints and 'program_state_2' not in checkpoints
+  assert _gone(b.worker_pids[0])
+
+  # The same command with a replacement for b (another address: the set may change).
+  rc, out, err = _main(
+      _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+             f'--workers={a.address},{c.address}'),
+      capsys,
+  )
+  assert rc == 0, err
+  assert 'round 2/2' in out and 'round 1/2' not in out  # Resumed, not restarted.
+
+  local_rows, remote_rows = _rows(tmp_path / 'local' / 'metrics.csv'), _rows(metrics_csv)
+  assert [r['key'] for r in remote_rows] == ['0', '1', '2']
+  assert [sorted(r) for r in remote_rows] == [sorted(r) for r in local_rows]
+  for lr, rr in zip(local_rows, remote_rows):
+    for k in lr:
+      if lr[k] == '' or rr[k] == '':
+        assert lr[k] == rr[k], k
+      else:
+        np.testing.assert_allclose(float(rr[k]), float(lr[k]), rtol=0, atol=_ATOL, err_msg=k)
+  for lw, rw in zip(_checkpoint(tmp_path / 'local', 2), _checkpoint(remote_dir, 2)):
+    np.testing.assert_allclose(rw, lw, rtol=0, atol=_ATOL)
