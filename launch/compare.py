@@ -280,6 +280,9 @@ def main(argv) -> int:
   except (ValueError, experiment.ExperimentError, runner.RunFailed) as e:
     print(f'compare: error: {e}', file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    print('compare: interrupted; the same command resumes', file=sys.stderr)
+    return 130
   print(text)
   print(f'tables and figures: {report_dir}', flush=True)
   return 0

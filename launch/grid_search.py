@@ -135,6 +135,9 @@ def main(argv) -> int:
   except (ValueError, experiment.ExperimentError, runner.RunFailed) as e:
     print(f'grid_search: error: {e}', file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    print('grid_search: interrupted; the same command resumes', file=sys.stderr)
+    return 130
 
   rows = []
   scores = np.full((len(server_lrs), len(client_lrs)), np.nan)

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -147,45 +148,84 @@ def run_all(
   os.makedirs(log_dir, exist_ok=True)
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get('PYTHONPATH')]))
-  running = {}  # Popen -> (index, run, log path, log file, start time)
-  try:
-    while pending or running:
-      while pending and len(running) < parallel:
-        i, run = pending.pop(0)
-        log_path = os.path.join(log_dir, f'{run.name}.log')
-        log = open(log_path, 'a')
-        log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(run.command)}\n')
-        log.flush()
-        proc = subprocess.Popen(
-            run.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, preexec_fn=_die_with_parent,
-        )
-        running[proc] = (i, run, log_path, log, time.monotonic())
-        print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
-      time.sleep(_POLL_S)
-      for proc in [p for p in running if p.poll() is not None]:
-        i, run, log_path, log, start = running.pop(proc)
-        log.close()
-        seconds = time.monotonic() - start
-        if proc.returncode == 0:
-          state = FINISHED
-        elif proc.returncode == _DIVERGED_EXIT_CODE:
-          state = DIVERGED
-          os.makedirs(run.config.output_dir, exist_ok=True)
-          with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
-            f.write(_last_error_line(log_path) + '\n')
-        else:
-          raise RunFailed(
-              f'{run.name} failed (exit {proc.returncode}) after {seconds:.0f} s; the end of'
-              f' {log_path}:\n{_tail(log_path)}'
-          )
-        results[run.name] = state
-        extra = f'  {describe(run, state)}' if describe else ''
-        print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}',
-              file=stream, flush=True)
-  finally:
-    _stop(running)
+  running = {}  # Popen -> (index, run, log path, start time)
+  with _deferred_stop_signals() as stop_requested:
+    try:
+      while pending or running:
+        _check_stop(stop_requested)
+        while pending and len(running) < parallel:
+          i, run = pending.pop(0)
+          log_path = os.path.join(log_dir, f'{run.name}.log')
+          running[_start(run, log_path, env)] = (i, run, log_path, time.monotonic())
+          print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
+        time.sleep(_POLL_S)
+        for proc in [p for p in running if p.poll() is not None]:
+          i, run, log_path, start = running.pop(proc)
+          seconds = time.monotonic() - start
+          results[run.name] = state = _outcome(run, proc.returncode, log_path, seconds)
+          extra = f'  {describe(run, state)}' if describe else ''
+          print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}',
+                file=stream, flush=True)
+    finally:
+      _stop(running)
   return results
+
+
+def _start(run: Run, log_path: str, env: dict) -> subprocess.Popen:
+  """Starts one `launch.train` process writing to `log_path` (appended, with a header)."""
+  with open(log_path, 'a') as log:
+    log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(run.command)}\n')
+    log.flush()
+    return subprocess.Popen(
+        run.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=env, preexec_fn=_die_with_parent,
+    )
+
+
+def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
+  """FINISHED or DIVERGED (recorded in the run's directory); raises RunFailed otherwise."""
+  if returncode == 0:
+    return FINISHED
+  if returncode == _DIVERGED_EXIT_CODE:
+    os.makedirs(run.config.output_dir, exist_ok=True)
+    with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
+      f.write(_last_error_line(log_path) + '\n')
+    return DIVERGED
+  raise RunFailed(
+      f'{run.name} failed (exit {returncode}) after {seconds:.0f} s; the end of'
+      f' {log_path}:\n{_tail(log_path)}'
+  )
+
+
+@contextlib.contextmanager
+def _deferred_stop_signals():
+  """SIGTERM and SIGINT only set a flag while runs are scheduled; the loop acts on it.
+
+  A handler that raises can lose its exception: Python runs pending handlers inside the
+  fork callbacks of `subprocess.Popen` (with a preexec_fn), where exceptions are printed
+  and dropped, and the program would carry on as if never told to stop.
+  """
+  received = []
+  if threading.current_thread() is not threading.main_thread():
+    yield received
+    return
+  previous = {
+      s: signal.signal(s, lambda signum, frame: received.append(signum))
+      for s in (signal.SIGTERM, signal.SIGINT)
+  }
+  try:
+    yield received
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def _check_stop(stop_requested) -> None:
+  """Leaves like the default handlers would: KeyboardInterrupt, or exit 128 + SIGTERM."""
+  if stop_requested:
+    if stop_requested[0] == signal.SIGINT:
+      raise KeyboardInterrupt
+    raise SystemExit(128 + stop_requested[0])
 
 
 def _stop(running) -> None:
@@ -194,10 +234,9 @@ def _stop(running) -> None:
     if proc.poll() is None:
       proc.terminate()
   deadline = time.monotonic() + _STOP_GRACE_S
-  for proc, (_, _, _, log, _) in running.items():
+  for proc in running:
     try:
       proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
       proc.kill()
       proc.wait()
-    log.close()
