@@ -2,6 +2,19 @@
 
 Importing the package makes TFF's default execution context a managed one whose C++
 worker is stopped at exit (see `tff_zmg.context`).
+
+The public API, everything a notebook or script needs (see notebooks/):
+
+* composing processes: `build_process(model_fn, client_rule, server_rule, ...)` with the
+  rules of `CLIENT_RULES` and `SERVER_RULES`; the named algorithms' builders
+  (`build_fedavg`, `build_fedzmg`, ...) and `registry` (`registry.build(name, model_fn,
+  **hparams)`, `ALGORITHMS`);
+* running them: `execution_context()` (a managed local TFF worker, stopped on exit),
+  `set_default_execution_context()`, `context`;
+* the blocks: `zero_mean_projection`, `optimizers`;
+* results: `analysis` (metrics, paired t-tests, tables, plots, reading runs).
+
+Tasks (data and models) are the sibling package `tasks` (`tasks.get(name, ...)`).
 """
 
 from tff_zmg import context
@@ -9,9 +22,11 @@ from tff_zmg import optimizers
 from tff_zmg import projection
 from tff_zmg import validation
 from tff_zmg.context import execution_context
+from tff_zmg.context import set_default_execution_context
 from tff_zmg.projection import zero_mean_projection
 from tff_zmg import algorithms
 from tff_zmg.algorithms import ALGORITHMS
+from tff_zmg.algorithms import build_fed_rkmgc
 from tff_zmg.algorithms import build_fedadam
 from tff_zmg.algorithms import build_fedavg
 from tff_zmg.algorithms import build_fedzmg
@@ -20,4 +35,32 @@ from tff_zmg.algorithms import build_gcfed
 from tff_zmg.algorithms import build_global_gc
 from tff_zmg.algorithms import build_local_gc
 from tff_zmg.algorithms import build_process
+from tff_zmg.algorithms import CLIENT_RULES
+from tff_zmg.algorithms import registry
+from tff_zmg.algorithms import SERVER_RULES
 from tff_zmg import analysis
+
+__all__ = [
+    'ALGORITHMS',
+    'CLIENT_RULES',
+    'SERVER_RULES',
+    'algorithms',
+    'analysis',
+    'build_fed_rkmgc',
+    'build_fedadam',
+    'build_fedavg',
+    'build_fedzmg',
+    'build_fedzmg_adam',
+    'build_gcfed',
+    'build_global_gc',
+    'build_local_gc',
+    'build_process',
+    'context',
+    'execution_context',
+    'optimizers',
+    'projection',
+    'registry',
+    'set_default_execution_context',
+    'validation',
+    'zero_mean_projection',
+]
