@@ -273,7 +273,8 @@ def run(config: ExperimentConfig) -> dict:
       else tff.learning.LoopImplementation.DATASET_REDUCE
   )
   process = registry.build(
-      config.algo, task.model_fn, loop_implementation=loop, **config.hparams
+      config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
+      loop_implementation=loop, **config.hparams,
   )
   if config.overwrite and os.path.exists(config.output_dir):
     shutil.rmtree(config.output_dir)

@@ -42,6 +42,9 @@ SPEC_TABLE = {
     'fedrkmgc_km': ('corrected_sgdm', 'sgd', UNIFORM),
     'fedrkmgc_fast_km': ('corrected_sgdm', 'sgd', UNIFORM),
     'fedrkmgc_re_km': ('corrected_sgdm', 'sgd', UNIFORM),
+    # Stateful clients, surrogate objective (tests/test_fedgps.py checks them).
+    'fedgps': ('fedgps', 'sgd', UNIFORM),
+    'fedgps_cf': ('fedgps', 'sgd', UNIFORM),
 }
 STATELESS = [n for n, s in registry.ALGORITHMS.items() if not s.stateful]
 
