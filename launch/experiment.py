@@ -396,7 +396,8 @@ def run(config: ExperimentConfig) -> dict:
       else tff.learning.LoopImplementation.DATASET_REDUCE
   )
   process = registry.build(
-      config.algo, task.model_fn, loop_implementation=loop, **config.hparams
+      config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
+      loop_implementation=loop, **config.hparams,
   )
   stateful = isinstance(process, stateful_clients.StatefulClientsLearningProcess)
   if stateful and len(config.workers) > 1:

@@ -110,6 +110,12 @@ _HPARAM_FLAGS = {
     'rho': flags.DEFINE_float,
     'km_clock': flags.DEFINE_string,
     'allow_unsafe_relaxation': flags.DEFINE_bool,
+    'lambda1': flags.DEFINE_float,
+    'lambda2': flags.DEFINE_float,
+    'lambda3': flags.DEFINE_float,
+    'lambda_g': flags.DEFINE_float,
+    'surrogate_samples_per_class': flags.DEFINE_integer,
+    'surrogate_seed': flags.DEFINE_integer,
 }
 _HPARAM_HELP = {
     'client_learning_rate': 'Client learning rate eta_l.',
@@ -131,6 +137,12 @@ _HPARAM_HELP = {
     'km_clock': "FedRKMGC KM clock: 'global' (round index) or 'participation' (the"
     " client's own count of rounds taken part).",
     'allow_unsafe_relaxation': 'Accept rho > 2.',
+    'lambda1': 'FedGPS weight of the local-to-surrogate prototype alignment (>= 0).',
+    'lambda2': 'FedGPS weight of the surrogate-to-global prototype alignment (>= 0).',
+    'lambda3': 'FedGPS weight of the L2 term ||w||^2 (>= 0).',
+    'lambda_g': 'FedGPS look-ahead length along the other clients\' update (>= 0; 0: off).',
+    'surrogate_samples_per_class': 'FedGPS surrogate samples per class (integer >= 1).',
+    'surrogate_seed': 'FedGPS seed of the surrogate data, the same on every client (>= 0).',
 }
 _HPARAMS = {
     name: define(name, None, _HPARAM_HELP[name] + _per_algorithm_defaults(name))
@@ -164,7 +176,7 @@ _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
 )
 _CLIENT_STATE_STORE = flags.DEFINE_enum(
     'client_state_store', 'disk', ['disk', 'memory'],
-    'Where clients that keep state (FedRKMGC) keep it between rounds: on disk, one'
+    'Where clients that keep state (FedRKMGC, FedGPS) keep it between rounds: on disk, one'
     ' file per client under <experiment>/client_states (memory flat in the'
     ' population), or in memory (faster; snapshots at each checkpoint).',
 )

@@ -11,20 +11,25 @@ import dataclasses
 import functools
 import inspect
 import types
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow_federated as tff
 
 from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import fedavg
+from tff_zmg.algorithms import fedgps
 from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import fedzmg
 from tff_zmg.algorithms import gc_fed
 
 _EXAMPLES = tff.learning.ClientWeighting.NUM_EXAMPLES
 _UNIFORM = tff.learning.ClientWeighting.UNIFORM
-# `correction` is part of a FedRKMGC variant's identity (its registry name).
-_NOT_HYPERPARAMETERS = ('model_fn', 'loop_implementation', 'correction')
+# `correction` and `exclude_own_update` are part of a FedRKMGC or FedGPS variant's
+# identity (its registry name); `keras_model_fn` comes from the task.
+_NOT_HYPERPARAMETERS = (
+    'model_fn', 'keras_model_fn', 'loop_implementation', 'correction',
+    'exclude_own_update',
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +41,8 @@ class AlgorithmSpec:
     builder: `builder(model_fn, **hyperparameters) -> LearningProcess` (or a
       `StatefulClientsLearningProcess` when `stateful`).
     client_rule: The client rule: a key of `compose.CLIENT_RULES`, or
-      'corrected_sgdm' (FedRKMGC's stateful client work).
+      'corrected_sgdm' (FedRKMGC's stateful client work) or 'fedgps'
+      (FedGPS's).
     server_rule: The key of `compose.SERVER_RULES` the builder uses.
     client_weighting: How client updates are averaged.
     defaults: Every hyperparameter the builder takes, with its default (read
@@ -44,6 +50,8 @@ class AlgorithmSpec:
     description: One line for `--help`.
     stateful: Whether clients keep state across rounds (the process's `next`
       then also takes and returns the sampled clients' states).
+    needs_keras_model: Whether the builder also takes the task's bare Keras
+      model (`keras_model_fn`), as FedGPS does for its features.
   """
 
   name: str
@@ -54,6 +62,7 @@ class AlgorithmSpec:
   defaults: Mapping[str, Any]
   description: str
   stateful: bool = False
+  needs_keras_model: bool = False
 
 
 def _defaults(builder: Callable[..., Any]) -> Mapping[str, Any]:
@@ -67,7 +76,7 @@ def _defaults(builder: Callable[..., Any]) -> Mapping[str, Any]:
 
 def _spec(
     name, builder, client_rule, server_rule, weighting, description,
-    stateful=False,
+    stateful=False, needs_keras_model=False,
 ):
   return AlgorithmSpec(
       name=name,
@@ -78,6 +87,7 @@ def _spec(
       defaults=_defaults(builder),
       description=description,
       stateful=stateful,
+      needs_keras_model=needs_keras_model,
   )
 
 
@@ -153,6 +163,20 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             'fedrkmgc_re_km', 'km', 1.5,
             'FedRKMGC ablation: standard KM correction with relaxation.',
         ),
+        _spec(
+            'fedgps', fedgps.build_fedgps, 'fedgps', 'sgd', _UNIFORM,
+            'FedGPS: surrogate-prototype objective, gradients at a look-ahead'
+            ' along the other clients\' last update (stateful clients).',
+            stateful=True, needs_keras_model=True,
+        ),
+        _spec(
+            'fedgps_cf',
+            functools.partial(fedgps.build_fedgps, exclude_own_update=False),
+            'fedgps', 'sgd', _UNIFORM,
+            'FedGPS-CF: FedGPS with the look-ahead along last round\'s mean'
+            ' update (no own update kept).',
+            stateful=True, needs_keras_model=True,
+        ),
     )
 })
 NAMES = tuple(ALGORITHMS)
@@ -176,6 +200,7 @@ def build(
     name: str,
     model_fn: compose.ModelFn,
     *,
+    keras_model_fn: Optional[Callable[[], Any]] = None,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
@@ -187,6 +212,9 @@ def build(
     name: A key of `ALGORITHMS`.
     model_fn: A no-arg function returning a new
       `tff.learning.models.VariableModel`.
+    keras_model_fn: A no-arg function returning the same model as a bare Keras
+      model (`task.keras_model_fn`); needed by algorithms with
+      `needs_keras_model` (FedGPS), ignored by the others.
     loop_implementation: The client training loop.
     **hyperparameters: Values for some of `get(name).defaults`.
 
@@ -196,7 +224,8 @@ def build(
 
   Raises:
     ValueError: If `name` is unknown, a hyperparameter is not one of the
-      algorithm's, or a value is out of range.
+      algorithm's, a value is out of range, or `keras_model_fn` is missing for
+      an algorithm that needs it.
   """
   spec = get(name)
   unknown = sorted(set(hyperparameters) - set(spec.defaults))
@@ -206,6 +235,13 @@ def build(
         f'hyperparameters are {sorted(spec.defaults)}'
     )
   merged = {**spec.defaults, **hyperparameters}
+  if spec.needs_keras_model:
+    if keras_model_fn is None:
+      raise ValueError(
+          f'algorithm {name!r} needs the task\'s Keras model: pass'
+          ' keras_model_fn=task.keras_model_fn'
+      )
+    merged['keras_model_fn'] = keras_model_fn
   return spec.builder(
       model_fn, loop_implementation=loop_implementation, **merged
   )

@@ -12,12 +12,14 @@ out beside the metrics:
 Where the states live between rounds is the training loop's business (see
 `tff_zmg.client_states`). The process is composed from the same four parts as TFF's
 `compose_learning_process`: distributor, client work (here a `StatefulClientWork`),
-aggregator and finalizer, so every server rule of the package composes with it.
+aggregator and finalizer, so every server rule of the package composes with it. An
+optional `SharedState` adds server state that is broadcast to the clients and updated
+from what they upload (FedGPS's mean update and prototypes).
 """
 
 import collections
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -48,7 +50,8 @@ class StatefulClientWork:
     next: `(<S@SERVER, W@CLIENTS, {D*}@CLIENTS, C@CLIENTS, int32@CLIENTS> ->
       MeasuredProcessOutput(state=S@SERVER, result=<ClientResult@CLIENTS,
       C@CLIENTS>, measurements=M@SERVER))`; the int32 is the global round index
-      (from 0).
+      (from 0). Composed with a `SharedState`, the last argument and the result
+      differ (see `compose_stateful_clients_process`).
     initial_client_state: `( -> C)`, the state of a client that has never taken
       part (a `tff.tensorflow.computation`).
   """
@@ -60,6 +63,25 @@ class StatefulClientWork:
   @property
   def client_state_type(self) -> tff.Type:
     return self.initial_client_state.type_signature.result
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedState:
+  """Server state besides the model that every client reads and helps update.
+
+  FedGPS's is last round's mean update and the global surrogate prototypes. The
+  server broadcasts it with the round index; each client uploads something `U`
+  beside its update; the server then computes the next shared state from the
+  uploads and the aggregated update.
+
+  Attributes:
+    initialize: `( -> X@SERVER)`.
+    next: `(<X@SERVER, {U}@CLIENTS, A@SERVER> -> X@SERVER)`, `A` the aggregated
+      client update (the aggregator's result).
+  """
+
+  initialize: tff.Computation
+  next: tff.Computation
 
 
 class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
@@ -106,28 +128,35 @@ def compose_stateful_clients_process(
     client_work: StatefulClientWork,
     aggregator: tff.templates.AggregationProcess,
     finalizer: tff.templates.MeasuredProcess,
+    shared_state: Optional[SharedState] = None,
 ) -> StatefulClientsLearningProcess:
   """Composes the four parts, as `tff.learning.templates.compose_learning_process`.
 
   The server state is an `OrderedDict` of `global_model_weights`, the four parts'
   states, and `round_num` (the global round index `t`, from 0), which is
   broadcast to the clients.
+
+  With a `shared_state`, the server state also has `shared` (its value `X`), the
+  client work's last argument is `<round_num=int32, shared=X>@CLIENTS` instead of
+  the round index, its result is `<ClientResult, C, U>@CLIENTS` (`U`: the
+  uploads `shared_state.next` reads), and `shared` is updated after aggregation.
   """
 
   @tff.federated_computation()
   def init_fn():
-    return tff.federated_zip(
-        collections.OrderedDict(
-            global_model_weights=tff.federated_eval(
-                initial_model_weights_fn, tff.SERVER
-            ),
-            distributor=distributor.initialize(),
-            client_work=client_work.initialize(),
-            aggregator=aggregator.initialize(),
-            finalizer=finalizer.initialize(),
-            round_num=tff.federated_value(np.int32(0), tff.SERVER),
-        )
+    parts = collections.OrderedDict(
+        global_model_weights=tff.federated_eval(
+            initial_model_weights_fn, tff.SERVER
+        ),
+        distributor=distributor.initialize(),
+        client_work=client_work.initialize(),
+        aggregator=aggregator.initialize(),
+        finalizer=finalizer.initialize(),
+        round_num=tff.federated_value(np.int32(0), tff.SERVER),
     )
+    if shared_state is not None:
+      parts['shared'] = shared_state.initialize()
+    return tff.federated_zip(parts)
 
   state_type = init_fn.type_signature.result
   data_type = client_work.next.type_signature.parameter[2]
@@ -141,12 +170,22 @@ def compose_stateful_clients_process(
   def next_fn(state, client_data, client_states):
     weights = state.global_model_weights
     distributor_output = distributor.next(state.distributor, weights)
+    if shared_state is None:
+      broadcast = tff.federated_broadcast(state.round_num)
+    else:
+      broadcast = tff.federated_broadcast(
+          tff.federated_zip(
+              collections.OrderedDict(
+                  round_num=state.round_num, shared=state.shared
+              )
+          )
+      )
     work_output = client_work.next(
         state.client_work,
         distributor_output.result,
         client_data,
         client_states,
-        tff.federated_broadcast(state.round_num),
+        broadcast,
     )
     client_result = work_output.result[0]
     aggregator_output = aggregator.next(
@@ -155,16 +194,19 @@ def compose_stateful_clients_process(
     finalizer_output = finalizer.next(
         state.finalizer, weights, aggregator_output.result
     )
-    new_state = tff.federated_zip(
-        collections.OrderedDict(
-            global_model_weights=finalizer_output.result,
-            distributor=distributor_output.state,
-            client_work=work_output.state,
-            aggregator=aggregator_output.state,
-            finalizer=finalizer_output.state,
-            round_num=tff.federated_map(increment, state.round_num),
-        )
+    new_parts = collections.OrderedDict(
+        global_model_weights=finalizer_output.result,
+        distributor=distributor_output.state,
+        client_work=work_output.state,
+        aggregator=aggregator_output.state,
+        finalizer=finalizer_output.state,
+        round_num=tff.federated_map(increment, state.round_num),
     )
+    if shared_state is not None:
+      new_parts['shared'] = shared_state.next(
+          state.shared, work_output.result[2], aggregator_output.result
+      )
+    new_state = tff.federated_zip(new_parts)
     metrics = tff.federated_zip(
         collections.OrderedDict(
             distributor=distributor_output.measurements,
