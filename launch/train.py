@@ -35,6 +35,7 @@ import tensorflow as tf
 
 import tasks
 from launch import experiment
+from launch import protocols
 from tff_zmg import context
 from tff_zmg.algorithms import registry
 
@@ -202,6 +203,33 @@ _PARTITION_SEED = flags.DEFINE_integer(
 )
 
 
+_MODEL = flags.DEFINE_enum(
+    'model', None, list(tasks.MODEL_NAMES),
+    'The model, per task: '
+    + '; '.join(f'{n}: {", ".join(m)}' for n, m in tasks.MODELS.items())
+    + ' (unset: the first, the task\'s own).',
+)
+_PROTOCOL = flags.DEFINE_enum(
+    'protocol', None, list(protocols.PROTOCOL_NAMES),
+    "A paper's training protocol (launch/protocols.py): sets --partition=dirichlet,"
+    ' --num_clients, --dirichlet_alpha, --clients_per_round, --client_epochs_per_round,'
+    " --client_batch_size and the algorithm's client hyperparameters, each only where"
+    ' not given on the command line.',
+)
+
+
+def apply_protocol_from_flags(keep=()) -> dict:
+  """Fills the flags --protocol names and the command line (and `keep`) left unset.
+
+  Returns the flags set and their values.
+  """
+  if _PROTOCOL.value is None:
+    return {}
+  return protocols.fill_unset_flags(
+      _PROTOCOL.value, flags.FLAGS, registry.get(_ALGO.value).defaults, keep=keep
+  )
+
+
 def synthetic_settings_from_flags():
   """The synthetic generator's settings (None unless --data_source=synthetic)."""
   if _DATA_SOURCE.value != 'synthetic':
@@ -268,6 +296,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       **partition_settings_from_flags(),
       workers=tuple(_WORKERS.value),
       worker_timeout_s=_WORKER_TIMEOUT.value,
+      model=_MODEL.value,
   )
 
 
@@ -284,6 +313,9 @@ def main(argv) -> int:
     print(f'train: error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2
   try:
+    applied = apply_protocol_from_flags()
+    if applied:
+      print(f'protocol {_PROTOCOL.value}: {json.dumps(applied)}', flush=True)
     config = config_from_flags()
     if config.executor == 'gpu':
       print(f'GPU executor on {[d.name for d in experiment.gpu_devices()]}', flush=True)
