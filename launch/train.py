@@ -63,7 +63,9 @@ _DATA_SOURCE = flags.DEFINE_enum(
     " the same format (offline; for trying things out and tests).",
 )
 _CACHE_DIR = flags.DEFINE_string(
-    'cache_dir', None, 'Directory with the <name>.sqlite files (default ~/.tff).'
+    'cache_dir', None,
+    'Directory with the <name>.sqlite files (default ~/.tff); for cifar10 and'
+    ' cifar100_tfds the tensorflow_datasets data_dir (default ~/tensorflow_datasets).',
 )
 _SYNTHETIC_TRAIN_CLIENTS = flags.DEFINE_integer(
     'synthetic_train_clients', None, 'Synthetic data: number of training clients.'
@@ -187,7 +189,8 @@ _PARTITION = flags.DEFINE_enum(
     'partition', None, ['dirichlet'],
     'Re-partition the training examples of an image task: pool them and deal them out to'
     ' --num_clients new clients with Dirichlet(--dirichlet_alpha) label distributions'
-    " (tasks/partition.py; the test split is kept). Unset: the dataset's own clients.",
+    " (tasks/partition.py; the test split is kept). Unset: the dataset's own clients;"
+    ' implied for the centralized cifar10 and cifar100_tfds.',
 )
 _DIRICHLET_ALPHA = flags.DEFINE_float(
     'dirichlet_alpha', 0.1, 'With --partition=dirichlet: the concentration (smaller is more'
@@ -246,13 +249,16 @@ def synthetic_settings_from_flags():
 def partition_settings_from_flags() -> dict:
   """`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed` (all None unless set)."""
   names = ('dirichlet_alpha', 'num_clients', 'partition_seed')
-  if _PARTITION.value is None:
+  partition = _PARTITION.value
+  if partition is None and _TASK.value in tasks.CENTRALIZED_TASK_NAMES:
+    partition = 'dirichlet'  # A centralized dataset has no clients of its own.
+  if partition is None:
     given = [n for n in names if flags.FLAGS[n].present]
     if given:
       raise ValueError(f'--{given[0]} only applies with --partition=dirichlet')
     return dict(partition=None, **{n: None for n in names})
   return dict(
-      partition=_PARTITION.value,
+      partition=partition,
       dirichlet_alpha=_DIRICHLET_ALPHA.value,
       num_clients=_NUM_CLIENTS.value,
       partition_seed=_PARTITION_SEED.value,

@@ -1,5 +1,6 @@
 """Federated tasks: EMNIST-62, CIFAR-100, Shakespeare, and tfds CIFAR-10/100 partitioned."""
 
+from tasks.registry import CENTRALIZED_TASK_NAMES
 from tasks.registry import get
 from tasks.registry import MODEL_NAMES
 from tasks.registry import MODELS

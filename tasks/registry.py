@@ -97,6 +97,8 @@ SPECS['cifar100_tfds'] = dataclasses.replace(
 TASK_NAMES = tuple(SPECS)
 # The tasks read from TFF's SQLite files (data_source 'tff' or 'synthetic').
 TFF_TASK_NAMES = ('emnist', 'cifar100', 'shakespeare')
+# The centralized tfds datasets, which are always Dirichlet-partitioned.
+CENTRALIZED_TASK_NAMES = tuple(tfds_source.TFDS_DATASETS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -157,6 +157,18 @@ def test_protocol_fills_only_unset_flags():
     assert protocol.dirichlet_alpha in protocol.dirichlet_alphas
 
 
+def test_cifar10_from_the_command_line_is_always_partitioned():
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', '--task=cifar10', '--algo=gcfed', '--dirichlet_alpha=0.05'])
+    config = train.config_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert (config.partition, config.dirichlet_alpha, config.num_clients) == (
+      'dirichlet', 0.05, 100)
+  assert config.hparams == {} and config.model is None
+
+
 def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
   flags.FLAGS.unparse_flags()
   try:
