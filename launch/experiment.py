@@ -94,6 +94,8 @@ class ExperimentConfig:
   # How long a remote worker may not answer, at start or during a round, before the run
   # stops.
   worker_timeout_s: float = context.REMOTE_CONNECT_TIMEOUT_S
+  # One of tasks.MODELS[task]; None is the task's own model.
+  model: Optional[str] = None
 
   @property
   def output_dir(self) -> str:
@@ -389,6 +391,7 @@ def run(config: ExperimentConfig) -> dict:
       dirichlet_alpha=config.dirichlet_alpha,
       num_clients=config.num_clients,
       partition_seed=config.partition_seed,
+      model=config.model,
   )
   loop = (
       tff.learning.LoopImplementation.DATASET_ITERATOR

@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from launch import experiment
+from launch import protocols
 from launch import train
 
 PARALLEL = flags.DEFINE_integer(
@@ -71,10 +72,13 @@ def train_run(name: str, overrides: Mapping[str, object]) -> Run:
   unknown = sorted(set(overrides) - set(training_flag_names()))
   if unknown:
     raise ValueError(f'not flags of launch.train: {unknown}')
-  saved = {n: flags.FLAGS[n].value for n in overrides}
+  # --protocol is passed on and applied by the subprocess; applied here too (for this
+  # run's algorithm) so that the config is the one the subprocess records.
+  saved = {n: flags.FLAGS[n].value for n in {*overrides, *protocols.FLAG_NAMES}}
   try:
     for n, value in overrides.items():
       flags.FLAGS[n].value = value
+    train.apply_protocol_from_flags(keep=tuple(overrides))
     config = train.config_from_flags()
     args = tuple(
         flags.FLAGS[n].serialize() for n in training_flag_names()

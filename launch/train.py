@@ -35,6 +35,7 @@ import tensorflow as tf
 
 import tasks
 from launch import experiment
+from launch import protocols
 from tff_zmg import context
 from tff_zmg.algorithms import registry
 
@@ -62,7 +63,9 @@ _DATA_SOURCE = flags.DEFINE_enum(
     " the same format (offline; for trying things out and tests).",
 )
 _CACHE_DIR = flags.DEFINE_string(
-    'cache_dir', None, 'Directory with the <name>.sqlite files (default ~/.tff).'
+    'cache_dir', None,
+    'Directory with the <name>.sqlite files (default ~/.tff); for cifar10 and'
+    ' cifar100_tfds the tensorflow_datasets data_dir (default ~/tensorflow_datasets).',
 )
 _SYNTHETIC_TRAIN_CLIENTS = flags.DEFINE_integer(
     'synthetic_train_clients', None, 'Synthetic data: number of training clients.'
@@ -198,7 +201,8 @@ _PARTITION = flags.DEFINE_enum(
     'partition', None, ['dirichlet'],
     'Re-partition the training examples of an image task: pool them and deal them out to'
     ' --num_clients new clients with Dirichlet(--dirichlet_alpha) label distributions'
-    " (tasks/partition.py; the test split is kept). Unset: the dataset's own clients.",
+    " (tasks/partition.py; the test split is kept). Unset: the dataset's own clients;"
+    ' implied for the centralized cifar10 and cifar100_tfds.',
 )
 _DIRICHLET_ALPHA = flags.DEFINE_float(
     'dirichlet_alpha', 0.1, 'With --partition=dirichlet: the concentration (smaller is more'
@@ -212,6 +216,33 @@ _PARTITION_SEED = flags.DEFINE_integer(
     'With --partition=dirichlet: the partition seed (separate from --seed, so that runs'
     ' with different seeds share one split).',
 )
+
+
+_MODEL = flags.DEFINE_enum(
+    'model', None, list(tasks.MODEL_NAMES),
+    'The model, per task: '
+    + '; '.join(f'{n}: {", ".join(m)}' for n, m in tasks.MODELS.items())
+    + ' (unset: the first, the task\'s own).',
+)
+_PROTOCOL = flags.DEFINE_enum(
+    'protocol', None, list(protocols.PROTOCOL_NAMES),
+    "A paper's training protocol (launch/protocols.py): sets --partition=dirichlet,"
+    ' --num_clients, --dirichlet_alpha, --clients_per_round, --client_epochs_per_round,'
+    " --client_batch_size and the algorithm's client hyperparameters, each only where"
+    ' not given on the command line.',
+)
+
+
+def apply_protocol_from_flags(keep=()) -> dict:
+  """Fills the flags --protocol names and the command line (and `keep`) left unset.
+
+  Returns the flags set and their values.
+  """
+  if _PROTOCOL.value is None:
+    return {}
+  return protocols.fill_unset_flags(
+      _PROTOCOL.value, flags.FLAGS, registry.get(_ALGO.value).defaults, keep=keep
+  )
 
 
 def synthetic_settings_from_flags():
@@ -230,13 +261,16 @@ def synthetic_settings_from_flags():
 def partition_settings_from_flags() -> dict:
   """`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed` (all None unless set)."""
   names = ('dirichlet_alpha', 'num_clients', 'partition_seed')
-  if _PARTITION.value is None:
+  partition = _PARTITION.value
+  if partition is None and _TASK.value in tasks.CENTRALIZED_TASK_NAMES:
+    partition = 'dirichlet'  # A centralized dataset has no clients of its own.
+  if partition is None:
     given = [n for n in names if flags.FLAGS[n].present]
     if given:
       raise ValueError(f'--{given[0]} only applies with --partition=dirichlet')
     return dict(partition=None, **{n: None for n in names})
   return dict(
-      partition=_PARTITION.value,
+      partition=partition,
       dirichlet_alpha=_DIRICHLET_ALPHA.value,
       num_clients=_NUM_CLIENTS.value,
       partition_seed=_PARTITION_SEED.value,
@@ -280,6 +314,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       **partition_settings_from_flags(),
       workers=tuple(_WORKERS.value),
       worker_timeout_s=_WORKER_TIMEOUT.value,
+      model=_MODEL.value,
   )
 
 
@@ -296,6 +331,9 @@ def main(argv) -> int:
     print(f'train: error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2
   try:
+    applied = apply_protocol_from_flags()
+    if applied:
+      print(f'protocol {_PROTOCOL.value}: {json.dumps(applied)}', flush=True)
     config = config_from_flags()
     if config.executor == 'gpu':
       print(f'GPU executor on {[d.name for d in experiment.gpu_devices()]}', flush=True)

@@ -1,9 +1,13 @@
-"""Federated tasks: EMNIST-62, CIFAR-100 and Shakespeare with the papers' models."""
+"""Federated tasks: EMNIST-62, CIFAR-100, Shakespeare, and tfds CIFAR-10/100 partitioned."""
 
+from tasks.registry import CENTRALIZED_TASK_NAMES
 from tasks.registry import get
+from tasks.registry import MODEL_NAMES
+from tasks.registry import MODELS
 from tasks.registry import SPECS
 from tasks.registry import Task
 from tasks.registry import TASK_NAMES
+from tasks.registry import TFF_TASK_NAMES
 from tasks.registry import TaskSpec
 from tasks.sources import CorruptDataError
 from tasks.sources import MissingDataError

@@ -35,7 +35,7 @@ from tff_zmg import validation
 
 PARTITIONS = ('dirichlet',)
 # Tasks whose examples carry one class label each (the `label` feature of TFF's files).
-PARTITIONABLE_TASKS = ('emnist', 'cifar100')
+PARTITIONABLE_TASKS = ('emnist', 'cifar100', 'cifar10', 'cifar100_tfds')
 # Bump when the algorithm or the file layout changes, so cached files are not reused.
 _VERSION = 1
 _READ_CHUNK = 10_000

@@ -1,4 +1,6 @@
-"""The task registry: `tasks.get(name, ...)` for 'emnist', 'cifar100' and 'shakespeare'."""
+"""The task registry: `tasks.get(name, ...)` for 'emnist', 'cifar100', 'shakespeare' (TFF's
+federated datasets) and 'cifar10', 'cifar100_tfds' (tfds' centralized ones, dealt out to
+clients by a Dirichlet partition)."""
 
 import dataclasses
 import functools
@@ -11,6 +13,7 @@ import tensorflow_federated as tff
 from tasks import models
 from tasks import preprocessing
 from tasks import sources
+from tasks import tfds_source
 from tff_zmg import validation
 
 
@@ -70,7 +73,79 @@ SPECS = {
         accuracy_thresholds=(0.35, 0.45),
     ),
 }
+# The centralized tfds datasets (tasks.tfds_source); GC-Fed's Table 3 CNN by default.
+_CIFAR10_CNN = functools.partial(models.cifar_cnn, num_classes=models.CIFAR10_NUM_CLASSES)
+_CIFAR100_CNN = functools.partial(models.cifar_cnn, num_classes=models.CIFAR100_NUM_CLASSES)
+SPECS['cifar10'] = TaskSpec(
+    name='cifar10',
+    keras_model_fn=_CIFAR10_CNN,
+    preprocess_fn=preprocessing.cifar100_preprocess_fn,  # Same layout: uint8 image / 255.
+    loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    metrics_fn=_image_metrics,
+    num_parameters=2_156_490,
+    batch_size=50,  # GC-Fed's.
+    eval_batch_size=100,
+    accuracy_thresholds=(0.55, 0.60),  # GC-Fed section 4.4's CIFAR-10 CNN targets.
+)
+SPECS['cifar100_tfds'] = dataclasses.replace(
+    SPECS['cifar10'],
+    name='cifar100_tfds',
+    keras_model_fn=_CIFAR100_CNN,
+    num_parameters=2_202_660,
+    accuracy_thresholds=(0.25, 0.30),  # GC-Fed section 4.4's CIFAR-100 targets.
+)
 TASK_NAMES = tuple(SPECS)
+# The tasks read from TFF's SQLite files (data_source 'tff' or 'synthetic').
+TFF_TASK_NAMES = ('emnist', 'cifar100', 'shakespeare')
+# The centralized tfds datasets, which are always Dirichlet-partitioned.
+CENTRALIZED_TASK_NAMES = tuple(tfds_source.TFDS_DATASETS)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChoice:
+  """A model a task can train (`--model`): its builder `(seed) -> Model` and size."""
+
+  keras_model_fn: Callable[..., tf.keras.Model]
+  num_parameters: int
+
+
+# Per task, the models `tasks.get(model=...)` accepts; the first is the task's default
+# (its TaskSpec's). Parameter counts are tested.
+MODELS = {
+    'emnist': {'cnn': ModelChoice(models.emnist_cnn, 1_690_046)},
+    'cifar100': {'cnn': ModelChoice(models.cifar100_cnn, 2_214_532)},
+    'shakespeare': {'gru': ModelChoice(models.shakespeare_gru, 4_022_850)},
+    'cifar10': {
+        'cnn': ModelChoice(_CIFAR10_CNN, 2_156_490),
+        'resnet18_gn': ModelChoice(
+            functools.partial(models.resnet18_gn, num_classes=models.CIFAR10_NUM_CLASSES),
+            11_173_962,
+        ),
+    },
+    'cifar100_tfds': {
+        'cnn': ModelChoice(_CIFAR100_CNN, 2_202_660),
+        'resnet18_gn': ModelChoice(
+            functools.partial(models.resnet18_gn, num_classes=models.CIFAR100_NUM_CLASSES),
+            11_220_132,
+        ),
+    },
+}
+MODEL_NAMES = tuple(sorted({m for choices in MODELS.values() for m in choices}))
+
+
+def spec_with_model(name: str, model: Optional[str] = None) -> TaskSpec:
+  """The task's spec with `model` (a name in `MODELS[name]`; None: the default)."""
+  spec = SPECS[name]
+  if model is None:
+    return spec
+  if model not in MODELS[name]:
+    raise ValueError(
+        f'Unknown model {model!r} for task {name!r}; choose one of {list(MODELS[name])}.'
+    )
+  choice = MODELS[name][model]
+  return dataclasses.replace(
+      spec, keras_model_fn=choice.keras_model_fn, num_parameters=choice.num_parameters
+  )
 
 
 @attrs.define(frozen=True)
@@ -111,14 +186,16 @@ def get(
     dirichlet_alpha: Optional[float] = None,
     num_clients: Optional[int] = None,
     partition_seed: Optional[int] = None,
+    model: Optional[str] = None,
 ) -> Task:
   """Builds a task: its federated train/test data, preprocessing and TFF model.
 
   Args:
     name: One of `TASK_NAMES`.
-    data_source: 'tff' (TFF's published SQLite files) or 'synthetic' (see
-      `tasks.synthetic`).
-    cache_dir: Directory holding `<file>.sqlite` (TFF's default `~/.tff` when None).
+    data_source: 'tff' (TFF's published SQLite files; for the tfds tasks, the prepared
+      tfds dataset) or 'synthetic' (see `tasks.synthetic`; TFF tasks only).
+    cache_dir: Directory holding `<file>.sqlite` (TFF's default `~/.tff` when None); for
+      the tfds tasks, the tfds data_dir (default `~/tensorflow_datasets`).
     batch_size: Client batch size; the task's default (the paper's) when None.
     num_epochs: Local epochs per round.
     shuffle_seed: Seed of the default training shuffle.
@@ -133,13 +210,14 @@ def get(
     num_clients: The number of new training clients, with partition='dirichlet'.
     partition_seed: Seed of the partition (default 0), separate from the training seeds
       so that runs with different seeds share one split.
+    model: One of `MODELS[name]`; None is the task's default model.
 
   Returns:
     A `Task`, usable wherever TFF takes a `tff.simulation.baselines.BaselineTask`.
   """
   if name not in SPECS:
     raise ValueError(f'Unknown task {name!r}; choose one of {list(TASK_NAMES)}.')
-  spec = SPECS[name]
+  spec = spec_with_model(name, model)
   batch_size = batch_size or spec.batch_size
   eval_batch_size = eval_batch_size or spec.eval_batch_size
   validation.check_positive('batch_size', batch_size)
@@ -156,9 +234,19 @@ def get(
         'dirichlet_alpha, num_clients and partition_seed only apply with'
         " partition='dirichlet'."
     )
-  train_data, test_data = sources.load_client_data(
-      name, data_source, cache_dir, synthetic_settings, partition_settings
-  )
+  if name in tfds_source.TFDS_DATASETS:
+    if data_source != 'tff' or synthetic_settings:
+      raise ValueError(
+          f'{name} reads the prepared tfds dataset (data_source="tff"); it has no'
+          f' {data_source!r} source.'
+      )
+    train_data, test_data = tfds_source.load_client_data(
+        name, cache_dir, partition_settings
+    )
+  else:
+    train_data, test_data = sources.load_client_data(
+        name, data_source, cache_dir, synthetic_settings, partition_settings
+    )
   train_preprocess_fn_for_seed = functools.partial(
       lambda seed: spec.preprocess_fn(
           batch_size, num_epochs, shuffle_seed=seed, max_elements=max_elements

@@ -102,7 +102,7 @@ def test_shakespeare_accuracy_ignores_padding():
   assert float(metric.result()) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize('name', tasks.TASK_NAMES)
+@pytest.mark.parametrize('name', tasks.TFF_TASK_NAMES)
 def test_tff_source_reads_a_file_through_tffs_loader(small_task, synthetic_cache_dir, name):
   # A file in TFF's schema, placed where TFF's loader looks, read with data_source='tff'.
   generated = synthetic.ensure_synthetic_cache_dir(

@@ -1,0 +1,253 @@
+"""CIFAR-10 from tensorflow_datasets, its Dirichlet split, the CNN and ResNet-18, protocols.
+
+The tfds data is a tiny CIFAR-10 written by the test in tfds' own on-disk format: TFRecord
+shards of examples serialized by the real `cifar10` builder's features, and the
+dataset_info.json tfds' `write_metadata` computes from them, so that
+`tfds.load('cifar10', data_dir=...)` reads it like the prepared download.
+"""
+
+import csv
+import hashlib
+import json
+import os
+
+from absl import flags
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from launch import protocols
+from launch import runner
+from launch import train
+import tasks
+from tff_zmg.algorithms import registry
+
+_NUM_TRAIN, _NUM_TEST = 60, 20
+
+
+@pytest.fixture(scope='module')
+def tfds_dir(tmp_path_factory):
+  data_dir = str(tmp_path_factory.mktemp('tensorflow_datasets'))
+  builder = tfds.builder('cifar10', data_dir=data_dir)
+  os.makedirs(builder.data_dir)
+  rng = np.random.default_rng(0)
+  for split, n in (('train', _NUM_TRAIN), ('test', _NUM_TEST)):
+    path = os.path.join(builder.data_dir, f'cifar10-{split}.tfrecord-00000-of-00001')
+    with tf.io.TFRecordWriter(path) as writer:
+      for i in range(n):
+        writer.write(builder.info.features.serialize_example({
+            'id': f'{split}_{i}',
+            'image': rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
+            'label': int(rng.integers(10)) if i >= 10 else i,  # Every class present.
+        }))
+  tfds.folder_dataset.write_metadata(data_dir=builder.data_dir, features=builder.info.features)
+  return data_dir
+
+
+def _fingerprint(example) -> tuple:
+  return (hashlib.sha1(np.asarray(example['image']).tobytes()).hexdigest(),
+          int(example['label']))
+
+
+def _tfds_examples(data_dir, split):
+  dataset = tfds.load('cifar10', data_dir=data_dir, split=split, download=False,
+                      shuffle_files=False)
+  return [_fingerprint(e) for e in dataset.as_numpy_iterator()]
+
+
+def _clients(client_data):
+  return {
+      c: [_fingerprint(e) for e in client_data.create_tf_dataset_for_client(c)
+          .as_numpy_iterator()]
+      for c in client_data.client_ids
+  }
+
+
+def _cifar10(data_dir, **kwargs):
+  settings = dict(partition='dirichlet', dirichlet_alpha=0.3, num_clients=6,
+                  partition_seed=0)
+  settings.update(kwargs)
+  return tasks.get('cifar10', cache_dir=data_dir, **settings)
+
+
+def test_tfds_split_is_dealt_once_and_the_test_split_kept_in_order(tfds_dir):
+  task = _cifar10(tfds_dir)
+  train_clients = _clients(task.datasets.train_data)
+  assert len(train_clients) == 6
+  assert sorted(map(len, train_clients.values())) == [10] * 6
+  dealt = [e for examples in train_clients.values() for e in examples]
+  assert sorted(dealt) == sorted(_tfds_examples(tfds_dir, 'train'))  # Each exactly once.
+  test_clients = _clients(task.datasets.test_data)
+  assert list(test_clients) == [f'test_{k:02d}' for k in range(10)]
+  assert [e for c in sorted(test_clients) for e in test_clients[c]] == _tfds_examples(
+      tfds_dir, 'test'
+  )
+  x = next(iter(task.datasets.eval_preprocess_fn(
+      task.datasets.test_data.create_tf_dataset_for_client('test_00')
+  )))['x']
+  assert x.shape == (2, 32, 32, 3) and 0.0 <= float(tf.reduce_min(x))
+  assert float(tf.reduce_max(x)) <= 1.0
+
+
+def test_partition_is_a_function_of_its_seed(tfds_dir):
+  first = _clients(_cifar10(tfds_dir).datasets.train_data)
+  assert _clients(_cifar10(tfds_dir).datasets.train_data) == first
+  other = _clients(_cifar10(tfds_dir, partition_seed=1).datasets.train_data)
+  assert other != first
+  assert sorted(sum(other.values(), [])) == sorted(sum(first.values(), []))
+
+
+def test_missing_tfds_data_names_the_call_the_directory_and_the_remedy(tmp_path):
+  with pytest.raises(tasks.MissingDataError) as raised:
+    _cifar10(str(tmp_path))
+  message = str(raised.value)
+  assert f"tfds.load('cifar10', data_dir='{tmp_path}')" in message
+  assert str(tmp_path / 'cifar10') in message
+  assert 'import tensorflow_datasets as tfds' in message
+  assert not os.path.exists(tmp_path / 'tff_sqlite')
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(partition=None, dirichlet_alpha=None, num_clients=None, partition_seed=None),
+     'centralized dataset'),
+    (dict(data_source='synthetic'), 'no \'synthetic\' source'),
+    (dict(model='gru'), "choose one of ['cnn', 'resnet18_gn']"),
+])
+def test_bad_cifar10_settings_say_what_is_allowed(tfds_dir, kwargs, message):
+  with pytest.raises(ValueError, match=None) as raised:
+    _cifar10(tfds_dir, **kwargs)
+  assert message in str(raised.value)
+
+
+def test_model_parameter_counts():
+  for task_name, choices in tasks.MODELS.items():
+    for model_name, choice in choices.items():
+      model = choice.keras_model_fn(0)
+      assert model.count_params() == choice.num_parameters, (task_name, model_name)
+    # The first model is the task's own.
+    assert tasks.SPECS[task_name].num_parameters == next(iter(choices.values())).num_parameters
+  assert tasks.MODELS['cifar10']['cnn'].num_parameters == 2_156_490
+  assert tasks.MODELS['cifar10']['resnet18_gn'].num_parameters == 11_173_962
+  assert tasks.MODELS['cifar100_tfds']['resnet18_gn'].num_parameters == 11_220_132
+  resnet = tasks.MODELS['cifar10']['resnet18_gn'].keras_model_fn(0)
+  assert len(resnet.trainable_variables) == 62  # As GC-Fed section 4.3.2 counts.
+  assert not any('batch_norm' in v.name for v in resnet.variables)
+
+
+def test_protocol_fills_only_unset_flags():
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', '--task=cifar10', '--algo=gcfed', '--protocol=fedrkmgc',
+                 '--client_batch_size=7'])
+    applied = train.apply_protocol_from_flags()
+    config = train.config_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  # gcfed takes no beta/gamma/rho: the FedRKMGC protocol's are skipped, not refused.
+  assert 'beta' not in applied and 'client_batch_size' not in applied
+  assert config.client_batch_size == 7
+  assert (config.partition, config.num_clients, config.dirichlet_alpha) == (
+      'dirichlet', 100, 0.3)
+  assert (config.clients_per_round, config.client_epochs_per_round) == (10, 5)
+  assert config.hparams == {'client_learning_rate': 0.01, 'client_momentum': 0.8}
+  for protocol in protocols.PROTOCOLS.values():
+    assert set(protocol.sources) == set(protocol.flag_values()) - {'partition'} | {
+        'dirichlet_alphas'}
+    assert protocol.dirichlet_alpha in protocol.dirichlet_alphas
+
+
+def test_cifar10_from_the_command_line_is_always_partitioned():
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', '--task=cifar10', '--algo=gcfed', '--dirichlet_alpha=0.05'])
+    config = train.config_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert (config.partition, config.dirichlet_alpha, config.num_clients) == (
+      'dirichlet', 0.05, 100)
+  assert config.hparams == {} and config.model is None
+
+
+def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', '--task=cifar10', '--algo=fedavg', '--protocol=fedrkmgc'])
+    run = runner.train_run('cell', {'algo': 'gcfed', 'client_learning_rate': 0.05})
+    assert flags.FLAGS.client_momentum is None and flags.FLAGS.num_clients == 100
+    assert flags.FLAGS.partition is None  # Restored for the next run.
+    other = runner.train_run('cell', {'algo': 'fedrkmgc'})
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert run.config.hparams == {'client_learning_rate': 0.05, 'client_momentum': 0.8}
+  assert '--protocol=fedrkmgc' in run.args and '--client_learning_rate=0.05' in run.args
+  assert (run.config.partition, run.config.dirichlet_alpha) == ('dirichlet', 0.3)
+  assert other.config.hparams == protocols.get('fedrkmgc').hparams
+
+
+@pytest.fixture
+def run_main(tfds_dir, tmp_path, capsys):
+  def run(*args):
+    argv = ['train', '--task=cifar10', f'--cache_dir={tfds_dir}',
+            f'--root_output_dir={tmp_path}', '--num_clients=2', '--clients_per_round=2',
+            '--client_epochs_per_round=1', '--client_batch_size=2',
+            '--max_elements_per_client=4', '--total_rounds=2', '--num_eval_clients=2',
+            '--rounds_per_eval=2', '--rounds_per_checkpoint=2', *args]
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(argv)
+    rc = train.main(['train'])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
+# ResNet-18 (11M parameters) costs ~50 s to build and ~50 s for its first round on two
+# cores, so it runs once, as a bare process; the CNN goes through launch.train for both.
+@pytest.mark.parametrize('algo', ['gcfed', 'fedrkmgc'])
+def test_two_rounds_on_cifar10_with_the_cnn(run_main, tmp_path, algo):
+  rc, out, err = run_main(f'--algo={algo}', f'--protocol={algo}', '--model=cnn',
+                          f'--experiment_name={algo}')
+  assert rc == 0, err
+  assert f'protocol {algo}:' in out
+  output = tmp_path / algo
+  recorded = json.loads((output / 'flags.json').read_text())
+  expected = protocols.get(algo)
+  assert recorded['model'] == 'cnn' and recorded['client_batch_size'] == 2
+  assert recorded['dirichlet_alpha'] == expected.dirichlet_alpha
+  assert recorded['hparams'] == dict(expected.hparams)
+  with open(output / 'metrics.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  trained = [r for r in rows if r.get('client_work/train/loss')]
+  assert [int(r['key']) for r in trained] == [1, 2]
+  assert all(np.isfinite(float(r['client_work/train/loss'])) for r in trained)
+  evaluated = [r for r in rows if r.get('evaluation/sparse_categorical_accuracy')]
+  assert int(evaluated[-1]['key']) == 2
+  assert 0.0 <= float(evaluated[-1]['evaluation/sparse_categorical_accuracy']) <= 1.0
+
+
+def test_two_rounds_of_gcfed_with_resnet18(tfds_dir, tff_context):
+  del tff_context
+  task = _cifar10(tfds_dir, num_clients=2, dirichlet_alpha=0.5, model='resnet18_gn',
+                  batch_size=2, max_elements=4)
+  assert task.spec.num_parameters == 11_173_962
+  process = registry.build('gcfed', task.model_fn)
+  state = process.initialize()
+  initial = process.get_model_weights(state).trainable
+  data = [
+      task.datasets.train_preprocess_fn(task.datasets.train_data.create_tf_dataset_for_client(c))
+      for c in task.datasets.train_data.client_ids
+  ]
+  for _ in range(2):
+    output = process.next(state, data)
+    state = output.state
+    train_metrics = output.metrics['client_work']['train']
+    assert train_metrics['num_examples'] == 8 and np.isfinite(train_metrics['loss'])
+  final = process.get_model_weights(state).trainable
+  assert len(final) == 62
+  assert all(np.all(np.isfinite(w)) for w in final)
+  assert all(not np.array_equal(a, b) for a, b in zip(initial, final))
+  # Global GC on the classifier: its kernel's update has zero-mean columns per output.
+  update = final[-2] - initial[-2]
+  np.testing.assert_allclose(update.mean(axis=0), 0.0, atol=1e-6)
