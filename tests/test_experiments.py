@@ -89,7 +89,6 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
     if first.poll() is None:
       first.kill()
   assert len(done) == 2 and set(done) < set(cells)
-  assert not (grid / 'grid.csv').exists()  # Interrupted before the table.
 
   # Resumed by the same command (in-process here, to save a TensorFlow start-up).
   rc, out, err = run_main(grid_search, *args)
@@ -98,6 +97,10 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
     state = 'diverged' if '1e+30' in cell else 'finished'
     if cell in done:  # Started once, never again.
       assert f'{cell}: already {state}' in out
+      assert _attempts(grid / 'logs' / f'{cell}.log') == 1
+    elif f'{cell}: already {state}' in out:
+      # On a loaded machine a running cell can end before SIGTERM lands; it too must
+      # not start again.
       assert _attempts(grid / 'logs' / f'{cell}.log') == 1
     else:
       assert f'{cell}: {state} in' in out
