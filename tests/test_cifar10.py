@@ -21,6 +21,7 @@ from launch import protocols
 from launch import runner
 from launch import train
 import tasks
+from tff_zmg import client_states
 from tff_zmg.algorithms import registry
 
 _NUM_TRAIN, _NUM_TEST = 60, 20
@@ -204,7 +205,7 @@ def run_main(tfds_dir, tmp_path, capsys):
 
 
 # ResNet-18 (11M parameters) costs ~50 s to build and ~50 s for its first round on two
-# cores, so it runs once, as a bare process; the CNN goes through launch.train for both.
+# cores, so it runs as bare processes (gcfed, fedrkmgc); the CNN goes through launch.train.
 @pytest.mark.parametrize('algo', ['gcfed', 'fedrkmgc'])
 def test_two_rounds_on_cifar10_with_the_cnn(run_main, tmp_path, algo):
   rc, out, err = run_main(f'--algo={algo}', f'--protocol={algo}', '--model=cnn',
@@ -251,3 +252,32 @@ def test_two_rounds_of_gcfed_with_resnet18(tfds_dir, tff_context):
   # Global GC on the classifier: its kernel's update has zero-mean columns per output.
   update = final[-2] - initial[-2]
   np.testing.assert_allclose(update.mean(axis=0), 0.0, atol=1e-6)
+
+
+def test_two_rounds_of_fedrkmgc_with_resnet18(tfds_dir, tff_context):
+  """FedRKMGC's stateful clients on ResNet-18: every tensor trains and is corrected."""
+  del tff_context
+  task = _cifar10(tfds_dir, num_clients=2, dirichlet_alpha=0.5, model='resnet18_gn',
+                  batch_size=2, max_elements=4)
+  trainer = client_states.StatefulClientsTrainer(
+      registry.build('fedrkmgc', task.model_fn), client_states.InMemoryClientStateStore()
+  )
+  state = trainer.initialize()
+  initial = trainer.get_model_weights(state).trainable
+  ids = list(task.datasets.train_data.client_ids)
+  data = [
+      task.datasets.train_preprocess_fn(task.datasets.train_data.create_tf_dataset_for_client(c))
+      for c in ids
+  ]
+  for round_num in range(2):
+    output = trainer.next(state, client_states.ClientSelection(round_num, ids, data))
+    state = output.state
+    assert np.isfinite(output.metrics['client_work']['train']['loss'])
+  final = trainer.get_model_weights(state).trainable
+  assert len(final) == 62
+  assert all(np.all(np.isfinite(w)) for w in final)
+  assert all(not np.array_equal(a, b) for a, b in zip(initial, final))
+  for client in ids:
+    client_state = trainer.client_state(client)
+    assert int(client_state['participations']) == 2
+    assert all(np.all(np.isfinite(d)) and np.any(d) for d in client_state['correction'])
