@@ -249,7 +249,7 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None) 
 
 
 def main(argv) -> int:
-  train._quiet_libraries()  # pylint: disable=protected-access
+  train.quiet_libraries()
   if len(argv) > 1:
     print(f'compare: error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2

@@ -89,7 +89,7 @@ def data_statistics(task_name: str, client_data, sampled_ids, stream=None):
 
 
 def main(argv) -> int:
-  train._quiet_libraries()  # pylint: disable=protected-access
+  train.quiet_libraries()
   if len(argv) > 1:
     print(f'data_stats: error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2

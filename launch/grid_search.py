@@ -98,7 +98,7 @@ def _check_flags() -> None:
 
 
 def main(argv) -> int:
-  train._quiet_libraries()  # pylint: disable=protected-access
+  train.quiet_libraries()
   if len(argv) > 1:
     print(f'grid_search: error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2

@@ -318,7 +318,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
   )
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
   """Keeps TF/TFF INFO chatter off the terminal unless --verbosity is given."""
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
@@ -326,7 +326,7 @@ def _quiet_libraries() -> None:
 
 
 def main(argv) -> int:
-  _quiet_libraries()
+  quiet_libraries()
   if len(argv) > 1:
     print(f'train: error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2
