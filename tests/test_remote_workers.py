@@ -288,11 +288,17 @@ def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
   local_rows, remote_rows = _rows(tmp_path / 'local' / 'metrics.csv'), _rows(metrics_csv)
   assert [r['key'] for r in remote_rows] == ['0', '1', '2']
   assert [sorted(r) for r in remote_rows] == [sorted(r) for r in local_rows]
+  mismatches = []
   for lr, rr in zip(local_rows, remote_rows):
     for k in lr:
       if lr[k] == '' or rr[k] == '':
-        assert lr[k] == rr[k], k
+        same = lr[k] == rr[k]
       else:
-        np.testing.assert_allclose(float(rr[k]), float(lr[k]), rtol=0, atol=_ATOL, err_msg=k)
-  for lw, rw in zip(_checkpoint(tmp_path / 'local', 2), _checkpoint(remote_dir, 2)):
-    np.testing.assert_allclose(rw, lw, rtol=0, atol=_ATOL)
+        same = abs(float(rr[k]) - float(lr[k])) <= _ATOL
+      if not same:
+        mismatches.append(f'round {lr["key"]} {k}: local {lr[k]} remote {rr[k]}')
+  for i, (lw, rw) in enumerate(zip(_checkpoint(tmp_path / 'local', 2), _checkpoint(remote_dir, 2))):
+    diff = float(np.max(np.abs(np.asarray(rw) - np.asarray(lw)))) if np.size(lw) else 0.0
+    if diff > _ATOL:
+      mismatches.append(f'round-2 checkpoint array {i}: max abs difference {diff:.3g}')
+  assert not mismatches, '\n'.join(mismatches)
