@@ -8,14 +8,17 @@ after a warm-up round each, with the median and spread over `--repeats`:
 
 - `plain_tf`: a `tf.function` SGD loop over the same datasets with the same Keras model
   (every client restarts from the same weights), the lower bound on this hardware;
+- `plain_tf/<rule>`: the same loop running an algorithm's client rule (e.g. ZMG-SGDM)
+  at its defaults: the algorithm's arithmetic without federation, its own lower bound;
 - `tff_fedavg`: TFF's own `tff.learning.algorithms.build_weighted_fed_avg`;
 - each algorithm of `--algos`, as `launch.train` builds it (FedRKMGC with the disk
   client-state store).
 
-One parseable line per contender (`ratio` to plain TF, `ratio_tff_fedavg` to TFF's
-FedAvg, peak resident memory of this process and its TFF worker while it ran), then
-how a round's time scales with the clients per round (`--scaling_clients`) and with
-the number of client computations TFF's worker runs at once (`--concurrency`).
+One parseable line per contender (`ratio` to its own plain-TF bound, `ratio_plain_sgd`
+to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg, peak resident memory of this
+process and its TFF worker while it ran), then how a round's time scales with the
+clients per round (`--scaling_clients`) and with the number of client computations
+TFF's worker runs at once (`--concurrency`); an empty list skips either table.
 """
 
 import collections
@@ -39,6 +42,7 @@ import tasks
 from launch import resources
 from tff_zmg import client_states
 from tff_zmg import context
+from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import stateful_clients
 
@@ -98,29 +102,68 @@ def client_datasets(task, num_clients: int, examples: int) -> list[tf.data.Datas
   )
 
 
-def plain_tf_round_fn(task, datasets):
-  """The lower bound: one SGD pass per client, from the same weights, in one tf.function."""
+def plain_tf_round_fn(task, datasets, client_optimizer=None):
+  """The lower bound: one pass per client, from the same weights, in one tf.function.
+
+  Args:
+    task: The task (its Keras model and loss).
+    datasets: The clients' batched datasets.
+    client_optimizer: None for Keras SGD (`plain_tf`), or a TFF optimizer (a client
+      rule of `compose.CLIENT_RULES`), whose state starts afresh for every client as in
+      TFF's client work: the same arithmetic as the algorithm, without federation.
+  """
   model = task.keras_model_fn()
   loss_fn = task.spec.loss_fn()
-  optimizer = tf.keras.optimizers.SGD(_CLIENT_LR)
-  optimizer.build(model.trainable_variables)
-  initial = [tf.Variable(v) for v in model.trainable_variables]
+  variables = model.trainable_variables
+  initial = [tf.Variable(v) for v in variables]
+  if client_optimizer is None:
+    keras_sgd = tf.keras.optimizers.SGD(_CLIENT_LR)
+    keras_sgd.build(variables)
+  specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)  # reduce() packs lists.
+
+  def gradients(batch):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(batch['y'], model(batch['x'], training=True))
+    return tuple(tape.gradient(loss, variables))
+
+  def rule_step(state, batch):
+    state, new_weights = client_optimizer.next(state, tuple(variables), gradients(batch))
+    for v, w in zip(variables, new_weights):
+      v.assign(w)
+    return state
 
   @tf.function
   def train_client(dataset):
-    for v, w in zip(model.trainable_variables, initial):
+    for v, w in zip(variables, initial):
       v.assign(w)
-    for batch in dataset:
-      with tf.GradientTape() as tape:
-        loss = loss_fn(batch['y'], model(batch['x'], training=True))
-      grads = tape.gradient(loss, model.trainable_variables)
-      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    if client_optimizer is None:
+      for batch in dataset:
+        keras_sgd.apply_gradients(zip(gradients(batch), variables))
+    else:
+      dataset.reduce(client_optimizer.initialize(specs), rule_step)
 
   def run_round():
     for dataset in datasets:
       train_client(dataset)
 
   return run_round
+
+
+def client_rule_optimizer(algo: str, task):
+  """(rule name, TFF optimizer) of `algo`'s client rule at its defaults.
+
+  FedRKMGC's corrected step (SGDM on `g - D_n`) is bounded by plain SGDM, which leaves out
+  its two vector updates per round; FedGPS's surrogate batches have no plain counterpart.
+  """
+  spec = registry.get(algo)
+  rule_name = 'sgdm' if spec.client_rule == 'corrected_sgdm' else spec.client_rule
+  if rule_name not in compose.CLIENT_RULES:
+    return None, None
+  rule = compose.CLIENT_RULES[rule_name]
+  hparams = {k: spec.defaults.get(k, default) for k, default in rule.hparams.items()}
+  with tf.Graph().as_default():  # Masks need the variables only, not eager ones.
+    variables = task.keras_model_fn().trainable_variables
+  return rule_name, rule.build(spec.defaults['client_learning_rate'], variables, **hparams)
 
 
 def _process_round_fn(process, datasets, state_dir):
@@ -144,13 +187,24 @@ def _process_round_fn(process, datasets, state_dir):
   return run_round
 
 
-def contenders(task, algos, datasets, state_dir) -> dict:
-  """{name: round function}: plain TF, TFF's FedAvg, and each algorithm."""
+def contenders(task, algos, datasets, state_dir) -> tuple[dict, dict]:
+  """({name: round function}, {algo: its plain-TF bound's name}).
+
+  The contenders: plain TF (Keras SGD), plain TF with each client rule of `algos`
+  (`plain_tf/<rule>`), TFF's FedAvg, and each algorithm.
+  """
   fns = collections.OrderedDict()
+  bounds = {}
   fns[PLAIN_TF] = plain_tf_round_fn(task, datasets)
-  # Trace it now: building TFF processes makes Keras models in graphs, after which
+  for algo in algos:
+    rule_name, optimizer = client_rule_optimizer(algo, task)
+    bounds[algo] = PLAIN_TF if rule_name in (None, 'sgd') else f'{PLAIN_TF}/{rule_name}'
+    if bounds[algo] not in fns:
+      fns[bounds[algo]] = plain_tf_round_fn(task, datasets, optimizer)
+  # Trace them now: building TFF processes makes Keras models in graphs, after which
   # Keras refuses to trace a model made eagerly before them.
-  fns[PLAIN_TF]()
+  for fn in list(fns.values()):
+    fn()
   tff_fedavg = tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn,
       client_optimizer_fn=tff.learning.optimizers.build_sgdm(_CLIENT_LR),
@@ -160,7 +214,7 @@ def contenders(task, algos, datasets, state_dir) -> dict:
   for algo in algos:
     process = registry.build(algo, task.model_fn)
     fns[algo] = _process_round_fn(process, datasets, os.path.join(state_dir, algo))
-  return fns
+  return fns, bounds
 
 
 def time_alternating(fns: dict, repeats: int) -> dict:
@@ -184,11 +238,14 @@ def time_alternating(fns: dict, repeats: int) -> dict:
   return {name: (times[name], peaks[name]) for name in fns}
 
 
-def summary_line(name, seconds, peak, bound, tff_fedavg) -> str:
+def summary_line(name, seconds, peak, bound, plain_sgd, tff_fedavg) -> str:
+  """One parseable line: `ratio` to the contender's own plain-TF bound (same arithmetic,
+  no federation), `ratio_plain_sgd` to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg."""
   median = statistics.median(seconds)
   return (
       f'{name:<18} median_s={median:.3f} min_s={min(seconds):.3f}'
       f' max_s={max(seconds):.3f} ratio={median / bound:.2f}'
+      f' ratio_plain_sgd={median / plain_sgd:.2f}'
       f' ratio_tff_fedavg={median / tff_fedavg:.2f} peak_rss_mib={peak / 2**20:.0f}'
   )
 
@@ -238,15 +295,18 @@ def main(argv) -> int:
   results = collections.OrderedDict()
   with tempfile.TemporaryDirectory() as state_dir:
     with context.execution_context(_MAX_CONCURRENT.value):
-      fns = contenders(task, _ALGOS.value, datasets, state_dir)
+      fns, bounds = contenders(task, _ALGOS.value, datasets, state_dir)
       timed = time_alternating(fns, _REPEATS.value)
-    bound = statistics.median(timed[PLAIN_TF][0])
-    tff_fedavg = statistics.median(timed[TFF_FEDAVG][0])
+    medians = {name: statistics.median(seconds) for name, (seconds, _) in timed.items()}
+    bound = medians[PLAIN_TF]
+    tff_fedavg = medians[TFF_FEDAVG]
     for name, (seconds, peak) in timed.items():
-      print(summary_line(name, seconds, peak, bound, tff_fedavg), flush=True)
+      own_bound = medians[bounds.get(name, PLAIN_TF)]
+      print(summary_line(name, seconds, peak, own_bound, bound, tff_fedavg), flush=True)
       results[name] = dict(
-          seconds=seconds, median_s=statistics.median(seconds),
-          ratio=statistics.median(seconds) / bound, peak_rss_mib=peak / 2**20,
+          seconds=seconds, median_s=medians[name], bound=bounds.get(name, PLAIN_TF),
+          ratio=medians[name] / own_bound, ratio_plain_sgd=medians[name] / bound,
+          peak_rss_mib=peak / 2**20,
       )
 
     scaling_rows = []
@@ -256,7 +316,7 @@ def main(argv) -> int:
           _MAX_CONCURRENT.value, state_dir,
       )
       scaling_rows.append((clients, median))
-    base_clients, base = scaling_rows[0]
+    base_clients, base = scaling_rows[0] if scaling_rows else (1, 1.0)
     for clients, median in scaling_rows:
       print(
           f'scaling algo={_SCALING_ALGO.value} clients={clients} median_s={median:.3f}'

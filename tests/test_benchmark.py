@@ -1,0 +1,44 @@
+"""launch.benchmark end to end on a tiny round: the lines users parse agree with its data.
+
+Timings themselves are not asserted (the benchmark prints ratios; a timed test on a shared
+machine could only flake). A separate process: the benchmark's flags share names with
+launch.train's, which other tests import.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_path):
+  output = tmp_path / 'bench.json'
+  with open(tmp_path / 'out.txt', 'w') as out:
+    rc = subprocess.run(
+        [sys.executable, '-m', 'launch.benchmark', '--algos=fedzmg', '--clients_per_round=2',
+         '--examples_per_client=40', '--repeats=2', '--scaling_clients=', '--concurrency=',
+         f'--cache_dir={tmp_path / "data"}', f'--output={output}'],
+        cwd=_REPO, stdout=out, stderr=subprocess.STDOUT, timeout=600,
+    ).returncode
+  text = (tmp_path / 'out.txt').read_text()
+  assert rc == 0, text
+  results = json.loads(output.read_text())['contenders']
+  # FedZMG's own bound runs its client rule (ZMG-SGDM) in plain TF.
+  assert list(results) == ['plain_tf', 'plain_tf/zmg_sgdm', 'tff_fedavg', 'fedzmg']
+  assert results['fedzmg']['bound'] == 'plain_tf/zmg_sgdm'
+  medians = {name: r['median_s'] for name, r in results.items()}
+  for name, r in results.items():
+    assert len(r['seconds']) == 2 and r['median_s'] == sum(r['seconds']) / 2
+    line = re.search(rf'^{re.escape(name)} +(.*)$', text, re.MULTILINE)
+    assert line, text
+    fields = dict(f.split('=') for f in line.group(1).split())
+    expected = {
+        'ratio': medians[r['bound']], 'ratio_plain_sgd': medians['plain_tf'],
+        'ratio_tff_fedavg': medians['tff_fedavg'],
+    }
+    for field, denominator in expected.items():
+      assert float(fields[field]) == round(r['median_s'] / denominator, 2), (name, field)
+    assert float(fields['peak_rss_mib']) > 100
