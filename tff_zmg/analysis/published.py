@@ -88,17 +88,17 @@ _TTEST_ORDER = (
 )
 
 _GCFED_CIFAR10_CNN = 'GC-Fed, Table 5 (section 4.2.2, Small scale experiment)'
-_GCFED_COLUMNS_T5 = {
-    'cifar10_p100_a0.05': 'CIFAR-10 5/100 α=0.05', 'cifar10_p100_a0.1': 'CIFAR-10 5/100 α=0.10',
-    'cifar10_p200_a0.05': 'CIFAR-10 5/200 α=0.05', 'cifar10_p200_a0.1': 'CIFAR-10 5/200 α=0.10',
-    'cifar100_p100_a0.05': 'CIFAR-100 5/100 α=0.05',
-    'cifar100_p100_a0.1': 'CIFAR-100 5/100 α=0.10',
-    'cifar100_p200_a0.05': 'CIFAR-100 5/200 α=0.05',
-    'cifar100_p200_a0.1': 'CIFAR-100 5/200 α=0.10',
+_GCFED_COLUMNS_T5 = {  # In the order printed.
+    'cifar10_n100_a0.05': 'CIFAR-10 5/100 α=0.05', 'cifar10_n100_a0.1': 'CIFAR-10 5/100 α=0.10',
+    'cifar10_n200_a0.05': 'CIFAR-10 5/200 α=0.05', 'cifar10_n200_a0.1': 'CIFAR-10 5/200 α=0.10',
+    'cifar100_n100_a0.05': 'CIFAR-100 5/100 α=0.05',
+    'cifar100_n100_a0.1': 'CIFAR-100 5/100 α=0.10',
+    'cifar100_n200_a0.05': 'CIFAR-100 5/200 α=0.05',
+    'cifar100_n200_a0.1': 'CIFAR-100 5/200 α=0.10',
 }
-_GCFED_COLUMNS_T4 = {
-    'cifar10_p100_a1': 'α=1.0 5/100', 'cifar10_p100_a1000': 'α=1000 5/100',
-    'cifar10_p10of100_a1': 'α=1.0 10/100', 'cifar10_p10of100_a1000': 'α=1000 10/100',
+_GCFED_COLUMNS_T4 = {  # In the order printed.
+    'cifar10_k5_a1': 'α=1.0 5/100', 'cifar10_k10_a1': 'α=1.0 10/100',
+    'cifar10_k5_a1000': 'α=1000 5/100', 'cifar10_k10_a1000': 'α=1000 10/100',
 }
 _RKM_COLUMNS = {
     'cifar10_a0.5': 'CIFAR-10 Dir(0.5) ACC_G', 'cifar10_a0.3': 'CIFAR-10 Dir(0.3) ACC_G',
@@ -151,11 +151,10 @@ TABLES = {
         columns=_GCFED_COLUMNS_T4,
         rows={
             algo: dict(zip(_GCFED_COLUMNS_T4, values)) for algo, values in {
-                # Printed in the order α=1.0: 5/100, 10/100; α=1000: 5/100, 10/100.
-                'fedavg': (73.50, 76.88, 74.44, 77.55),
-                'local_gc': (78.68, 80.88, 79.29, 80.92),
-                'global_gc': (76.55, 78.56, 77.05, 79.14),
-                'gcfed': (78.73, 80.20, 79.25, 80.56),
+                'fedavg': (73.50, 74.44, 76.88, 77.55),
+                'local_gc': (78.68, 79.29, 80.88, 80.92),
+                'global_gc': (76.55, 77.05, 78.56, 79.14),
+                'gcfed': (78.73, 79.25, 80.20, 80.56),
             }.items()
         },
     ),
