@@ -136,6 +136,9 @@ class Plan:
     for name, value in self.scale.flags.items():
       if not flags.FLAGS[name].present:
         values[name] = value
+    if values.get('model') not in (None, *tasks.MODELS[values['task']]):
+      # A synthetic stand-in task trains its own model (it has no other).
+      del values['model']
     return values
 
 
@@ -256,28 +259,22 @@ def find_round_time(*roots: str) -> Optional[RoundTime]:
   return None
 
 
-def measure_round_time(plan: Plan) -> RoundTime:
-  """Trains 2 rounds of the paper's first algorithm on tiny synthetic data and times them."""
-  setting = plan.settings[0]
-  ci = papers.SCALES['ci']
+def measure_round_time(plan: Plan, stream) -> RoundTime:
+  """Trains 2 rounds of the paper's first algorithm at the ci scale on synthetic data.
+
+  Synthetic, so that a dry run never needs the real data.
+  """
+  small = dataclasses.replace(plan, data_source='synthetic', scale=papers.SCALES['ci'])
   name = 'measure_round_time'
-  saved = flags.FLAGS.data_source
-  flags.FLAGS.data_source = 'synthetic'  # The dry run must not need the real data.
-  try:
-    run = runner.train_run(name, {
-        **{k: v for k, v in plan.paper.flags.items() if k != 'clients_per_round'},
-        **{k: v for k, v in setting.flags.items() if k != 'clients_per_round'},
-        'task': setting.task_for('synthetic'), 'algo': plan.paper.algos[0],
-        'total_rounds': 2, 'clients_per_round': 2, 'experiment_name': name,
-        'root_output_dir': os.path.join(plan.directory, 'dry_run'),
-        **({'num_clients': ci.max_num_clients} if 'num_clients' in setting.flags else {}),
-        **{k: v for k, v in ci.flags.items() if not flags.FLAGS[k].present},
-    })
-  finally:
-    flags.FLAGS.data_source = saved
+  run = runner.train_run(name, {
+      **small.overrides(small.settings[0]), 'data_source': 'synthetic',
+      'algo': plan.paper.algos[0], 'total_rounds': 2, 'experiment_name': name,
+      'root_output_dir': os.path.join(plan.directory, 'dry_run'),
+  })
   print('dry run: no earlier run to time; training 2 rounds of a small synthetic build to'
-        ' measure a round ...', flush=True)
-  runner.run_all([run], parallel=1, log_dir=os.path.join(plan.directory, 'dry_run'))
+        ' measure a round ...', file=stream, flush=True)
+  runner.run_all([run], parallel=1, log_dir=os.path.join(plan.directory, 'dry_run'),
+                 stream=stream)
   timing = read_round_time(run.config.output_dir)
   if timing is None:
     raise ValueError(f'the timing run {run.config.output_dir} recorded no round times')
@@ -287,8 +284,9 @@ def measure_round_time(plan: Plan) -> RoundTime:
 def estimate_seconds(runs, timing: RoundTime, parallel: int) -> float:
   """sum over runs of (startup + rounds x (cohort x train per client + evaluation)) / parallel.
 
-  Runs are assumed to go `parallel` at a time at the measured speed; a rough guide only
-  (the real data's clients are larger than a small build's).
+  Runs are assumed to go `parallel` at a time at the measured speed; a rough guide only:
+  the real data's clients are larger than a small build's, and a process's TensorFlow
+  import and first tracing beyond its first round are not counted.
   """
   total = sum(
       timing.startup_s + r.config.total_rounds * (
@@ -327,7 +325,7 @@ def dry_run(plan: Plan, stream=None) -> dict:
   timing = find_round_time(plan.directory, flags.FLAGS.root_output_dir)
   how = 'read from the earlier run'
   if timing is None:
-    timing = measure_round_time(plan)
+    timing = measure_round_time(plan, stream)
     how = 'measured now on'
   runs = cells + comparison
   seconds = estimate_seconds(runs, timing, runner.PARALLEL.value)
@@ -337,6 +335,12 @@ def dry_run(plan: Plan, stream=None) -> dict:
         f' round times {how} {timing.source} ({timing.train_s_per_client:.3g} s per client'
         f' per round, {timing.eval_s:.3g} s per evaluation, {timing.startup_s:.3g} s'
         ' start-up per run)', file=stream, flush=True)
+  timed = analysis.runs.read_flags(timing.source) or {}
+  if timed.get('data_source') != plan.data_source or timed.get('task') not in {
+      plan.task(s) for s in plan.settings}:
+    print(f'note: the timed run trained {timed.get("task")} on {timed.get("data_source")}'
+          ' data, not this plan\'s: real clients hold more examples than small synthetic'
+          ' ones, so expect longer', file=stream, flush=True)
   return dict(grid=len(cells), comparison=len(comparison), total=len(runs),
               seconds=seconds, timing=dataclasses.asdict(timing))
 
@@ -404,22 +408,25 @@ def table_summary(plan, spec, setting_tables, thresholds_of):
           'late_stage_t2': r.get(f'{analysis.comparison.late_stage_column(t2)}_mean'),
       }
       results[algo] = {k: {'ours': v, 'paper': table.value(algo, k)} for k, v in ours.items()}
-      reached = [r.get(f'{analysis.comparison.rounds_column(t)}_reached', '0/0')
-                 for t in (t1, t2)]
+      if not r:
+        rows.append([algo] + [f'no runs ({_paper(table.value(algo, k), k == "late_stage_t2")})'
+                              for k in ours])
+        continue
+      reached = [r[f'{analysis.comparison.rounds_column(t)}_reached'] for t in (t1, t2)]
       rows.append([algo] + [
           f'{analysis.tables.format_value(ours[k])} [{reached[i]}]'
           f' ({_paper(table.value(algo, k))})'
           for i, k in enumerate(('rounds_to_t1', 'rounds_to_t2'))
       ] + [f'{_percent(ours["late_stage_t2"])} ({_paper(table.value(algo, "late_stage_t2"), True)})'])
-    for key, what, best in (('rounds_to_t2', f'fastest to {t2:g}', min),
-                            ('late_stage_t2', f'highest after {t2:g}', max)):
+    for key, what, best in (('rounds_to_t2', 'fastest to the second threshold', min),
+                            ('late_stage_t2', 'highest after the second threshold', max)):
       ours = {a: results[a][key]['ours'] for a in results}
       paper = {a: results[a][key]['paper'] for a in results}
       ours_best = _rank(ours)
       paper_best = _rank(paper)
       if not ours_best:
         lines.append(f'{what}: the paper has {best(paper_best, key=paper.get)}; ours is'
-                     ' undefined (not reached at this scale)')
+                     ' undefined (not reached by every run at this scale)')
         continue
       o, p = best(ours_best, key=ours.get), best(paper_best, key=paper.get)
       lines.append(f'{what}: ours {o}, the paper {p} ({"agree" if o == p else "differ"})')
@@ -520,7 +527,10 @@ def write_report(plan: Plan, best: dict, heatmaps: dict, stream=None) -> str:
   scale = plan.scale
   md = [
       f'# Reproducing {plan.paper.title}\n\n',
-      f'Scale **{scale.name}**: {scale.description}. Data: **{plan.data_source}**.'
+      f'Scale **{scale.name}**: {scale.description}. Data: **{plan.data_source}**'
+      + ''.join(sorted({f' ({s.task} stood in for by synthetic {plan.task(s)} data, with'
+                        f' its own model)' for s in plan.settings if plan.task(s) != s.task}))
+      + '.'
       f' Comparison: {len(plan.paper.algos)} algorithms x {len(plan.seeds)} seeds'
       f' {list(plan.seeds)} x {len(plan.settings)} setting(s), {plan.total_rounds} rounds'
       f' (the paper: {len(plan.paper.seeds)} seeds, {plan.paper.total_rounds} rounds).',

@@ -41,6 +41,11 @@ class PublishedTable:
     return self.rows.get(row, {}).get(column)
 
 
+def _rows(columns, values_by_row) -> dict:
+  """{row: {column: value}} from the values of each row in column order."""
+  return {row: dict(zip(columns, values)) for row, values in values_by_row.items()}
+
+
 def _zmg_summary(number, dataset, values, notes=()):
   """FedZMG Tables 3-5: rounds to each threshold and the accuracy after the second."""
   return PublishedTable(
@@ -50,8 +55,7 @@ def _zmg_summary(number, dataset, values, notes=()):
       ' accuracy after the second, mean over 5 runs',
       columns={'rounds_to_t1': 'Rounds to T1', 'rounds_to_t2': 'Rounds to T2',
                'late_stage_t2': 'Avg Acc Post-T2 (%)'},
-      rows={algo: dict(zip(('rounds_to_t1', 'rounds_to_t2', 'late_stage_t2'), v))
-            for algo, v in values.items()},
+      rows=_rows(('rounds_to_t1', 'rounds_to_t2', 'late_stage_t2'), values),
       notes=(
           'Our copy prints the tables without captions; the dataset is identified by its'
           ' numbers (section 7.1 names CIFAR-100\'s 250/805/420 rounds and Shakespeare\'s'
@@ -127,15 +131,13 @@ TABLES = {
         caption='Top-1 test accuracy (%), CNN, non-i.i.d. LDA splits, participation K/N;'
         ' mean over seeds',
         columns=_GCFED_COLUMNS_T5,
-        rows={
-            algo: dict(zip(_GCFED_COLUMNS_T5, values)) for algo, values in {
-                'fedavg': (53.74, 66.44, 45.14, 58.05, 31.88, 34.20, 30.92, 32.36),
-                'local_gc': (64.59, 71.81, 62.00, 69.91, 38.43, 40.52, 38.21, 40.02),
-                # 10.00 is printed with "(Failed)": training failed; kept as printed.
-                'global_gc': (10.00, 65.88, 60.59, 64.97, 34.55, 36.89, 33.85, 36.43),
-                'gcfed': (66.47, 72.44, 64.19, 69.91, 39.18, 41.06, 39.09, 39.99),
-            }.items()
-        },
+        rows=_rows(_GCFED_COLUMNS_T5, {
+            'fedavg': (53.74, 66.44, 45.14, 58.05, 31.88, 34.20, 30.92, 32.36),
+            'local_gc': (64.59, 71.81, 62.00, 69.91, 38.43, 40.52, 38.21, 40.02),
+            # 10.00 is printed with "(Failed)": training failed; kept as printed.
+            'global_gc': (10.00, 65.88, 60.59, 64.97, 34.55, 36.89, 33.85, 36.43),
+            'gcfed': (66.47, 72.44, 64.19, 69.91, 39.18, 41.06, 39.09, 39.99),
+        }),
         notes=(
             'The EMNIST MLP column is left out: we have no MLP for EMNIST.',
             'Our copy does not show the CNN\'s round count in this table\'s header; we use'
@@ -149,14 +151,12 @@ TABLES = {
         caption='Top-1 test accuracy (%), CIFAR-10, CNN, R = 800, weakly heterogeneous'
         ' (α=1.0) and homogeneous (α=1000) LDA splits',
         columns=_GCFED_COLUMNS_T4,
-        rows={
-            algo: dict(zip(_GCFED_COLUMNS_T4, values)) for algo, values in {
-                'fedavg': (73.50, 74.44, 76.88, 77.55),
-                'local_gc': (78.68, 79.29, 80.88, 80.92),
-                'global_gc': (76.55, 77.05, 78.56, 79.14),
-                'gcfed': (78.73, 79.25, 80.20, 80.56),
-            }.items()
-        },
+        rows=_rows(_GCFED_COLUMNS_T4, {
+            'fedavg': (73.50, 74.44, 76.88, 77.55),
+            'local_gc': (78.68, 79.29, 80.88, 80.92),
+            'global_gc': (76.55, 77.05, 78.56, 79.14),
+            'gcfed': (78.73, 79.25, 80.20, 80.56),
+        }),
     ),
     ('fedrkmgc', 1): PublishedTable(
         paper='fedrkmgc', number=1, source='FedRKMGC, Table 1 (section 4, Convergence'
@@ -164,10 +164,9 @@ TABLES = {
         caption='Global test accuracy ACC_G (%), ResNet-18, 1000 rounds, mean of the last'
         ' 20 rounds',
         columns=_RKM_COLUMNS,
-        rows={
-            'fedavg': dict(zip(_RKM_COLUMNS, (85.95, 86.33, 53.71, 52.55))),
-            'fedrkmgc': dict(zip(_RKM_COLUMNS, (89.85, 88.97, 65.75, 64.91))),
-        },
+        rows=_rows(_RKM_COLUMNS, {
+            'fedavg': (85.95, 86.33, 53.71, 52.55), 'fedrkmgc': (89.85, 88.97, 65.75, 64.91),
+        }),
         notes=(
             'The IID columns and the local accuracies ACC_L are left out (we split by'
             ' Dirichlet only and evaluate the global model on the test split).',
@@ -179,10 +178,10 @@ TABLES = {
         caption='Best top-1 accuracy (%) during training, CIFAR-10, α=0.1, 10 clients,'
         ' 50% sampling, T = 500, E = 1; five Dirichlet draws ("heterogeneous scenarios")',
         columns=_GPS_COLUMNS,
-        rows={
-            'fedavg': dict(zip(_GPS_COLUMNS, (84.21, 79.13, 80.63, 68.62, 65.86))),
-            'fedgps': dict(zip(_GPS_COLUMNS, (90.31, 88.45, 87.78, 85.06, 82.04))),
-        },
+        rows=_rows(_GPS_COLUMNS, {
+            'fedavg': (84.21, 79.13, 80.63, 68.62, 65.86),
+            'fedgps': (90.31, 88.45, 87.78, 85.06, 82.04),
+        }),
         notes=(
             'Scenario i is our Dirichlet split with partition seed i - 1 (the paper varies'
             ' the seed, Figure 2); the paper\'s ROUND and SpeedUp columns are left out.',
