@@ -47,6 +47,7 @@ from launch import compare
 from launch import experiment
 from launch import grid_search
 from launch import papers
+from launch import protocols
 from launch import runner
 from launch import train
 from tasks import sources
@@ -81,7 +82,7 @@ for _name in ('root_output_dir', 'parallel', 'data_source', 'thresholds'):
 _SET_BY_PROTOCOL = (
     'task', 'algo', 'seed', 'experiment_name', 'total_rounds', 'client_learning_rate',
     'server_learning_rate', 'protocol', 'clients_per_round', 'partition', 'num_clients',
-    'dirichlet_alpha', 'partition_seed', 'model',
+    'dirichlet_alpha', 'partition_seed', 'model', 'client_epochs_per_round',
 )
 REPORT_FILENAME = 'report.md'
 RESULTS_FILENAME = 'report.json'
@@ -127,7 +128,15 @@ class Plan:
 
   def overrides(self, setting: papers.Setting) -> dict:
     """The `launch.train` flags of every run of a setting (task, split, cohort, scale)."""
-    values = {**self.paper.flags, **setting.flags, 'task': self.task(setting)}
+    protocol = self.paper.flags.get('protocol')
+    # The protocol's data and participation flags, explicit so that the scale can cap
+    # them (its hyperparameters are left to launch.train, which skips the ones an
+    # algorithm does not take).
+    base = {} if protocol is None else {
+        k: v for k, v in protocols.get(protocol).flag_values().items()
+        if k not in protocols.get(protocol).hparams and not flags.FLAGS[k].present
+    }
+    values = {**base, **self.paper.flags, **setting.flags, 'task': self.task(setting)}
     if 'clients_per_round' in values:
       values['clients_per_round'] = self.scale.cap(
           values['clients_per_round'], self.scale.max_clients_per_round)
@@ -243,16 +252,24 @@ def read_round_time(run_dir: str) -> Optional[RoundTime]:
   )
 
 
-def find_round_time(*roots: str) -> Optional[RoundTime]:
-  """The timings of the most recent finished run under the first root that has one."""
+def find_round_time(roots, prefer=()) -> Optional[RoundTime]:
+  """The timings of the newest finished run under the first root that has one.
+
+  Runs whose recorded (task, model) is in `prefer` come first: a ResNet's round says
+  little about a CNN's.
+  """
   for root in roots:
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
       dirnames[:] = [d for d in dirnames if d not in ('checkpoints', 'tensorboard',
                                                       'client_states', 'logs')]
       if analysis.runs.METRICS_FILENAME in filenames and 'flags.json' in filenames:
-        found.append((os.path.getmtime(os.path.join(dirpath, 'metrics.csv')), dirpath))
-    for _, run_dir in sorted(found, reverse=True):
+        recorded = analysis.runs.read_flags(dirpath) or {}
+        found.append((
+            (recorded.get('task'), recorded.get('model')) in prefer,
+            os.path.getmtime(os.path.join(dirpath, 'metrics.csv')), dirpath,
+        ))
+    for _, _, run_dir in sorted(found, reverse=True):
       timing = read_round_time(run_dir)
       if timing is not None:
         return timing
@@ -322,7 +339,9 @@ def dry_run(plan: Plan, stream=None) -> dict:
     c = run.config
     print(f'  {run.name}: {c.task} {c.algo} seed={c.seed} rounds={c.total_rounds}'
           f' cohort={c.clients_per_round}', file=stream)
-  timing = find_round_time(plan.directory, flags.FLAGS.root_output_dir)
+  timing = find_round_time(
+      (plan.directory, flags.FLAGS.root_output_dir),
+      prefer={(r.config.task, r.config.model) for r in comparison})
   how = 'read from the earlier run'
   if timing is None:
     timing = measure_round_time(plan, stream)
@@ -339,8 +358,9 @@ def dry_run(plan: Plan, stream=None) -> dict:
   if timed.get('data_source') != plan.data_source or timed.get('task') not in {
       plan.task(s) for s in plan.settings}:
     print(f'note: the timed run trained {timed.get("task")} on {timed.get("data_source")}'
-          ' data, not this plan\'s: real clients hold more examples than small synthetic'
-          ' ones, so expect longer', file=stream, flush=True)
+          f' data, not this plan\'s {sorted({plan.task(s) for s in plan.settings})} on'
+          f' {plan.data_source}: other models and real clients (larger than small synthetic'
+          ' ones) take other times', file=stream, flush=True)
   return dict(grid=len(cells), comparison=len(comparison), total=len(runs),
               seconds=seconds, timing=dataclasses.asdict(timing))
 
@@ -389,105 +409,116 @@ def _rank(values: dict) -> list:
                 key=lambda k: values[k])
 
 
+def _summary_layout(plan, spec, table, setting_tables, thresholds_of):
+  """FedZMG Tables 3-5: rounds to each threshold and the late-stage accuracy, per algorithm."""
+  setting = spec.settings[0]
+  tables_, (t1, t2) = setting_tables[setting.key], thresholds_of(setting)
+  by_algo = {r['algo']: r for r in tables_['summary']} if tables_ else {}
+  header = ['Algorithm', f'Rounds to {t1:g}', f'Rounds to {t2:g}', f'Avg Acc Post-{t2:g} (%)']
+  rows, results, lines = [], {}, []
+  for algo in plan.paper.algos:
+    r = by_algo.get(algo, {})
+    ours = {
+        'rounds_to_t1': r.get(f'{analysis.comparison.rounds_column(t1)}_mean'),
+        'rounds_to_t2': r.get(f'{analysis.comparison.rounds_column(t2)}_mean'),
+        'late_stage_t2': r.get(f'{analysis.comparison.late_stage_column(t2)}_mean'),
+    }
+    results[algo] = {k: {'ours': v, 'paper': table.value(algo, k)} for k, v in ours.items()}
+    paper = {k: _paper(table.value(algo, k), k == 'late_stage_t2') for k in ours}
+    if not r:
+      rows.append([algo] + [f'no runs ({paper[k]})' for k in ours])
+      continue
+    reached = [r[f'{analysis.comparison.rounds_column(t)}_reached'] for t in (t1, t2)]
+    rows.append([algo] + [
+        f'{analysis.tables.format_value(ours[k])} [{reached[i]}] ({paper[k]})'
+        for i, k in enumerate(('rounds_to_t1', 'rounds_to_t2'))
+    ] + [f'{_percent(ours["late_stage_t2"])} ({paper["late_stage_t2"]})'])
+  for key, what, best in (('rounds_to_t2', 'fastest to the second threshold', min),
+                          ('late_stage_t2', 'highest after the second threshold', max)):
+    ours = {a: results[a][key]['ours'] for a in results}
+    paper = {a: results[a][key]['paper'] for a in results}
+    p = best(_rank(paper), key=paper.get)
+    if not _rank(ours):
+      lines.append(f'{what}: the paper has {p}; ours is undefined (not reached by every run'
+                   ' at this scale)')
+      continue
+    o = best(_rank(ours), key=ours.get)
+    lines.append(f'{what}: ours {o}, the paper {p} ({"agree" if o == p else "differ"})')
+  return header, rows, results, lines
+
+
+def _ttest_layout(plan, spec, table, setting_tables, thresholds_of):
+  """FedZMG Tables 6-8: paired t-tests of the final accuracy, fedzmg against each baseline.
+
+  The paper's p-values are not in our copy: beside ours stands the p its t gives with
+  the paper's seeds as pairs.
+  """
+  del thresholds_of  # The final accuracy has none.
+  tables_ = setting_tables[spec.settings[0].key]
+  header = ['Comparison', 't-Statistic', 'p-Value', 'n']
+  rows, results, lines = [], {}, []
+  n_paper = len(plan.paper.seeds)
+  for pair in table.rows:
+    a, b = (x.strip() for x in pair.split(' vs '))
+    r = _ttest_row(tables_['ttests'], a, b) if tables_ else None
+    t_paper = table.value(pair, 't')
+    p_from_t = _published_p(t_paper, n_paper)
+    ours_t, ours_p, n = (r['t'], r['p'], r['n']) if r else (None, None, 0)
+    results[pair] = {'t': {'ours': ours_t, 'paper': t_paper},
+                     'p': {'ours': ours_p, 'paper': table.value(pair, 'p'),
+                           'paper_from_t': p_from_t}, 'n': n}
+    rows.append([
+        pair, f'{_paper(ours_t)} ({_paper(t_paper)})',
+        f'{_paper(ours_p)} (— ; ≈{p_from_t:.3g} from t, {n_paper} pairs)', str(n)])
+    if r is None or ours_t is None or math.isnan(ours_t):
+      lines.append(f'{pair}: no t-test of ours (fewer than two paired seeds, or no spread)')
+      continue
+    lines.append(
+        f'{pair}: t = {ours_t:.3g} (paper {t_paper:g}): the sign'
+        f' {"agrees" if (ours_t > 0) == (t_paper > 0) else "differs"}; significant at 0.05:'
+        f' ours {"yes" if ours_p < 0.05 else "no"} (p = {ours_p:.3g}, n = {n}), the paper'
+        f' {"yes" if p_from_t < 0.05 else "no"} (p ≈ {p_from_t:.3g} from its t)')
+  return header, rows, results, lines
+
+
+def _accuracy_layout(plan, spec, table, setting_tables, thresholds_of):
+  """A row per algorithm, a column per setting: the paper's accuracy, mean ± std over seeds."""
+  del thresholds_of  # Accuracy tables have none.
+  header = ['Algorithm'] + [table.columns[s.key] for s in spec.settings]
+  rows, results, lines = [], {}, []
+  for algo in plan.paper.algos:
+    row, results[algo] = [algo], {}
+    for setting in spec.settings:
+      tables_ = setting_tables[setting.key]
+      accs = tables_['accuracy'].get(algo, []) if tables_ else []
+      mean = float(np.mean(accs)) if accs else None
+      std = float(np.std(accs, ddof=1)) if len(accs) > 1 else math.nan
+      paper = table.value(algo, setting.key)
+      results[algo][setting.key] = {'ours': mean, 'paper': paper, 'seeds': len(accs)}
+      row.append(f'{"no runs" if mean is None else _percent(mean, std)}'
+                 f' ({_paper(paper, True)})')
+    rows.append(row)
+  agree = 0
+  for setting in spec.settings:
+    ours = _rank({a: results[a][setting.key]['ours'] for a in results})
+    paper = _rank({a: results[a][setting.key]['paper'] for a in results})
+    if ours and paper:
+      agree += ours[-1] == paper[-1]
+      lines.append(f'{table.columns[setting.key]}: best ours {ours[-1]}, the paper'
+                   f' {paper[-1]} ({"agree" if ours[-1] == paper[-1] else "differ"})')
+  lines.append(f'the best algorithm agrees in {agree} of {len(spec.settings)} columns')
+  return header, rows, results, lines
+
+
+_LAYOUTS = {'summary': _summary_layout, 'ttest': _ttest_layout, 'accuracy': _accuracy_layout}
+
+
 def table_summary(plan, spec, setting_tables, thresholds_of):
   """(Markdown table, results dict, summary sentences) of one published table."""
   table = papers.published_table(plan.paper, spec)
-  results, lines, header = {}, [], []
-  if spec.layout == 'summary':
-    setting = spec.settings[0]
-    tables_, t1, t2 = setting_tables[setting.key], *thresholds_of(setting)
-    by_algo = {r['algo']: r for r in tables_['summary']} if tables_ else {}
-    header = ['Algorithm', f'Rounds to {t1:g}', f'Rounds to {t2:g}',
-              f'Avg Acc Post-{t2:g} (%)']
-    rows = []
-    for algo in plan.paper.algos:
-      r = by_algo.get(algo, {})
-      ours = {
-          'rounds_to_t1': r.get(f'{analysis.comparison.rounds_column(t1)}_mean'),
-          'rounds_to_t2': r.get(f'{analysis.comparison.rounds_column(t2)}_mean'),
-          'late_stage_t2': r.get(f'{analysis.comparison.late_stage_column(t2)}_mean'),
-      }
-      results[algo] = {k: {'ours': v, 'paper': table.value(algo, k)} for k, v in ours.items()}
-      if not r:
-        rows.append([algo] + [f'no runs ({_paper(table.value(algo, k), k == "late_stage_t2")})'
-                              for k in ours])
-        continue
-      reached = [r[f'{analysis.comparison.rounds_column(t)}_reached'] for t in (t1, t2)]
-      rows.append([algo] + [
-          f'{analysis.tables.format_value(ours[k])} [{reached[i]}]'
-          f' ({_paper(table.value(algo, k))})'
-          for i, k in enumerate(('rounds_to_t1', 'rounds_to_t2'))
-      ] + [f'{_percent(ours["late_stage_t2"])} ({_paper(table.value(algo, "late_stage_t2"), True)})'])
-    for key, what, best in (('rounds_to_t2', 'fastest to the second threshold', min),
-                            ('late_stage_t2', 'highest after the second threshold', max)):
-      ours = {a: results[a][key]['ours'] for a in results}
-      paper = {a: results[a][key]['paper'] for a in results}
-      ours_best = _rank(ours)
-      paper_best = _rank(paper)
-      if not ours_best:
-        lines.append(f'{what}: the paper has {best(paper_best, key=paper.get)}; ours is'
-                     ' undefined (not reached by every run at this scale)')
-        continue
-      o, p = best(ours_best, key=ours.get), best(paper_best, key=paper.get)
-      lines.append(f'{what}: ours {o}, the paper {p} ({"agree" if o == p else "differ"})')
-  elif spec.layout == 'ttest':
-    setting = spec.settings[0]
-    tables_ = setting_tables[setting.key]
-    header = ['Comparison', 't-Statistic', 'p-Value', 'n']
-    rows = []
-    n_paper = len(plan.paper.seeds)
-    for pair in table.rows:
-      a, b = (x.strip() for x in pair.split(' vs '))
-      r = _ttest_row(tables_['ttests'], a, b) if tables_ else None
-      t_paper = table.value(pair, 't')
-      p_from_t = _published_p(t_paper, n_paper)
-      ours_t, ours_p, n = (r['t'], r['p'], r['n']) if r else (None, None, 0)
-      results[pair] = {'t': {'ours': ours_t, 'paper': t_paper},
-                       'p': {'ours': ours_p, 'paper': table.value(pair, 'p'),
-                             'paper_from_t': p_from_t}, 'n': n}
-      rows.append([
-          pair, f'{_paper(ours_t)} ({_paper(t_paper)})',
-          f'{_paper(ours_p)} (— ; ≈{p_from_t:.3g} from t, {n_paper} pairs)', str(n)])
-      if r is None or ours_t is None or math.isnan(ours_t):
-        lines.append(f'{pair}: no t-test of ours (fewer than two paired seeds)')
-        continue
-      same_sign = (ours_t > 0) == (t_paper > 0)
-      sig_ours, sig_paper = ours_p < 0.05, p_from_t < 0.05
-      lines.append(
-          f'{pair}: t = {ours_t:.3g} (paper {t_paper:g}): the sign'
-          f' {"agrees" if same_sign else "differs"}; significant at 0.05: ours'
-          f' {"yes" if sig_ours else "no"} (p = {ours_p:.3g}, n = {n}), the paper'
-          f' {"yes" if sig_paper else "no"} (p ≈ {p_from_t:.3g} from its t)')
-  else:
-    header = ['Algorithm'] + [table.columns[s.key] for s in spec.settings]
-    rows = []
-    for algo in plan.paper.algos:
-      row = [algo]
-      results[algo] = {}
-      for setting in spec.settings:
-        accs = setting_tables[setting.key]['accuracy'].get(algo, []) if setting_tables[
-            setting.key] else []
-        mean = float(np.mean(accs)) if accs else None
-        std = float(np.std(accs, ddof=1)) if len(accs) > 1 else math.nan
-        paper = table.value(algo, setting.key)
-        results[algo][setting.key] = {'ours': mean, 'paper': paper, 'seeds': len(accs)}
-        row.append(f'{_percent(mean, std) if mean is not None else "no runs"}'
-                   f' ({_paper(paper, True)})')
-      rows.append(row)
-    agree = 0
-    for setting in spec.settings:
-      ours = {a: results[a][setting.key]['ours'] for a in results}
-      paper = {a: results[a][setting.key]['paper'] for a in results}
-      if _rank(ours) and _rank(paper):
-        o, p = _rank(ours)[-1], _rank(paper)[-1]
-        agree += o == p
-        lines.append(f'{table.columns[setting.key]}: best ours {o}, the paper {p}'
-                     f' ({"agree" if o == p else "differ"})')
-    lines.append(f'the best algorithm agrees in {agree} of {len(spec.settings)} columns')
-  markdown = '\n'.join(
-      ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-      + ['| ' + ' | '.join(row) + ' |' for row in rows]
-  ) + '\n'
+  header, rows, results, lines = _LAYOUTS[spec.layout](
+      plan, spec, table, setting_tables, thresholds_of)
+  markdown = analysis.markdown_table([dict(zip(header, row)) for row in rows], header)
   return markdown, results, lines
 
 
