@@ -404,9 +404,19 @@ def _ttest_row(ttests, a: str, b: str) -> Optional[dict]:
   return None
 
 
-def _rank(values: dict) -> list:
-  return sorted((k for k, v in values.items() if v is not None and not math.isnan(v)),
-                key=lambda k: values[k])
+def _best(values: dict, pick=max) -> list:
+  """The keys whose value is the best (`pick` of the defined values): several on a tie."""
+  defined = {k: v for k, v in values.items() if v is not None and not math.isnan(v)}
+  if not defined:
+    return []
+  top = pick(defined.values())
+  return [k for k, v in defined.items() if v == top]
+
+
+def _agreement(what: str, ours: list, paper: list) -> str:
+  """'what: ours A, the paper B (agree)'; ties are joined with ' = '."""
+  verdict = 'agree' if set(ours) == set(paper) else 'differ'
+  return f'{what}: ours {" = ".join(ours)}, the paper {" = ".join(paper)} ({verdict})'
 
 
 def _summary_layout(plan, spec, table, setting_tables, thresholds_of):
@@ -435,15 +445,13 @@ def _summary_layout(plan, spec, table, setting_tables, thresholds_of):
     ] + [f'{_percent(ours["late_stage_t2"])} ({paper["late_stage_t2"]})'])
   for key, what, best in (('rounds_to_t2', 'fastest to the second threshold', min),
                           ('late_stage_t2', 'highest after the second threshold', max)):
-    ours = {a: results[a][key]['ours'] for a in results}
-    paper = {a: results[a][key]['paper'] for a in results}
-    p = best(_rank(paper), key=paper.get)
-    if not _rank(ours):
-      lines.append(f'{what}: the paper has {p}; ours is undefined (not reached by every run'
-                   ' at this scale)')
+    ours = _best({a: results[a][key]['ours'] for a in results}, best)
+    paper = _best({a: results[a][key]['paper'] for a in results}, best)
+    if not ours:
+      lines.append(f'{what}: the paper has {" = ".join(paper)}; ours is undefined (not'
+                   ' reached by every run at this scale)')
       continue
-    o = best(_rank(ours), key=ours.get)
-    lines.append(f'{what}: ours {o}, the paper {p} ({"agree" if o == p else "differ"})')
+    lines.append(_agreement(what, ours, paper))
   return header, rows, results, lines
 
 
@@ -500,12 +508,11 @@ def _accuracy_layout(plan, spec, table, setting_tables, thresholds_of):
     rows.append(row)
   agree = 0
   for setting in spec.settings:
-    ours = _rank({a: results[a][setting.key]['ours'] for a in results})
-    paper = _rank({a: results[a][setting.key]['paper'] for a in results})
+    ours = _best({a: results[a][setting.key]['ours'] for a in results})
+    paper = _best({a: results[a][setting.key]['paper'] for a in results})
     if ours and paper:
-      agree += ours[-1] == paper[-1]
-      lines.append(f'{table.columns[setting.key]}: best ours {ours[-1]}, the paper'
-                   f' {paper[-1]} ({"agree" if ours[-1] == paper[-1] else "differ"})')
+      agree += set(ours) == set(paper)
+      lines.append(_agreement(f'{table.columns[setting.key]}, best', ours, paper))
   lines.append(f'the best algorithm agrees in {agree} of {len(spec.settings)} columns')
   return header, rows, results, lines
 

@@ -345,3 +345,41 @@ def test_tfds_papers_need_their_data_but_not_for_a_dry_run(designed, tmp_path):
   finally:
     flags.FLAGS.unparse_flags()
   assert (counts['grid'], counts['comparison']) == (0, 8 * 4 * 3)
+
+
+def test_accuracy_tables_fill_every_column_from_the_runs(tmp_path):
+  """FedGPS Table 1 (best accuracy per Dirichlet draw) over finished runs: nothing trains."""
+  _parse('--paper=fedgps', '--scale=ci', '--data_source=synthetic',
+         f'--root_output_dir={tmp_path}')
+  try:
+    plan = reproduce.make_plan()
+    rng = np.random.default_rng(1)
+    best_of = {}
+    for run in reproduce.comparison_runs(plan):
+      accuracies = np.round(rng.uniform(0.1, 0.9, plan.total_rounds), 4)
+      _write_run(run, accuracies)
+      best_of[(os.path.basename(run.config.root_output_dir), run.config.algo)] = max(accuracies)
+    out = io.StringIO()
+    path = reproduce.reproduce(plan, stream=out)
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert ': started' not in out.getvalue() and len(best_of) == 10
+  results = json.load(open(os.path.join(plan.directory, 'report.json')))['tables']['1']
+  table = published.get('fedgps', 1)
+  text = open(path).read()
+  for algo in ('fedavg', 'fedgps'):
+    row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))
+    for i in range(1, 6):
+      cell = results[algo][f'scenario{i}']
+      assert cell['ours'] == pytest.approx(best_of[(f'scenario{i}', algo)])
+      assert cell['paper'] == table.value(algo, f'scenario{i}')
+      assert f'| {100 * cell["ours"]:.2f} ({cell["paper"]:.2f}) |' in row + ' |'
+  ours_best = sum(best_of[(f'scenario{i}', 'fedgps')] > best_of[(f'scenario{i}', 'fedavg')]
+                  for i in range(1, 6))
+  assert f'the best algorithm agrees in {ours_best} of 5 columns' in text
+  assert 'cifar10 stood in for by synthetic cifar100 data' in text
+  # Each scenario is its own Dirichlet draw of one synthetic dataset.
+  seeds = {json.load(open(os.path.join(plan.directory, 'runs', f'scenario{i}',
+                                       'cifar100_fedavg_seed0', 'flags.json')))['partition_seed']
+           for i in range(1, 6)}
+  assert seeds == {0, 1, 2, 3, 4}
