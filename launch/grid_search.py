@@ -97,6 +97,70 @@ def _check_flags() -> None:
     raise ValueError(f'--score_rounds must be >= 1, got {_SCORE_ROUNDS.value}')
 
 
+def grid_runs(
+    grid_dir: str, client_lrs, server_lrs, total_rounds: int, overrides=None,
+) -> dict[tuple[float, float], runner.Run]:
+  """(client lr, server lr) -> the cell's run in `<grid_dir>/<cell>/`, server-major order.
+
+  `overrides` are further `launch.train` flags set on every cell (e.g. the task).
+  """
+  cells = {}
+  for s in server_lrs:
+    for c in client_lrs:
+      cells[(c, s)] = runner.train_run(cell_name(c, s), {
+          **(overrides or {}), 'root_output_dir': grid_dir, 'experiment_name': cell_name(c, s),
+          'client_learning_rate': c, 'server_learning_rate': s, 'total_rounds': total_rounds,
+      })
+  return cells
+
+
+def write_results(
+    grid_dir: str, cells, states, client_lrs, server_lrs, score_rounds: int,
+):
+  """Writes grid.csv, grid.md, grid_heatmap.png and best.json (unless all diverged).
+
+  Args:
+    cells: `grid_runs`' dict; states: run name -> `runner` state.
+
+  Returns:
+    (best, heatmap path): best is the best.json dict, or None when every cell diverged.
+  """
+  rows = []
+  scores = np.full((len(server_lrs), len(client_lrs)), np.nan)
+  for (c, s), run in cells.items():
+    score = cell_score(run, states[run.name], score_rounds)
+    scores[server_lrs.index(s), client_lrs.index(c)] = score
+    rows.append(dict(
+        client_learning_rate=c, server_learning_rate=s, status=states[run.name],
+        score=score, output_dir=run.config.output_dir,
+    ))
+  analysis.write_csv(os.path.join(grid_dir, 'grid.csv'), rows)
+  with open(os.path.join(grid_dir, 'grid.md'), 'w') as f:
+    f.write(analysis.markdown_table(rows, [
+        'client_learning_rate', 'server_learning_rate', 'status', 'score']))
+  config = next(iter(cells.values())).config
+  best = None
+  if np.isfinite(scores).any():
+    i, j = np.unravel_index(np.nanargmax(scores), scores.shape)
+    best = dict(
+        task=config.task, algo=config.algo, client_learning_rate=client_lrs[j],
+        server_learning_rate=server_lrs[i], score=float(scores[i, j]),
+        score_rounds=score_rounds, total_rounds=config.total_rounds,
+    )
+    with open(os.path.join(grid_dir, 'best.json'), 'w') as f:
+      json.dump(best, f, indent=2)
+  heatmap_path = os.path.join(grid_dir, 'grid_heatmap.png')
+  analysis.heatmap(
+      scores, [f'{s:.3g}' for s in server_lrs], [f'{c:.3g}' for c in client_lrs],
+      heatmap_path, xlabel='client learning rate', ylabel='server learning rate',
+      title=f'{config.algo} on {config.task}, {config.total_rounds} rounds\nmean'
+      f' validation accuracy of the last {score_rounds} rounds',
+      colorbar_label='validation accuracy',
+      highlight=None if best is None else (i, j),
+  )
+  return best, heatmap_path
+
+
 def main(argv) -> int:
   train.quiet_libraries()
   if len(argv) > 1:
@@ -114,14 +178,7 @@ def main(argv) -> int:
         flags.FLAGS.root_output_dir,
         flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
     )
-    cells = {}
-    for s in server_lrs:
-      for c in client_lrs:
-        cells[(c, s)] = runner.train_run(cell_name(c, s), {
-            'root_output_dir': grid_dir, 'experiment_name': cell_name(c, s),
-            'client_learning_rate': c, 'server_learning_rate': s,
-            'total_rounds': total_rounds,
-        })
+    cells = grid_runs(grid_dir, client_lrs, server_lrs, total_rounds)
     print(
         f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
         f' {len(server_lrs)} server learning rates, {total_rounds} rounds per'
@@ -139,38 +196,8 @@ def main(argv) -> int:
     print('grid_search: interrupted; the same command resumes', file=sys.stderr)
     return 130
 
-  rows = []
-  scores = np.full((len(server_lrs), len(client_lrs)), np.nan)
-  for (c, s), run in cells.items():
-    score = cell_score(run, states[run.name], score_rounds)
-    scores[server_lrs.index(s), client_lrs.index(c)] = score
-    rows.append(dict(
-        client_learning_rate=c, server_learning_rate=s, status=states[run.name],
-        score=score, output_dir=run.config.output_dir,
-    ))
-  analysis.write_csv(os.path.join(grid_dir, 'grid.csv'), rows)
-  with open(os.path.join(grid_dir, 'grid.md'), 'w') as f:
-    f.write(analysis.markdown_table(rows, [
-        'client_learning_rate', 'server_learning_rate', 'status', 'score']))
-  best = None
-  if np.isfinite(scores).any():
-    i, j = np.unravel_index(np.nanargmax(scores), scores.shape)
-    best = dict(
-        task=flags.FLAGS.task, algo=flags.FLAGS.algo, client_learning_rate=client_lrs[j],
-        server_learning_rate=server_lrs[i], score=float(scores[i, j]),
-        score_rounds=score_rounds, total_rounds=total_rounds,
-    )
-    with open(os.path.join(grid_dir, 'best.json'), 'w') as f:
-      json.dump(best, f, indent=2)
-  heatmap_path = os.path.join(grid_dir, 'grid_heatmap.png')
-  analysis.heatmap(
-      scores, [f'{s:.3g}' for s in server_lrs], [f'{c:.3g}' for c in client_lrs],
-      heatmap_path, xlabel='client learning rate', ylabel='server learning rate',
-      title=f'{flags.FLAGS.algo} on {flags.FLAGS.task}, {total_rounds} rounds\nmean'
-      f' validation accuracy of the last {score_rounds} rounds',
-      colorbar_label='validation accuracy',
-      highlight=None if best is None else (i, j),
-  )
+  best, heatmap_path = write_results(
+      grid_dir, cells, states, client_lrs, server_lrs, score_rounds)
   print(f'table: {os.path.join(grid_dir, "grid.csv")}\nheatmap: {heatmap_path}')
   if best is None:
     print('best: none (every cell diverged)')

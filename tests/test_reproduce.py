@@ -1,0 +1,385 @@
+"""`launch.reproduce`: a paper's protocol end to end at the ci scale, resumption, dry run."""
+
+import csv
+import io
+import json
+import math
+import os
+import re
+
+from absl import flags
+import numpy as np
+import pytest
+import scipy.stats
+
+from launch import compare
+from launch import grid_search
+from launch import papers
+from launch import reproduce
+from tasks import sources
+from tff_zmg.analysis import published
+
+_ALGOS = ('fedzmg', 'fedavg', 'fedadam')
+_LONG = os.environ.get('TFF_ZMG_LONG_TESTS') == '1'
+_TINY = [
+    '--data_source=synthetic', '--synthetic_train_clients=4', '--synthetic_test_clients=2',
+    '--synthetic_examples_per_client=10', '--num_eval_clients=2', '--client_batch_size=5',
+    '--rounds_per_checkpoint=1000',
+]
+
+
+def _parse(*args):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['reproduce', *args])
+
+
+def _reproduce(args):
+  """Runs the protocol the flags describe in-process; (plan, report path, progress output)."""
+  _parse(*args)
+  try:
+    plan = reproduce.make_plan()
+    out = io.StringIO()
+    path = reproduce.reproduce(plan, stream=out)
+  finally:
+    flags.FLAGS.unparse_flags()
+  return plan, path, out.getvalue()
+
+
+def _write_run(run, accuracies, diverged=False):
+  """A run directory as launch.train leaves a finished run: flags.json and metrics.csv.
+
+  flags.json holds exactly the settings the protocol asks for, so the runner reuses the
+  run only if `launch.reproduce` plans the very same run (other learning rates, rounds or
+  data would be refused as 'a run with other settings').
+  """
+  os.makedirs(run.config.output_dir)
+  with open(os.path.join(run.config.output_dir, 'flags.json'), 'w') as f:
+    json.dump(run.config.recorded(), f)
+  with open(os.path.join(run.config.output_dir, 'metrics.csv'), 'w') as f:
+    f.write('key,evaluation/sparse_categorical_accuracy,client_work/train/loss,'
+            'training_time_in_seconds,evaluation/evaluation_time_in_seconds\n0,0.0,,,2.0\n')
+    for r, a in enumerate(accuracies, start=1):
+      f.write(f'{r},{a},1.0,{5.0 if r == 1 else 0.5},0.25\n')
+  if diverged:
+    with open(os.path.join(run.config.output_dir, 'diverged.txt'), 'w') as f:
+      f.write('diverged\n')
+
+
+def _accuracy(run_dir):
+  """(rounds, accuracies) straight from metrics.csv, without the package's readers."""
+  with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
+    rows = [r for r in csv.DictReader(f) if int(r['key']) > 0]
+  column = 'evaluation/sparse_categorical_accuracy'
+  return (np.array([int(r['key']) for r in rows]),
+          np.array([float(r[column]) for r in rows]))
+
+
+def _rounds_to(rounds, acc, threshold):
+  """ALGORITHMS.md section 6 by hand: the 4-round average stays >= threshold from here."""
+  average = np.convolve(acc, np.ones(4) / 4, mode='valid')
+  if average.size == 0 or average[-1] < threshold:
+    return None
+  first = max([i + 1 for i, a in enumerate(average) if a < threshold], default=0)
+  return int(rounds[first + 3])
+
+
+def _metrics_mtimes(directory):
+  return {
+      dirpath: os.stat(os.path.join(dirpath, 'metrics.csv')).st_mtime_ns
+      for dirpath, _, filenames in os.walk(directory) if 'metrics.csv' in filenames
+  }
+
+
+def _check_report(plan, path, thresholds, seeds):
+  """Tables 5 and 6 of report.md/report.json against the runs' metrics CSVs by hand."""
+  directory = plan.directory
+  results = json.load(open(os.path.join(directory, 'report.json')))['tables']
+  series = {}
+  for a in _ALGOS:
+    for s in seeds:
+      run_dir = os.path.join(directory, 'runs', 'emnist', compare.run_name('emnist', a, s))
+      if not os.path.exists(os.path.join(run_dir, 'diverged.txt')):
+        series[(a, s)] = _accuracy(run_dir)
+  reached = {k: [_rounds_to(r, acc, t) for t in thresholds] for k, (r, acc) in series.items()}
+  second = [v[1] for v in reached.values()]
+  start = None if None in second else max(second)
+  text = open(path).read()
+  table5 = published.get('fedzmg', 5)
+  for algo in _ALGOS:
+    ours = results['5'][algo]
+    for i, key in enumerate(('rounds_to_t1', 'rounds_to_t2')):
+      values = [reached[(algo, s)][i] for s in seeds]
+      expected = None if None in values else np.mean(values)
+      assert ours[key]['ours'] == (None if expected is None else pytest.approx(expected))
+      assert ours[key]['paper'] == table5.value(algo, key)
+    late = None if start is None else np.mean(
+        [np.mean(series[(algo, s)][1][series[(algo, s)][0] >= start]) for s in seeds])
+    assert ours['late_stage_t2']['ours'] == (None if late is None else pytest.approx(late))
+    # The Markdown row: each cell 'ours (paper)', the paper's numbers from Table 5.
+    row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))
+    cells = [c.strip() for c in row.strip('|').split('|')][1:]
+    paper = [table5.value(algo, k) for k in ('rounds_to_t1', 'rounds_to_t2', 'late_stage_t2')]
+    assert cells[0].endswith(f'({paper[0]:g})') and cells[1].endswith(f'({paper[1]:g})')
+    assert cells[2].endswith(f'({paper[2]:.2f})')
+    assert cells[2].startswith('not reached' if late is None else f'{100 * late:.2f}')
+    for i, key in enumerate(('rounds_to_t1', 'rounds_to_t2')):
+      value = ours[key]['ours']
+      assert cells[i].startswith('not reached' if value is None else f'{value:.4g}')
+
+  # Table 6: the paired t-test of the final accuracies against scipy, beside the paper's t.
+  final = {k: np.mean(acc[r > r[-1] - math.ceil(0.1 * r[-1])]) for k, (r, acc) in series.items()}
+  for pair in ('fedzmg vs fedavg', 'fedzmg vs fedadam'):
+    a, b = pair.split(' vs ')
+    paired = [s for s in seeds if (a, s) in final and (b, s) in final]
+    expected = scipy.stats.ttest_rel([final[(a, s)] for s in paired],
+                                     [final[(b, s)] for s in paired])
+    ours = results['6'][pair]
+    t_paper = published.get('fedzmg', 6).value(pair, 't')
+    assert ours['t']['paper'] == t_paper and ours['n'] == len(paired)
+    assert ours['p']['paper_from_t'] == pytest.approx(2 * scipy.stats.t.sf(t_paper, 4))
+    assert ours['t']['ours'] == pytest.approx(expected.statistic, nan_ok=True)
+    assert ours['p']['ours'] == pytest.approx(expected.pvalue, nan_ok=True)
+    row = next(line for line in text.splitlines() if line.startswith(f'| {pair} |'))
+    assert f'{ours["t"]["ours"]:.4g} ({t_paper:g})' in row
+
+  for needle in ('## Table 5', '## Table 6', 'Source: FedZMG, Table 5', f'Scale **{plan.scale.name}**',
+                 'synthetic', '## Summary', '](compare/emnist/emnist_accuracy.png)'):
+    assert needle in text, needle
+  for figure in re.findall(r'\]\(([^)]+\.png)\)', text):
+    assert os.path.exists(os.path.join(directory, figure)), figure
+  assert len(re.findall(r'grid_heatmap\.png', text)) == 3
+
+
+# --- the protocol on runs designed to reach the thresholds, one trained for real ---------
+
+_THRESHOLDS = (0.4, 0.6)
+_REAL_CELL = ('fedavg', 10.0 ** -3, 10.0 ** -3)  # Left out, so reproduce trains it.
+
+
+def _designed_args(root, cache_dir):
+  # A scale of 0.012: 12 comparison rounds, 1-round grid cells, the 9 x 9 grid, 5 seeds.
+  return ['--paper=fedzmg', '--table=5,6', '--scale=0.012', f'--cache_dir={cache_dir}',
+          f'--root_output_dir={root}', '--parallel=1', '--thresholds=0.4,0.6', *_TINY]
+
+
+@pytest.fixture(scope='module')
+def designed(tmp_path_factory, synthetic_cache_dir):
+  """FedZMG's EMNIST tables over designed finished runs and one real grid cell.
+
+  Every grid cell but one and every comparison run is written beforehand as
+  `launch.train` leaves a finished run, with accuracy curves that reach the thresholds
+  (a real 12-round run on synthetic data reaches none); the left-out cell is trained by
+  `launch.reproduce` itself, and its score enters the grid search.
+
+  Returns:
+    (root, plan, report path, progress output, designed best rates).
+  """
+  root = str(tmp_path_factory.mktemp('designed'))
+  _parse(*_designed_args(root, synthetic_cache_dir))
+  try:
+    plan = reproduce.make_plan()
+    rng = np.random.default_rng(0)
+    best = {}
+    for (key, algo), (_, cells) in reproduce.grid_groups(plan).items():
+      for (c, s), run in cells.items():
+        if (algo, c, s) == _REAL_CELL:
+          continue
+        # A smooth optimum away from the corners, 0.9 at its peak (a real 1-round cell
+        # on synthetic data scores far below), and one diverged corner.
+        score = 0.9 - 0.05 * (math.log10(c) + 1.5) ** 2 - 0.05 * (math.log10(s) + 0.5) ** 2
+        _write_run(run, [score], diverged=(c, s) == (10.0, 10.0))
+        if (c, s) == (10.0 ** -1.5, 10.0 ** -0.5):
+          best[(key, algo)] = dict(client_learning_rate=c, server_learning_rate=s)
+    speed = {'fedzmg': 2.0, 'fedavg': 4.0, 'fedadam': 3.0}
+    for run in reproduce.comparison_runs(plan, best):
+      rounds = np.arange(1, plan.total_rounds + 1)
+      curve = 0.9 * (1 - np.exp(-rounds / speed[run.config.algo]))
+      _write_run(run, np.round(curve + rng.normal(0, 0.01, rounds.size), 4))
+    out = io.StringIO()
+    path = reproduce.reproduce(plan, stream=out)
+  finally:
+    flags.FLAGS.unparse_flags()
+  return root, plan, path, out.getvalue(), best
+
+
+def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
+  _, plan, path, out, best = designed
+  real_algo, real_c, real_s = _REAL_CELL
+  real_name = f'grid-emnist-{real_algo}-{grid_search.cell_name(real_c, real_s)}'
+  assert re.findall(r'\] (\S+): started', out) == [real_name]  # Only the missing run.
+  assert 'grid search, 243 runs (3 grids of 9 x 9)' in out and 'comparison, 15 runs' in out
+  for algo in _ALGOS:
+    grid_dir = os.path.join(plan.directory, 'grid', 'emnist', algo)
+    rows = list(csv.DictReader(open(os.path.join(grid_dir, 'grid.csv'))))
+    assert len(rows) == 81
+    scores = {}
+    for row in rows:
+      cell = row['output_dir']
+      if os.path.exists(os.path.join(cell, 'diverged.txt')):
+        assert row['status'] == 'diverged' and row['score'] == 'nan'
+      else:  # 1-round cells: the score is that round's accuracy.
+        rates = (float(row['client_learning_rate']), float(row['server_learning_rate']))
+        scores[rates] = _accuracy(cell)[1][-1]
+        assert float(row['score']) == pytest.approx(scores[rates])
+    chosen = json.load(open(os.path.join(grid_dir, 'best.json')))
+    top = max(scores, key=scores.get)
+    assert (chosen['client_learning_rate'], chosen['server_learning_rate']) == top
+    assert best[('emnist', algo)] == dict(client_learning_rate=top[0], server_learning_rate=top[1])
+  # The real cell: trained once, for 1 round, at its rates, on the protocol's cohort.
+  real_dir = os.path.join(plan.directory, 'grid', 'emnist', real_algo,
+                          grid_search.cell_name(real_c, real_s))
+  recorded = json.load(open(os.path.join(real_dir, 'flags.json')))
+  assert (recorded['total_rounds'], recorded['clients_per_round']) == (1, 10)
+  assert recorded['hparams'] == dict(client_learning_rate=real_c, server_learning_rate=real_s)
+  assert list(_accuracy(real_dir)[0]) == [1]
+  _check_report(plan, path, _THRESHOLDS, tuple(range(5)))
+  text = open(path).read()
+  for algo in _ALGOS:  # Designed so that every run reaches both thresholds.
+    row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))
+    assert 'not reached' not in row and '[5/5]' in row, row
+
+
+def test_a_second_run_trains_nothing_and_reuses_every_run(designed, synthetic_cache_dir):
+  root, plan, path, _, _ = designed
+  mtimes = _metrics_mtimes(plan.directory)
+  assert len(mtimes) == 243 + 15  # The designed diverged corners have a metrics.csv too.
+  before = json.load(open(os.path.join(plan.directory, 'report.json')))
+  _, path_again, out = _reproduce(_designed_args(root, synthetic_cache_dir))
+  assert path_again == path and ': started' not in out
+  assert len(re.findall(r': already finished', out)) == 243 - 3 + 15
+  assert len(re.findall(r': already diverged', out)) == 3
+  assert _metrics_mtimes(plan.directory) == mtimes
+  assert json.load(open(os.path.join(plan.directory, 'report.json'))) == before
+
+
+@pytest.mark.skipif(not _LONG, reason='12 real training runs, ~10 CPU minutes: set'
+                    ' TFF_ZMG_LONG_TESTS=1')
+def test_ci_scale_trains_the_whole_protocol_and_then_reuses_it(tmp_path, synthetic_cache_dir):
+  """The ci scale for real: 3 x 2 grid cells and 3 x 2 comparison runs, then a re-run."""
+  args = ['--paper=fedzmg', '--table=5,6', '--scale=ci', '--data_source=synthetic',
+          f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
+          '--parallel=2', '--thresholds=0.0,0.05']
+  plan, path, out = _reproduce(args)
+  assert 'grid search, 6 runs' in out and 'comparison, 6 runs' in out
+  assert len(re.findall(r': started', out)) == 12
+  for algo in _ALGOS:
+    chosen = json.load(open(os.path.join(plan.directory, 'grid', 'emnist', algo, 'best.json')))
+    for seed in (0, 1):
+      run_dir = os.path.join(plan.directory, 'runs', 'emnist', compare.run_name('emnist', algo, seed))
+      recorded = json.load(open(os.path.join(run_dir, 'flags.json')))
+      assert recorded['hparams']['client_learning_rate'] == chosen['client_learning_rate']
+  _check_report(plan, path, (0.0, 0.05), (0, 1))
+  mtimes = _metrics_mtimes(plan.directory)
+  _, _, out = _reproduce(args)
+  assert ': started' not in out and len(re.findall(r': already', out)) == 12
+  assert _metrics_mtimes(plan.directory) == mtimes
+
+
+def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
+  """The full FedZMG protocol: 9 x 9 cells x 3 algorithms x 3 tasks, then 3 x 5 x 3 runs.
+
+  The round time is read from the newest earlier run with two rounds (so nothing trains).
+  """
+  root, plan = designed[:2]
+  for table, grid, comparison in (([], 81 * 3 * 3, 3 * 5 * 3), (['--table=5'], 81 * 3, 15)):
+    _parse('--paper=fedzmg', '--dry_run', f'--root_output_dir={root}', *table)
+    try:
+      out = io.StringIO()
+      counts = reproduce.dry_run(reproduce.make_plan(), stream=out)
+    finally:
+      flags.FLAGS.unparse_flags()
+    out = out.getvalue()
+    assert (counts['grid'], counts['comparison']) == (grid, comparison)
+    assert f'total: {grid + comparison} runs' in out
+    assert out.count('\n  grid-') == grid and out.count(' seed=') == comparison
+    assert 'read from the earlier run' in out and counts['seconds'] > 0
+    assert counts['timing']['source'].startswith(os.path.join(plan.directory, 'runs'))
+  assert '  grid-emnist-fedadam-clr10_slr10: emnist fedadam clr=10 slr=10 rounds=50 cohort=10\n' in out
+  assert '  emnist-emnist_fedzmg_seed4: emnist fedzmg seed=4 rounds=1000 cohort=10\n' in out
+  # 50-round cells and 1000-round comparison runs at the measured speed.
+  timing = reproduce.RoundTime(**counts['timing'])
+  per_round = lambda cohort: cohort * timing.train_s_per_client + timing.eval_s
+  expected = (grid * (timing.startup_s + 50 * per_round(10))
+              + comparison * (timing.startup_s + 1000 * per_round(10)))
+  assert counts['seconds'] == pytest.approx(expected)
+
+
+def test_scales_shrink_the_protocol_keeping_its_shape():
+  grid = papers.PAPERS['fedzmg'].grid
+  assert papers.thin(grid.client_learning_rates, 3) == (1e-3, 0.1, 10.0)
+  assert papers.thin(grid.client_learning_rates, 1) == (0.1,)
+  small = papers.get_scale('small')
+  assert (small.rounds(1000), small.rounds(50, grid=True), small.seeds(range(5))) == (
+      100, 5, (0, 1, 2))
+  assert papers.get_scale('0.25').rounds(1000) == 250
+  assert papers.get_scale('full').rounds(1000) == 1000
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--paper=fedprox'], "unknown --paper 'fedprox'"),
+    ([], '--paper is required'),
+    (['--paper=fedzmg', '--table=2'], 'choose from [3, 4, 5, 6, 7, 8]'),
+    (['--paper=gcfed', '--table=x'], 'choose from [4, 5]'),
+    (['--paper=fedzmg', '--scale=huge'], "choose one of ['full', 'small', 'ci']"),
+    (['--paper=fedzmg', '--scale=1.5'], 'a number in (0, 1]'),
+    (['--paper=fedzmg', '--seed=3'], '--seed is set by the fedzmg protocol'),
+])
+def test_bad_flags_are_refused_with_what_is_allowed(args, message, tmp_path):
+  _parse(f'--root_output_dir={tmp_path}', *args)
+  try:
+    with pytest.raises(ValueError) as error:
+      reproduce.make_plan()
+    assert message in str(error.value)
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def test_tfds_papers_need_their_data_but_not_for_a_dry_run(designed, tmp_path):
+  _parse('--paper=gcfed', '--table=5', f'--cache_dir={tmp_path}',
+         f'--root_output_dir={designed[0]}')
+  try:
+    plan = reproduce.make_plan()
+    with pytest.raises(sources.MissingDataError, match='cifar10 data is not on this machine'):
+      reproduce.check_data(plan)
+    counts = reproduce.dry_run(plan, stream=io.StringIO())
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert (counts['grid'], counts['comparison']) == (0, 8 * 4 * 3)
+
+
+def test_accuracy_tables_fill_every_column_from_the_runs(tmp_path):
+  """FedGPS Table 1 (best accuracy per Dirichlet draw) over finished runs: nothing trains."""
+  _parse('--paper=fedgps', '--scale=ci', '--data_source=synthetic',
+         f'--root_output_dir={tmp_path}')
+  try:
+    plan = reproduce.make_plan()
+    rng = np.random.default_rng(1)
+    best_of = {}
+    for run in reproduce.comparison_runs(plan):
+      accuracies = np.round(rng.uniform(0.1, 0.9, plan.total_rounds), 4)
+      _write_run(run, accuracies)
+      best_of[(os.path.basename(run.config.root_output_dir), run.config.algo)] = max(accuracies)
+    out = io.StringIO()
+    path = reproduce.reproduce(plan, stream=out)
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert ': started' not in out.getvalue() and len(best_of) == 10
+  results = json.load(open(os.path.join(plan.directory, 'report.json')))['tables']['1']
+  table = published.get('fedgps', 1)
+  text = open(path).read()
+  for algo in ('fedavg', 'fedgps'):
+    row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))
+    for i in range(1, 6):
+      cell = results[algo][f'scenario{i}']
+      assert cell['ours'] == pytest.approx(best_of[(f'scenario{i}', algo)])
+      assert cell['paper'] == table.value(algo, f'scenario{i}')
+      assert f'| {100 * cell["ours"]:.2f} ({cell["paper"]:.2f}) |' in row + ' |'
+  ours_best = sum(best_of[(f'scenario{i}', 'fedgps')] > best_of[(f'scenario{i}', 'fedavg')]
+                  for i in range(1, 6))
+  assert f'the best algorithm agrees in {ours_best} of 5 columns' in text
+  assert 'cifar10 stood in for by synthetic cifar100 data' in text
+  # Each scenario is its own Dirichlet draw of one synthetic dataset.
+  seeds = {json.load(open(os.path.join(plan.directory, 'runs', f'scenario{i}',
+                                       'cifar100_fedavg_seed0', 'flags.json')))['partition_seed']
+           for i in range(1, 6)}
+  assert seeds == {0, 1, 2, 3, 4}
