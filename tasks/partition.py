@@ -17,20 +17,16 @@ seed, so runs with different seeds train on identical splits.
 """
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import pathlib
 import sqlite3
-import sys
-import tempfile
-import time
 from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from tasks import cache
 from tff_zmg import validation
 
 PARTITIONS = ('dirichlet',)
@@ -163,48 +159,33 @@ def write_partitioned_database(
   parts = dirichlet_partition(labels, num_clients, alpha, seed)
   width = max(5, len(str(num_clients - 1)))
   client_ids = [f'client_{k:0{width}d}' for k in range(num_clients)]
-  directory = os.path.dirname(os.path.abspath(database_path))
-  fd, tmp_path = tempfile.mkstemp(dir=directory, prefix='.partition.', suffix='.tmp')
-  os.close(fd)
-  try:
-    with contextlib.closing(sqlite3.connect(pathlib.Path(tmp_path).as_uri(), uri=True)) as con:
-      con.execute('ATTACH DATABASE ? AS src', (source_uri,))
-      con.executescript("""
-          CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL,
-                                 serialized_example_proto BLOB NOT NULL);
-          CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL,
-                                        num_examples INTEGER NOT NULL);
-          CREATE TEMP TABLE assignment (source_rowid INTEGER PRIMARY KEY,
-                                        client_id TEXT NOT NULL);
-      """)
-      con.executemany(
-          'INSERT INTO assignment VALUES (?, ?)',
-          ((int(rowids[i]), cid) for cid, part in zip(client_ids, parts) for i in part),
-      )
-      con.execute(
-          'INSERT INTO examples SELECT ?, a.client_id, e.serialized_example_proto'
-          ' FROM assignment a JOIN src.examples e ON e.rowid = a.source_rowid'
-          ' ORDER BY a.client_id, a.source_rowid', (train_split,),
-      )
-      con.executemany(
-          'INSERT INTO client_metadata VALUES (?, ?, ?)',
-          ((cid, train_split, len(part)) for cid, part in zip(client_ids, parts)),
-      )
-      con.execute(
-          'INSERT INTO examples SELECT split_name, client_id, serialized_example_proto'
-          ' FROM src.examples WHERE split_name = ? ORDER BY rowid', (test_split,),
-      )
-      con.execute(
-          'INSERT INTO client_metadata SELECT client_id, split_name, num_examples'
-          ' FROM src.client_metadata WHERE split_name = ?', (test_split,),
-      )
-      # TFF reads a client with `WHERE client_id = ... AND split_name = ...`.
-      con.execute('CREATE INDEX examples_by_client ON examples (client_id, split_name)')
-      con.commit()
-    os.replace(tmp_path, database_path)
-  finally:
-    if os.path.exists(tmp_path):
-      os.remove(tmp_path)
+  with cache.new_tff_sqlite(database_path, prefix='.partition.') as con:
+    con.execute('ATTACH DATABASE ? AS src', (source_uri,))
+    con.execute(
+        'CREATE TEMP TABLE assignment (source_rowid INTEGER PRIMARY KEY,'
+        ' client_id TEXT NOT NULL)'
+    )
+    con.executemany(
+        'INSERT INTO assignment VALUES (?, ?)',
+        ((int(rowids[i]), cid) for cid, part in zip(client_ids, parts) for i in part),
+    )
+    con.execute(
+        'INSERT INTO examples SELECT ?, a.client_id, e.serialized_example_proto'
+        ' FROM assignment a JOIN src.examples e ON e.rowid = a.source_rowid'
+        ' ORDER BY a.client_id, a.source_rowid', (train_split,),
+    )
+    con.executemany(
+        'INSERT INTO client_metadata VALUES (?, ?, ?)',
+        ((cid, train_split, len(part)) for cid, part in zip(client_ids, parts)),
+    )
+    con.execute(
+        'INSERT INTO examples SELECT split_name, client_id, serialized_example_proto'
+        ' FROM src.examples WHERE split_name = ? ORDER BY rowid', (test_split,),
+    )
+    con.execute(
+        'INSERT INTO client_metadata SELECT client_id, split_name, num_examples'
+        ' FROM src.client_metadata WHERE split_name = ?', (test_split,),
+    )
   return client_ids
 
 
@@ -239,31 +220,19 @@ def ensure_partitioned_cache_dir(
       dirichlet_alpha=alpha, num_clients=num_clients, partition_seed=seed,
       version=_VERSION,
   )
-  digest = hashlib.sha256(
-      json.dumps(description, sort_keys=True).encode('utf-8')
-  ).hexdigest()[:12]
   directory = os.path.join(
-      os.path.dirname(os.path.abspath(source_path)), 'partitions', f'{task_name}-{digest}'
+      os.path.dirname(os.path.abspath(source_path)), 'partitions',
+      f'{task_name}-{cache.settings_digest(description)}',
   )
   database_path = os.path.join(directory, os.path.basename(source_path))
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, '.lock'), 'w') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not os.path.exists(database_path):
-      start = time.monotonic()
-      print(
-          f'partition: dealing the {splits[0]!r} examples of {source_path} to'
-          f' {num_clients} clients, Dirichlet alpha={alpha:g}, seed={seed} ...',
-          file=sys.stderr, flush=True,
-      )
-      with open(os.path.join(directory, 'settings.json'), 'w') as f:
-        json.dump(description, f, indent=2, sort_keys=True)
-      write_partitioned_database(
+  cache.build_once(
+      directory, database_path, description,
+      lambda: write_partitioned_database(
           source_path, database_path, train_split=splits[0], test_split=splits[1],
           num_clients=num_clients, alpha=alpha, seed=seed,
-      )
-      print(
-          f'partition: wrote {database_path} ({time.monotonic() - start:.1f} s)',
-          file=sys.stderr, flush=True,
-      )
+      ),
+      label='partition',
+      doing=f'dealing the {splits[0]!r} examples of {source_path} to {num_clients} clients,'
+      f' Dirichlet alpha={alpha:g}, seed={seed}',
+  )
   return directory

@@ -45,10 +45,8 @@ identical examples, and adding clients does not change existing ones.
 import collections
 from collections.abc import Mapping, Sequence
 import functools
-import hashlib
 import json
 import os
-import tempfile
 from typing import Any, Callable, Optional
 import zlib
 
@@ -56,6 +54,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import cache
 from tff_zmg import validation
 
 SQLITE_FILENAMES = {
@@ -693,15 +692,9 @@ def write_synthetic_sqlite(
     return tf.data.Dataset.from_tensor_slices(examples_by_id[client_id])
 
   database_path = os.fspath(database_path)
-  directory = os.path.dirname(os.path.abspath(database_path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp_path = tempfile.mkstemp(
-      dir=directory,
-      prefix=f'.{os.path.basename(database_path)}.',
-      suffix='.tmp',
-  )
-  os.close(fd)
-  try:
+  with cache.atomic_path(
+      database_path, prefix=f'.{os.path.basename(database_path)}.'
+  ) as tmp_path:
     tff.simulation.datasets.save_to_sql_client_data(
         list(examples_by_id),
         dataset_fn,
@@ -709,10 +702,6 @@ def write_synthetic_sqlite(
         allow_overwrite=True,
         split_names_by_client_id=split_by_id,
     )
-    os.replace(tmp_path, database_path)
-  finally:
-    if os.path.exists(tmp_path):
-      os.remove(tmp_path)
 
 
 def ensure_synthetic_cache_dir(
@@ -766,11 +755,8 @@ def ensure_synthetic_cache_dir(
   description = dict(
       task_name=task_name, generator_version=_GENERATOR_VERSION, **settings
   )
-  digest = hashlib.sha256(
-      json.dumps(description, sort_keys=True).encode('utf-8')
-  ).hexdigest()[:12]
   directory = os.path.join(
-      os.fspath(cache_dir), 'synthetic', f'{task_name}-{digest}'
+      os.fspath(cache_dir), 'synthetic', f'{task_name}-{cache.settings_digest(description)}'
   )
   database_path = os.path.join(directory, SQLITE_FILENAMES[task_name])
   if not os.path.exists(database_path):

@@ -15,22 +15,14 @@ Examples are stored as `tf.train.Example`s with `image` (the raw 32x32x3 uint8 b
 element layout of TFF's CIFAR-100, so the CIFAR preprocessing applies unchanged.
 """
 
-import contextlib
-import fcntl
-import hashlib
-import json
 import os
-import pathlib
-import sqlite3
-import sys
-import tempfile
-import time
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import cache
 from tasks import partition as partition_lib
 from tasks import sources
 
@@ -89,48 +81,32 @@ def _test_client_of(num_examples: int) -> np.ndarray:
 
 def write_database(builder, database_path: str) -> None:
   """Copies the builder's train and test splits into TFF's SQLite schema (atomically)."""
-  directory = os.path.dirname(database_path)
-  fd, tmp_path = tempfile.mkstemp(dir=directory, prefix='.tfds.', suffix='.tmp')
-  os.close(fd)
-  try:
-    with contextlib.closing(sqlite3.connect(pathlib.Path(tmp_path).as_uri(), uri=True)) as con:
-      con.executescript("""
-          CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL,
-                                 serialized_example_proto BLOB NOT NULL);
-          CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL,
-                                        num_examples INTEGER NOT NULL);
-      """)
-      for split in SPLITS:
-        num_examples = builder.info.splits[split].num_examples
-        if split == 'train':
-          client_of = np.zeros(num_examples, dtype=np.int64)
-          ids = [POOL_CLIENT_ID]
-        else:
-          client_of, ids = _test_client_of(num_examples), test_client_ids(num_examples)
-        # shuffle_files=False keeps tfds' stored order, so the copy is deterministic.
-        dataset = builder.as_dataset(split=split, shuffle_files=False).batch(_WRITE_CHUNK)
-        index = 0
-        for batch in dataset.as_numpy_iterator():
-          rows = []
-          for image, label in zip(batch['image'], batch['label']):
-            rows.append((split, ids[client_of[index]], _serialize(image, label)))
-            index += 1
-          con.executemany('INSERT INTO examples VALUES (?, ?, ?)', rows)
-        if index != num_examples:
-          raise ValueError(
-              f'{builder.data_dir}: the {split!r} split holds {index} examples, its'
-              f' dataset_info.json says {num_examples}'
-          )
-        con.executemany(
-            'INSERT INTO client_metadata VALUES (?, ?, ?)',
-            ((cid, split, int(n)) for cid, n in zip(ids, np.bincount(client_of))),
+  with cache.new_tff_sqlite(database_path, prefix='.tfds.') as con:
+    for split in SPLITS:
+      num_examples = builder.info.splits[split].num_examples
+      if split == 'train':
+        client_of = np.zeros(num_examples, dtype=np.int64)
+        ids = [POOL_CLIENT_ID]
+      else:
+        client_of, ids = _test_client_of(num_examples), test_client_ids(num_examples)
+      # shuffle_files=False keeps tfds' stored order, so the copy is deterministic.
+      dataset = builder.as_dataset(split=split, shuffle_files=False).batch(_WRITE_CHUNK)
+      index = 0
+      for batch in dataset.as_numpy_iterator():
+        rows = []
+        for image, label in zip(batch['image'], batch['label']):
+          rows.append((split, ids[client_of[index]], _serialize(image, label)))
+          index += 1
+        con.executemany('INSERT INTO examples VALUES (?, ?, ?)', rows)
+      if index != num_examples:
+        raise ValueError(
+            f'{builder.data_dir}: the {split!r} split holds {index} examples, its'
+            f' dataset_info.json says {num_examples}'
         )
-      con.execute('CREATE INDEX examples_by_client ON examples (client_id, split_name)')
-      con.commit()
-    os.replace(tmp_path, database_path)
-  finally:
-    if os.path.exists(tmp_path):
-      os.remove(tmp_path)
+      con.executemany(
+          'INSERT INTO client_metadata VALUES (?, ?, ?)',
+          ((cid, split, int(n)) for cid, n in zip(ids, np.bincount(client_of))),
+      )
 
 
 def ensure_database(task_name: str, data_dir: Optional[str] = None) -> str:
@@ -148,25 +124,13 @@ def ensure_database(task_name: str, data_dir: Optional[str] = None) -> str:
       dataset=dataset, tfds_dir=os.path.realpath(str(builder.data_dir)),
       info_size=stat.st_size, info_mtime_ns=stat.st_mtime_ns, version=_VERSION,
   )
-  digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:12]
+  digest = cache.settings_digest(description)
   directory = os.path.join(data_dir, 'tff_sqlite', f'{task_name}-{digest}')
   database_path = os.path.join(directory, f'{task_name}.sqlite')
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, '.lock'), 'w') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not os.path.exists(database_path):
-      start = time.monotonic()
-      print(
-          f'tfds: copying {builder.data_dir} into TFF\'s SQLite schema ...',
-          file=sys.stderr, flush=True,
-      )
-      with open(os.path.join(directory, 'settings.json'), 'w') as f:
-        json.dump(description, f, indent=2, sort_keys=True)
-      write_database(builder, database_path)
-      print(
-          f'tfds: wrote {database_path} ({time.monotonic() - start:.1f} s)',
-          file=sys.stderr, flush=True,
-      )
+  cache.build_once(
+      directory, database_path, description, lambda: write_database(builder, database_path),
+      label='tfds', doing=f"copying {builder.data_dir} into TFF's SQLite schema",
+  )
   return database_path
 
 
