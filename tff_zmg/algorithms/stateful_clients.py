@@ -122,6 +122,43 @@ class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
     return self._initial_client_state_fn()
 
 
+def build_stateful_client_work(
+    client_update: tff.Computation,
+    initial_client_state: tff.Computation,
+    metrics_aggregation_fn: Any,
+) -> StatefulClientWork:
+  """The `StatefulClientWork` that maps `client_update` over the clients (empty server state).
+
+  `client_update(weights, data, client_state, x) -> <ClientResult, new client state,
+  *uploads, local metrics>`, where `x` is the round index (or, with a `SharedState`, the
+  broadcast `<round_num, shared>`). `next` returns `(ClientResult, new states, *uploads)`
+  as its result and the clients' metrics, aggregated by `metrics_aggregation_fn` (e.g.
+  `tff.learning.metrics.sum_then_finalize`), as `measurements['train']`.
+  """
+  parameter = client_update.type_signature.parameter
+  client_types = [tff.FederatedType(parameter[i], tff.CLIENTS) for i in range(len(parameter))]
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.federated_computation(init_fn.type_signature.result, *client_types)
+  def next_fn(state, weights, data, client_states, round_input):
+    *outputs, local_metrics = tff.federated_map(
+        client_update, (weights, data, client_states, round_input)
+    )
+    measurements = tff.federated_zip(
+        collections.OrderedDict(train=metrics_aggregation_fn(local_metrics))
+    )
+    return tff.templates.MeasuredProcessOutput(
+        state=state, result=tuple(outputs), measurements=measurements
+    )
+
+  return StatefulClientWork(
+      initialize=init_fn, next=next_fn, initial_client_state=initial_client_state
+  )
+
+
 def compose_stateful_clients_process(
     initial_model_weights_fn: tff.Computation,
     distributor: tff.templates.MeasuredProcess,

@@ -168,28 +168,6 @@ def build_corrected_sgdm_client_work(
     )
     return update_fn(weights, data, client_state, round_num)
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS),
-      tff.FederatedType(client_state_type, tff.CLIENTS),
-      tff.FederatedType(np.int32, tff.CLIENTS),
-  )
-  def next_fn(state, weights, data, client_states, round_num):
-    result, new_states, model_outputs = tff.federated_map(
-        client_update, (weights, data, client_states, round_num)
-    )
-    measurements = tff.federated_zip(
-        collections.OrderedDict(train=metrics_aggregation_fn(model_outputs))
-    )
-    return tff.templates.MeasuredProcessOutput(
-        state=state, result=(result, new_states), measurements=measurements
-    )
-
-  return stateful_clients.StatefulClientWork(
-      initialize=init_fn, next=next_fn, initial_client_state=initial_client_state
+  return stateful_clients.build_stateful_client_work(
+      client_update, initial_client_state, metrics_aggregation_fn
   )

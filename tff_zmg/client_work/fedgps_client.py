@@ -375,28 +375,6 @@ def build_fedgps_client_work(
     )
     return update_fn(weights, data, client_state, broadcast)
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS),
-      tff.FederatedType(client_state_type, tff.CLIENTS),
-      tff.FederatedType(broadcast_type, tff.CLIENTS),
-  )
-  def next_fn(state, weights, data, client_states, broadcast):
-    result, new_states, uploads, metrics = tff.federated_map(
-        client_update, (weights, data, client_states, broadcast)
-    )
-    measurements = tff.federated_zip(
-        collections.OrderedDict(train=metrics_aggregation_fn(metrics))
-    )
-    return tff.templates.MeasuredProcessOutput(
-        state=state, result=(result, new_states, uploads), measurements=measurements
-    )
-
-  return stateful_clients.StatefulClientWork(
-      initialize=init_fn, next=next_fn, initial_client_state=initial_client_state
+  return stateful_clients.build_stateful_client_work(
+      client_update, initial_client_state, metrics_aggregation_fn
   )
