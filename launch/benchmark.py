@@ -161,8 +161,7 @@ def client_rule_optimizer(algo: str, task):
     return None, None
   rule = compose.CLIENT_RULES[rule_name]
   hparams = {k: spec.defaults.get(k, default) for k, default in rule.hparams.items()}
-  with tf.Graph().as_default():  # Masks need the variables only, not eager ones.
-    variables = task.keras_model_fn().trainable_variables
+  variables = compose.trainable_variables(task.model_fn)  # For the rule's mask.
   return rule_name, rule.build(spec.defaults['client_learning_rate'], variables, **hparams)
 
 
