@@ -11,8 +11,8 @@ after a warm-up round each, with the median and spread over `--repeats`:
 - `plain_tf/<rule>`: the same loop running an algorithm's client rule (e.g. ZMG-SGDM)
   at its defaults: the algorithm's arithmetic without federation, its own lower bound;
 - `tff_fedavg`: TFF's own `tff.learning.algorithms.build_weighted_fed_avg`;
-- each algorithm of `--algos`, as `launch.train` builds it (FedRKMGC with the disk
-  client-state store).
+- each algorithm of `--algos`, as `launch.train` builds and runs it (FedRKMGC with the
+  disk client-state store, whose files TFF's worker reads and writes itself).
 
 One parseable line per contender (`ratio` to its own plain-TF bound, `ratio_plain_sgd`
 to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg, peak resident memory of this

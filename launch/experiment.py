@@ -458,7 +458,10 @@ def run(config: ExperimentConfig) -> dict:
           config.client_state_store,
           os.path.join(config.output_dir, CLIENT_STATES_DIRNAME),
       )
-      training_process = client_states.StatefulClientsTrainer(process, store)
+      # Remote workers may not see this machine's files: their states go in the call.
+      training_process = client_states.StatefulClientsTrainer(
+          process, store, states_in_worker=not config.workers
+      )
       state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
     metrics_managers = [
         progress,

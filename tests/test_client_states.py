@@ -9,8 +9,11 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
 
 from tff_zmg import client_states
+from tff_zmg.client_states import state_file
 from tff_zmg.client_states import store as store_lib
 
 STORE_KINDS = ('disk', 'memory')
@@ -66,9 +69,9 @@ def test_disk_store_keeps_exactly_the_versions_kept_checkpoints_need(tmp_path):
     store.commit(version, list(range(max(1, version - 2), version + 1)))
   client_dir = tmp_path / 'clients' / 'a'
   # Checkpoints 3, 4, 5 are kept: each needs its own version of 'a'.
-  assert sorted(os.listdir(client_dir)) == ['00000003.npz', '00000004.npz', '00000005.npz']
+  assert sorted(os.listdir(client_dir)) == ['00000003.tfstate', '00000004.tfstate', '00000005.tfstate']
   # 'b' was written once, at 2: checkpoints 3-5 all need that version.
-  assert sorted(os.listdir(tmp_path / 'clients' / 'b')) == ['00000002.npz']
+  assert sorted(os.listdir(tmp_path / 'clients' / 'b')) == ['00000002.tfstate']
   store.restore(3)
   assert _value(store.read('a')) == 3 and _value(store.read('b')) == 20
 
@@ -88,16 +91,72 @@ def test_a_failed_write_leaves_the_previous_state(tmp_path, monkeypatch):
   store = client_states.DiskClientStateStore(str(tmp_path))
   store.write(1, {'a': _state(1)})
 
-  def half_a_write(f, **arrays):
-    f.write(b'PK\x03\x04 the first bytes of a zip, then the process dies')
-    raise KeyboardInterrupt
+  def interrupted_rename(source, target):
+    assert os.path.getsize(source) > 0  # The new state was written in full ...
+    raise KeyboardInterrupt  # ... and then Ctrl-C came before it replaced the old one.
 
-  monkeypatch.setattr(store_lib.np, 'savez', half_a_write)
+  monkeypatch.setattr(store_lib.os, 'replace', interrupted_rename)
   with pytest.raises(KeyboardInterrupt):
     store.write(1, {'a': _state(2)})
   monkeypatch.undo()
   assert _value(store.read('a')) == 1
-  assert os.listdir(tmp_path / 'clients' / 'a') == ['00000001.npz']
+  assert os.listdir(tmp_path / 'clients' / 'a') == ['00000001.tfstate']
+
+
+def test_state_files_written_by_the_worker_are_adopted_only_whole(tmp_path):
+  """The TFF worker's side of the store, with the worker's own TF ops writing the files."""
+  store = client_states.DiskClientStateStore(str(tmp_path))
+  store.write(1, {'a': _state(1)})
+  initial = _state(0)
+  files = store.state_file_paths(2, ['a', 'new'], initial)
+  assert files[0]['read'].endswith(os.path.join('a', '00000001.tfstate'))
+  assert state_file.load(files[1]['read'])[0].tolist() == [0.0] * 4  # The initial state.
+  sizes = {}
+  for client_id, paths, value in zip(['a', 'new'], files, [2, 20]):
+    data = state_file.serialize([tf.constant(a) for a in _state(value)])  # As in the worker.
+    tf.io.write_file(paths['write'], data)
+    sizes[client_id] = len(data.numpy())
+  assert store.read('a') is not None and _value(store.read('a')) == 1  # Not adopted yet.
+  store.adopt_state_files(2, sizes)
+  assert _value(store.read('a')) == 2 and _value(store.read('new')) == 20
+  assert store.read('new')[1].dtype == np.int32
+  # A file shorter than the worker reported (a full disk) is refused, not adopted.
+  files = store.state_file_paths(3, ['a'], initial)
+  data = state_file.serialize([tf.constant(a) for a in _state(3)])
+  tf.io.write_file(files[0]['write'], tf.strings.substr(data, 0, 10))
+  with pytest.raises(client_states.CorruptClientStateError, match='disk full'):
+    store.adopt_state_files(3, {'a': len(data.numpy())})
+  assert _value(store.read('a')) == 2
+  store.restore(2)  # Resuming deletes the refused file.
+  assert sorted(os.listdir(tmp_path / 'clients' / 'a')) == ['00000001.tfstate', '00000002.tfstate']
+
+
+def test_python_and_tf_ops_read_each_others_state_files():
+  arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(7, np.int32)]
+  types = [tff.TensorType(np.float32, [2, 3]), tff.TensorType(np.int32)]
+  from_tf = state_file.serialize([tf.constant(a) for a in arrays]).numpy()
+  from_python = state_file.encode(arrays)
+  for decoded in (
+      state_file.decode(from_tf, 'x'),
+      [t.numpy() for t in state_file.parse(tf.constant(from_python), types)],
+  ):
+    for a, d in zip(arrays, decoded, strict=True):
+      assert d.dtype == a.dtype
+      np.testing.assert_array_equal(d, a)
+  with pytest.raises(tf.errors.InvalidArgumentError):  # A wrong shape is not accepted.
+    state_file.parse(tf.constant(from_tf), [tff.TensorType(np.float32, [3, 2]), types[1]])
+  with pytest.raises(client_states.CorruptClientStateError, match='state file x'):
+    state_file.decode(from_tf[:-3], 'x')
+
+
+def test_old_npz_states_are_refused_not_silently_dropped(tmp_path):
+  store = client_states.DiskClientStateStore(str(tmp_path))
+  store.write(1, {'a': _state(1)})
+  legacy = tmp_path / 'clients' / 'a' / '00000001.npz'
+  np.savez(legacy, a0=np.zeros(4, np.float32))
+  with pytest.raises(client_states.CorruptClientStateError, match='npz format'):
+    store.restore(1)
+  assert legacy.exists()
 
 
 _WRITER = textwrap.dedent('''
@@ -128,23 +187,23 @@ def test_disk_store_survives_a_process_killed_during_writes(tmp_path):
     if proc.poll() is None:
       proc.kill()
   names = os.listdir(tmp_path / 'clients' / 'client')
-  versions = sorted(int(n[:-4]) for n in names if n.endswith('.npz'))
+  versions = sorted(int(n[:-8]) for n in names if n.endswith('.tfstate'))
   assert versions, names
   store = client_states.DiskClientStateStore(str(tmp_path))
   # Every complete-looking file is a whole state: the atomic rename never exposes a
   # torn one. The newest is what a reader sees.
   for version in versions:
-    array = np.load(tmp_path / 'clients' / 'client' / f'{version:08d}.npz')['a0']
+    (array,) = state_file.load(str(tmp_path / 'clients' / 'client' / f'{version:08d}.tfstate'))
     assert array.shape == (4_000_000,) and np.all(array == version)
   assert _value(store.read('client')) == versions[-1]
   store.restore(versions[-1])  # Resuming clears any temporary file left behind.
-  assert all(n.endswith('.npz') for n in os.listdir(tmp_path / 'clients' / 'client'))
+  assert all(n.endswith('.tfstate') for n in os.listdir(tmp_path / 'clients' / 'client'))
 
 
 def test_a_corrupt_state_file_is_a_clear_error(tmp_path):
   store = client_states.DiskClientStateStore(str(tmp_path))
   store.write(1, {'a': _state(1)})
-  path = tmp_path / 'clients' / 'a' / '00000001.npz'
+  path = tmp_path / 'clients' / 'a' / '00000001.tfstate'
   path.write_bytes(path.read_bytes()[:20])
   with pytest.raises(client_states.CorruptClientStateError, match=str(path)):
     store.read('a')

@@ -136,15 +136,18 @@ def _process(name, km_clock='global'):
 
 
 @functools.lru_cache(maxsize=None)
-def _run(name, rho=None, km_clock='global'):
+def _run(name, rho=None, km_clock='global', state_directory=None):
   """Three rounds through the package's trainer and in-memory store.
 
   Building a process and its first round cost ~25 s, so the ablations that differ
-  from a built one only in `rho` run it with the relaxation set in its state.
+  from a built one only in `rho` run it with the relaxation set in its state. With a
+  `state_directory`, the states are in a disk store and TFF's worker reads and writes
+  their files itself.
   """
-  trainer = client_states.StatefulClientsTrainer(
-      _process(name, km_clock), client_states.InMemoryClientStateStore()
-  )
+  store = client_states.InMemoryClientStateStore()
+  if state_directory is not None:
+    store = client_states.DiskClientStateStore(state_directory)
+  trainer = client_states.StatefulClientsTrainer(_process(name, km_clock), store)
   state = trainer.initialize()
   if rho is not None:
     state = _with_rho(state, rho)
@@ -207,6 +210,21 @@ def test_participation_clock_counts_the_clients_own_rounds(tff_context):
   _check_against_numpy(
       _run('fedrkmgc', km_clock='participation'), 'fast_km', 1.5, 'participation'
   )
+
+
+def test_states_the_worker_reads_and_writes_itself_match_numpy(tff_context, tmp_path):
+  del tff_context
+  run = _run('fedrkmgc', state_directory=str(tmp_path))
+  _check_against_numpy(run, 'fast_km', 1.5, 'global')
+  # A torn state file fails the round with the file's name, not the worker's parse error.
+  trainer = client_states.StatefulClientsTrainer(
+      _process('fedrkmgc'), client_states.DiskClientStateStore(str(tmp_path))
+  )
+  path = tmp_path / 'clients' / 'client0' / '00000002.tfstate'
+  path.write_bytes(path.read_bytes()[:100])
+  selection = client_states.ClientSelection(3, ['client0'], [_dataset(0)])
+  with pytest.raises(client_states.CorruptClientStateError, match=str(path)):
+    trainer.next(run[2], selection)
 
 
 def test_skipping_client_keeps_its_state(tff_context):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from launch import train
+from tff_zmg.client_states import state_file
 
 _SMALL = [
     '--data_source=synthetic',
@@ -110,8 +111,7 @@ def _latest_client_states(experiment_dir):
   states = {}
   for client in sorted(os.listdir(root)):
     latest = max(os.listdir(root / client))
-    with np.load(root / client / latest) as data:
-      states[client] = (latest, [data[k] for k in sorted(data.files)])
+    states[client] = (latest, state_file.load(str(root / client / latest)))
   return states
 
 
@@ -138,7 +138,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(run_main, tmp_path, synt
   killed_dir = tmp_path / 'killed' / 'emnist_fedrkmgc_seed0'
   assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) < 4
   # Round 3 wrote its clients' states, but no checkpoint holds them.
-  assert any(version == '00000003.npz'
+  assert any(version == '00000003.tfstate'
              for version, _ in _latest_client_states(killed_dir).values())
   rc, out, err = run_main(*args, root=tmp_path / 'killed')
   assert rc == 0, err

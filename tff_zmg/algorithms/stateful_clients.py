@@ -25,6 +25,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_zmg.client_states import state_file
+
 
 class StatefulClientsOutput(NamedTuple):
   """The result of `StatefulClientsLearningProcess.next`.
@@ -90,6 +92,13 @@ class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
   It has `initialize`, `next(state, client_data, client_states)`,
   `get_model_weights`, `set_model_weights`, and `initial_client_state()` (the
   state a new client starts from, as NumPy values).
+
+  `next_with_state_files(state, client_data, state_files)` is the same round with
+  the clients' states in files instead of in the call: `state_files` holds one
+  `OrderedDict(read=path, write=path)` per client, TFF's worker reads each state
+  from `read` and writes the new one to `write` (format: `client_states.state_file`),
+  and the output's `client_states` are the numbers of bytes written. The states then
+  never travel between Python and the worker, which must see the same file system.
   """
 
   def __init__(
@@ -99,11 +108,17 @@ class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
       get_model_weights: tff.Computation,
       set_model_weights: tff.Computation,
       initial_client_state_fn: tff.Computation,
+      next_with_state_files_fn: tff.Computation,
   ):
     super().__init__(initialize_fn, next_fn, next_is_multi_arg=True)
     self._get_model_weights = get_model_weights
     self._set_model_weights = set_model_weights
     self._initial_client_state_fn = initial_client_state_fn
+    self._next_with_state_files = next_with_state_files_fn
+
+  @property
+  def next_with_state_files(self) -> tff.Computation:
+    return self._next_with_state_files
 
   @property
   def get_model_weights(self) -> tff.Computation:
@@ -203,8 +218,7 @@ def compose_stateful_clients_process(
   def increment(round_num):
     return round_num + 1
 
-  @tff.federated_computation(state_type, data_type, client_states_type)
-  def next_fn(state, client_data, client_states):
+  def round_fn(state, client_data, client_states):
     weights = state.global_model_weights
     distributor_output = distributor.next(state.distributor, weights)
     if shared_state is None:
@@ -256,6 +270,22 @@ def compose_stateful_clients_process(
         state=new_state, metrics=metrics, client_states=work_output.result[1]
     )
 
+  @tff.federated_computation(state_type, data_type, client_states_type)
+  def next_fn(state, client_data, client_states):
+    return round_fn(state, client_data, client_states)
+
+  read_state, write_state = _state_file_computations(client_work.client_state_type)
+
+  @tff.federated_computation(
+      state_type, data_type, tff.FederatedType(_STATE_FILES_TYPE, tff.CLIENTS)
+  )
+  def next_with_state_files_fn(state, client_data, state_files):
+    output = round_fn(
+        state, client_data, tff.federated_map(read_state, state_files)
+    )
+    written = tff.federated_map(write_state, (state_files, output.client_states))
+    return StatefulClientsOutput(output.state, output.metrics, written)
+
   @tff.tensorflow.computation(state_type.member)
   def get_model_weights(state):
     return state['global_model_weights']
@@ -274,7 +304,36 @@ def compose_stateful_clients_process(
       get_model_weights,
       set_model_weights,
       client_work.initial_client_state,
+      next_with_state_files_fn,
   )
+
+
+_STATE_FILES_TYPE = tff.StructWithPythonType(
+    [('read', np.str_), ('write', np.str_)], collections.OrderedDict
+)
+
+
+def _state_file_computations(client_state_type: tff.Type):
+  """`(read_state, write_state)`: TF computations moving one client state to and from a file.
+
+  `read_state(<read, write>) -> C` and `write_state(<<read, write>, C>) -> int64` (the
+  number of bytes written), both run by TFF's worker.
+  """
+  types = state_file.tensor_types(client_state_type)
+
+  @tff.tensorflow.computation(_STATE_FILES_TYPE)
+  def read_state(files):
+    return state_file.pack(
+        state_file.parse(tf.io.read_file(files['read']), types), client_state_type
+    )
+
+  @tff.tensorflow.computation(_STATE_FILES_TYPE, client_state_type)
+  def write_state(files, client_state):
+    serialized = state_file.serialize(state_file.flatten(client_state, client_state_type))
+    with tf.control_dependencies([tf.io.write_file(files['write'], serialized)]):
+      return tf.cast(tf.strings.length(serialized), tf.int64)
+
+  return read_state, write_state
 
 
 def trainable_zeros(trainable_type: tff.Type) -> tuple[tf.Tensor, ...]:

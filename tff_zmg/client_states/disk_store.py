@@ -4,19 +4,32 @@ Memory stays flat in the number of clients: only the states of the clients being
 read or written are ever in memory. (3,400 EMNIST clients with FedRKMGC's two
 1.69M-parameter corrections each are 46 GB: a disk, not a memory, workload.)
 
-Layout: `<directory>/clients/<quoted client id (also '.')>/<round, 8 digits>.npz`. Each file is
-written atomically (`store.save_arrays_atomically`). A client's version `v` is kept as
-long as some kept checkpoint `k` needs it (`v` is the client's latest version <= `k`);
-restoring to checkpoint `k` deletes every version after `k`.
+Layout: `<directory>/clients/<quoted client id (also '.')>/<round, 8 digits>.tfstate`
+(format: `state_file`) and `<directory>/initial.tfstate`, the state of a client that
+never took part. A client's version `v` is kept as long as some kept checkpoint `k`
+needs it (`v` is the client's latest version <= `k`); restoring to checkpoint `k`
+deletes every version after `k`.
+
+States arrive two ways. `write` writes them from Python, each file atomically. With
+`state_file_paths` and `adopt_state_files`, TFF's worker reads each sampled client's
+latest file and writes its new state to a temporary file itself, and adopting renames
+those into place: a round's states (two model-sized vectors per FedRKMGC client) then
+never travel between Python and the worker. Either way files reach the disk at
+`sync()`, before a checkpoint that needs them is saved, not after every write: a round
+no checkpoint holds is dropped on resume anyway.
 """
 
+import collections
 import os
 from typing import Optional
 import urllib.parse
 
+from tff_zmg.client_states import state_file
 from tff_zmg.client_states import store
 
-_SUFFIX = '.npz'
+_SUFFIX = state_file.SUFFIX
+_LEGACY_SUFFIX = '.npz'  # Before state files: NumPy archives written from Python only.
+_WORKER_SUFFIX = '.worker.tmp'
 _MAX_NAME_LENGTH = 240  # File systems allow 255 bytes per name.
 
 
@@ -39,6 +52,9 @@ class DiskClientStateStore(store.ClientStateStore):
     os.makedirs(self._root, exist_ok=True)
     # Clients that may hold versions no kept checkpoint needs any more.
     self._unpruned: set[str] = set()
+    # Files written since the last `sync`.
+    self._unsynced: set[str] = set()
+    self._initial_state_written = False
 
   @property
   def directory(self) -> str:
@@ -49,6 +65,13 @@ class DiskClientStateStore(store.ClientStateStore):
 
   def _path(self, client_id: str, version: int) -> str:
     return os.path.join(self._client_dir(client_id), f'{version:08d}{_SUFFIX}')
+
+  def _worker_path(self, client_id: str, version: int) -> str:
+    # Hidden and not ending in the suffix: readers skip it and `restore` deletes it.
+    return os.path.join(self._client_dir(client_id), f'.{version:08d}{_WORKER_SUFFIX}')
+
+  def _initial_path(self) -> str:
+    return os.path.join(self.directory, f'initial{_SUFFIX}')
 
   def _versions(self, client_id: str) -> list[int]:
     try:
@@ -61,23 +84,88 @@ class DiskClientStateStore(store.ClientStateStore):
         if n.endswith(_SUFFIX) and n[: -len(_SUFFIX)].isdigit()
     )
 
-  def read(self, client_id: str) -> Optional[store.State]:
+  def _latest_path(self, client_id: str) -> Optional[str]:
     versions = self._versions(client_id)
-    if not versions:
-      return None
-    return store.arrays_to_state(
-        store.load_arrays(self._path(client_id, versions[-1]))
-    )
+    return self._path(client_id, versions[-1]) if versions else None
+
+  def _written(self, client_id: str, path: str) -> None:
+    self._unsynced.add(path)
+    self._unpruned.add(client_id)
+
+  def read(self, client_id: str) -> Optional[store.State]:
+    path = self._latest_path(client_id)
+    return None if path is None else state_file.load(path)
 
   def write(self, version: int, states) -> None:
     for client_id, state in states.items():
       os.makedirs(self._client_dir(client_id), exist_ok=True)
-      store.save_arrays_atomically(
-          self._path(client_id, version), store.state_to_arrays(state)
+      data = state_file.encode(state)
+      path = self._path(client_id, version)
+      store.replace_atomically(path, lambda f, data=data: f.write(data), sync=False)
+      self._written(client_id, path)
+
+  def state_file_paths(self, version: int, client_ids, initial_state: store.State):
+    """Where TFF's worker reads and writes the clients' states in round `version`.
+
+    Args:
+      version: The round.
+      client_ids: The sampled clients.
+      initial_state: The state of a client that never took part (flat, in file order).
+
+    Returns:
+      One `OrderedDict(read=path, write=path)` per client: its latest state file (the
+      initial state's if none), and the temporary file for its new state, which
+      `adopt_state_files` moves into place once the round is done.
+    """
+    if not self._initial_state_written:
+      data = state_file.encode(initial_state)
+      store.replace_atomically(self._initial_path(), lambda f: f.write(data), sync=False)
+      self._initial_state_written = True
+    paths = []
+    for client_id in client_ids:
+      os.makedirs(self._client_dir(client_id), exist_ok=True)
+      paths.append(
+          collections.OrderedDict(
+              read=self._latest_path(client_id) or self._initial_path(),
+              write=self._worker_path(client_id, version),
+          )
       )
-      self._unpruned.add(client_id)
+    return paths
+
+  def adopt_state_files(self, version: int, sizes) -> None:
+    """Renames the files the worker wrote in round `version` into place.
+
+    Args:
+      version: The round.
+      sizes: `{client id: number of bytes its new state file should have}`, as the
+        worker reported them; a file of another size is refused, not adopted.
+    """
+    for client_id, size in sizes.items():
+      written = self._worker_path(client_id, version)
+      actual = os.path.getsize(written)
+      if actual != size:
+        raise store.CorruptClientStateError(
+            f'the TFF worker wrote {size} bytes of client state to {written}, but the'
+            f' file has {actual}; is the disk full?'
+        )
+      path = self._path(client_id, version)
+      os.replace(written, path)
+      self._written(client_id, path)
+
+  def check_readable(self, client_ids) -> None:
+    """Raises `CorruptClientStateError` naming the first unreadable latest state."""
+    for client_id in client_ids:
+      path = self._latest_path(client_id)
+      if path is not None:
+        state_file.load(path)
+
+  def sync(self) -> None:
+    # A file written and then pruned or restored away no longer needs the disk.
+    store.fsync_files(sorted(p for p in self._unsynced if os.path.exists(p)))
+    self._unsynced.clear()
 
   def commit(self, version: int, kept_versions) -> None:
+    self.sync()
     kept = sorted(set(kept_versions) | {version})
     for client_id in sorted(self._unpruned):
       versions = self._versions(client_id)
@@ -89,6 +177,7 @@ class DiskClientStateStore(store.ClientStateStore):
         self._unpruned.discard(client_id)
 
   def restore(self, version: Optional[int]) -> None:
+    self._refuse_legacy_files()
     self._unpruned.clear()
     for name in os.listdir(self._root):
       client_dir = os.path.join(self._root, name)
@@ -102,6 +191,17 @@ class DiskClientStateStore(store.ClientStateStore):
         os.rmdir(client_dir)
       elif len(remaining) > 1:
         self._unpruned.add(urllib.parse.unquote(name))
+
+  def _refuse_legacy_files(self) -> None:
+    # Deleting them as strays would silently restart those clients from zero.
+    for name in os.listdir(self._root):
+      for file_name in os.listdir(os.path.join(self._root, name)):
+        if file_name.endswith(_LEGACY_SUFFIX):
+          raise store.CorruptClientStateError(
+              f'{os.path.join(self._root, name, file_name)} is a client state in the'
+              ' .npz format of tff_zmg before state files; resume this run with that'
+              ' version, or start it afresh with --overwrite'
+          )
 
   def client_ids(self) -> list[str]:
     return sorted(

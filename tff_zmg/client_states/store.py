@@ -5,6 +5,8 @@ training loop flattens and packs them; stores do not know their structure). Writ
 are versioned by round, so that a store can be checkpointed with the run:
 
     write(v, states)       the sampled clients' states after round v
+    sync()                 every write so far is on the disk (called before a
+                           checkpoint that needs them is saved)
     commit(v, kept)        checkpoint v was saved; `kept` are the checkpoint versions
                            still on disk (states no kept version needs may go)
     restore(v)             back to the states of checkpoint v (None: no states at all),
@@ -14,11 +16,11 @@ so a run resumed from checkpoint v continues with exactly the states it had then
 """
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 import contextlib
 import os
 import tempfile
-from typing import Optional
+from typing import BinaryIO, Optional
 import zipfile
 
 import numpy as np
@@ -41,6 +43,9 @@ class ClientStateStore(abc.ABC):
   def write(self, version: int, states: Mapping[str, State]) -> None:
     """Records the states of some clients after round `version`."""
 
+  def sync(self) -> None:
+    """Makes every write so far survive a crash of the machine (default: nothing to do)."""
+
   @abc.abstractmethod
   def commit(self, version: int, kept_versions: Sequence[int]) -> None:
     """Makes the states written up to round `version` those of checkpoint `version`."""
@@ -54,32 +59,53 @@ class ClientStateStore(abc.ABC):
     """The ids of the clients with a state, sorted."""
 
 
-def save_arrays_atomically(path: str, arrays: Mapping[str, np.ndarray]) -> None:
-  """Writes `arrays` to the `.npz` file `path` so that a crash never leaves it torn.
+def corrupt_state_error(path: str, error: Exception) -> CorruptClientStateError:
+  """The error for a state file that cannot be read, saying what to do about it."""
+  return CorruptClientStateError(
+      f'client state file {path} is unreadable ({type(error).__name__}: {error}); resume'
+      ' from an earlier checkpoint or start the run afresh with --overwrite'
+  )
 
-  The data goes to a temporary file in the same directory, is flushed to disk,
-  and is then renamed over `path` (an atomic replace on POSIX); a crash leaves
-  either the old file or the new one, plus at worst a stray `*.tmp` file that
-  readers ignore.
+
+def replace_atomically(
+    path: str, write: Callable[[BinaryIO], None], sync: bool = True
+) -> None:
+  """Writes `path` with `write(file)` so that a crash never leaves it torn.
+
+  The data goes to a temporary file in the same directory and is then renamed over
+  `path` (an atomic replace on POSIX): a crash leaves either the old file or the new
+  one, plus at worst a stray `.*.tmp` file that readers ignore. With `sync`, the file
+  and the rename reach the disk before this returns; without, the caller must
+  `fsync_files` before anything relies on the file surviving a power loss.
   """
   directory = os.path.dirname(path) or '.'
   fd, tmp = tempfile.mkstemp(dir=directory, prefix='.', suffix='.tmp')
   try:
     with os.fdopen(fd, 'wb') as f:
-      np.savez(f, **arrays)
-      f.flush()
-      os.fsync(f.fileno())
+      write(f)
     os.replace(tmp, path)
   except BaseException:
     with contextlib.suppress(OSError):
       os.remove(tmp)
     raise
-  # The rename itself must reach the disk before the write counts as done.
-  dir_fd = os.open(directory, os.O_RDONLY)
-  try:
-    os.fsync(dir_fd)
-  finally:
-    os.close(dir_fd)
+  if sync:
+    fsync_files([path])
+
+
+def fsync_files(paths: Iterable[str]) -> None:
+  """Flushes files, and their directory entries, to the disk."""
+  paths = list(paths)
+  for path in paths + sorted({os.path.dirname(p) or '.' for p in paths}):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+
+
+def save_arrays_atomically(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+  """Writes `arrays` to the `.npz` file `path` atomically and durably."""
+  replace_atomically(path, lambda f: np.savez(f, **arrays))
 
 
 def load_arrays(path: str) -> dict[str, np.ndarray]:
@@ -88,15 +114,4 @@ def load_arrays(path: str) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as data:
       return {name: data[name] for name in data.files}
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-    raise CorruptClientStateError(
-        f'client state file {path} is unreadable ({type(e).__name__}: {e}); resume'
-        ' from an earlier checkpoint or start the run afresh with --overwrite'
-    ) from e
-
-
-def state_to_arrays(state: State) -> dict[str, np.ndarray]:
-  return {f'a{i}': np.asarray(a) for i, a in enumerate(state)}
-
-
-def arrays_to_state(arrays: Mapping[str, np.ndarray]) -> State:
-  return [arrays[f'a{i}'] for i in range(len(arrays))]
+    raise corrupt_state_error(path, e) from e

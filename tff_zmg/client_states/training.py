@@ -12,13 +12,18 @@ drive a stateful-clients process without a loop of our own:
   so the states are checkpointed and restored with the run.
 """
 
+# Annotations stay strings: `stateful_clients` imports this package (for the state-file
+# format) while this module is loading.
+from __future__ import annotations
+
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_zmg.algorithms import stateful_clients
+from tff_zmg.client_states import disk_store
+from tff_zmg.client_states import state_file
 from tff_zmg.client_states import store as store_lib
 
 
@@ -31,16 +36,27 @@ class ClientSelection(NamedTuple):
 
 
 class StatefulClientsTrainer:
-  """A stateful-clients process with the `LearningProcess` interface."""
+  """A stateful-clients process with the `LearningProcess` interface.
+
+  With a `DiskClientStateStore` and `states_in_worker`, TFF's worker reads and writes
+  the sampled clients' state files itself (`next_with_state_files`): the same round,
+  without two model-sized vectors per client passing through the TFF call and back.
+  That needs the worker to see this machine's files; for workers on other machines,
+  pass `states_in_worker=False`.
+  """
 
   def __init__(
       self,
       process: stateful_clients.StatefulClientsLearningProcess,
       store: store_lib.ClientStateStore,
+      states_in_worker: bool = True,
   ):
     self._process = process
     self._store = store
     self._initial_client_state = process.initial_client_state()
+    self._state_files = states_in_worker and isinstance(
+        store, disk_store.DiskClientStateStore
+    )
 
   @property
   def process(self) -> stateful_clients.StatefulClientsLearningProcess:
@@ -62,25 +78,51 @@ class StatefulClientsTrainer:
   def set_model_weights(self):
     return self._process.set_model_weights
 
+  def _flatten(self, client_state):
+    # The order of the state's type, the one TFF's worker writes files in.
+    return state_file.flatten(client_state, self._process.client_state_type)
+
   def client_state(self, client_id: str):
     """The client's current state (the initial state if it never took part)."""
     flat = self._store.read(client_id)
     if flat is None:
       return self._initial_client_state
-    return tf.nest.pack_sequence_as(self._initial_client_state, flat)
+    return state_file.pack(flat, self._process.client_state_type)
 
   def next(self, state, selection: ClientSelection):
     ids = list(selection.client_ids)
     if len(set(ids)) != len(ids):
       raise ValueError(f'a client was sampled twice in round {selection.round_num}: {ids}')
-    output = self._process.next(
-        state, list(selection.datasets), [self.client_state(i) for i in ids]
-    )
-    self._store.write(
-        selection.round_num,
-        {i: tf.nest.flatten(s) for i, s in zip(ids, output.client_states)},
-    )
+    if self._state_files:
+      output = self._next_with_state_files(state, selection)
+    else:
+      output = self._process.next(
+          state, list(selection.datasets), [self.client_state(i) for i in ids]
+      )
+      self._store.write(
+          selection.round_num,
+          {i: self._flatten(s) for i, s in zip(ids, output.client_states)},
+      )
     return tff.learning.templates.LearningProcessOutput(output.state, output.metrics)
+
+
+  def _next_with_state_files(self, state, selection: ClientSelection):
+    ids = list(selection.client_ids)
+    files = self._store.state_file_paths(
+        selection.round_num, ids, self._flatten(self._initial_client_state)
+    )
+    try:
+      output = self._process.next_with_state_files(
+          state, list(selection.datasets), files
+      )
+    except Exception:
+      # The worker's parse error is long and names no client: say which file it is.
+      self._store.check_readable(ids)
+      raise
+    self._store.adopt_state_files(
+        selection.round_num, dict(zip(ids, (int(n) for n in output.client_states)))
+    )
+    return output
 
 
 class ClientStateCheckpointManager(tff.program.ProgramStateManager):
@@ -109,5 +151,6 @@ class ClientStateCheckpointManager(tff.program.ProgramStateManager):
     return program_state, version
 
   async def save(self, program_state, version: int) -> None:
+    self._store.sync()  # The states this checkpoint needs are on the disk before it is.
     await self._manager.save(program_state, version)
     self._store.commit(version, await self._manager.get_versions() or [])
