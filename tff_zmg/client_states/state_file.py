@@ -13,6 +13,7 @@ from google.protobuf import message
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow.core.framework import tensor_pb2
 
 from tff_zmg.client_states import store
 
@@ -68,11 +69,12 @@ def encode(arrays: Sequence[np.ndarray]) -> bytes:
 def decode(data: bytes, path: str) -> list[np.ndarray]:
   """The arrays of a state file's bytes; `CorruptClientStateError` naming `path` if torn."""
   try:
-    outer = tf.make_tensor_proto(0).FromString(data)
+    outer = tensor_pb2.TensorProto.FromString(data)
     if outer.dtype != tf.string.as_datatype_enum:
       raise ValueError(f'expected a string TensorProto, got dtype {outer.dtype}')
     return [
-        tf.make_ndarray(outer.FromString(part)) for part in tf.make_ndarray(outer).ravel()
+        tf.make_ndarray(tensor_pb2.TensorProto.FromString(part))
+        for part in tf.make_ndarray(outer).ravel()
     ]
   except (message.DecodeError, ValueError, TypeError) as e:
     raise store.corrupt_state_error(path, e) from e
