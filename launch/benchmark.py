@@ -192,18 +192,19 @@ def contenders(task, algos, datasets, state_dir) -> tuple[dict, dict]:
   The contenders: plain TF (Keras SGD), plain TF with each client rule of `algos`
   (`plain_tf/<rule>`), TFF's FedAvg, and each algorithm.
   """
+  # Each plain loop is made and traced before the next Keras model is built anywhere
+  # (rule masks, TFF processes): Keras refuses to trace a model made eagerly before a
+  # model was built in a graph.
+  rule_optimizers = {algo: client_rule_optimizer(algo, task) for algo in algos}
   fns = collections.OrderedDict()
-  bounds = {}
   fns[PLAIN_TF] = plain_tf_round_fn(task, datasets)
-  for algo in algos:
-    rule_name, optimizer = client_rule_optimizer(algo, task)
+  fns[PLAIN_TF]()
+  bounds = {}
+  for algo, (rule_name, optimizer) in rule_optimizers.items():
     bounds[algo] = PLAIN_TF if rule_name in (None, 'sgd') else f'{PLAIN_TF}/{rule_name}'
     if bounds[algo] not in fns:
       fns[bounds[algo]] = plain_tf_round_fn(task, datasets, optimizer)
-  # Trace them now: building TFF processes makes Keras models in graphs, after which
-  # Keras refuses to trace a model made eagerly before them.
-  for fn in list(fns.values()):
-    fn()
+      fns[bounds[algo]]()
   tff_fedavg = tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn,
       client_optimizer_fn=tff.learning.optimizers.build_sgdm(_CLIENT_LR),

@@ -18,7 +18,7 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
   output = tmp_path / 'bench.json'
   with open(tmp_path / 'out.txt', 'w') as out:
     rc = subprocess.run(
-        [sys.executable, '-m', 'launch.benchmark', '--algos=fedzmg', '--clients_per_round=2',
+        [sys.executable, '-m', 'launch.benchmark', '--algos=fedzmg,local_gc', '--clients_per_round=2',
          '--examples_per_client=40', '--repeats=2', '--scaling_clients=', '--concurrency=',
          f'--cache_dir={tmp_path / "data"}', f'--output={output}'],
         cwd=_REPO, stdout=out, stderr=subprocess.STDOUT, timeout=600,
@@ -26,9 +26,13 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
   text = (tmp_path / 'out.txt').read_text()
   assert rc == 0, text
   results = json.loads(output.read_text())['contenders']
-  # FedZMG's own bound runs its client rule (ZMG-SGDM) in plain TF.
-  assert list(results) == ['plain_tf', 'plain_tf/zmg_sgdm', 'tff_fedavg', 'fedzmg']
+  # Each algorithm's own bound runs its client rule (ZMG-SGDM, LocalGC SGDM) in plain TF.
+  # Two rules, so that a plain loop is traced after another rule's mask was built.
+  assert list(results) == [
+      'plain_tf', 'plain_tf/zmg_sgdm', 'plain_tf/local_gc', 'tff_fedavg', 'fedzmg', 'local_gc'
+  ]
   assert results['fedzmg']['bound'] == 'plain_tf/zmg_sgdm'
+  assert results['local_gc']['bound'] == 'plain_tf/local_gc'
   medians = {name: r['median_s'] for name, r in results.items()}
   for name, r in results.items():
     assert len(r['seconds']) == 2 and r['median_s'] == sum(r['seconds']) / 2
