@@ -20,6 +20,7 @@ from tff_zmg import client_states
 from tff_zmg import correction
 from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import registry
+from tff_zmg.client_states import state_file
 
 # (round's sampled clients): client 2 skips round 0, client 0 round 1, client 1 round 2.
 PARTICIPATION = ((0, 1), (1, 2), (0, 2))
@@ -225,6 +226,52 @@ def test_states_the_worker_reads_and_writes_itself_match_numpy(tff_context, tmp_
   selection = client_states.ClientSelection(3, ['client0'], [_dataset(0)])
   with pytest.raises(client_states.CorruptClientStateError, match=str(path)):
     trainer.next(run[2], selection)
+
+
+def test_a_client_with_a_non_finite_update_keeps_its_state(tff_context):
+  del tff_context
+  w0, history, state = _run('fedrkmgc')
+  before = {c: history[-1][1][c] for c in (0, 1)}  # After the three rounds.
+  state_type = _process('fedrkmgc').client_state_type
+
+  def flat(c):
+    return state_file.flatten(before[c], state_type)
+
+  trainer = client_states.StatefulClientsTrainer(
+      _process('fedrkmgc'), client_states.InMemoryClientStateStore()
+  )
+  trainer.store.write(2, {f'client{c}': flat(c) for c in (0, 1)})
+  x, y = CLIENT_DATA[1]
+  poisoned = tf.data.Dataset.from_tensor_slices(
+      collections.OrderedDict(x=np.full_like(x, np.nan), y=y)
+  ).batch(2)
+  selection = client_states.ClientSelection(3, ['client0', 'client1'], [_dataset(0), poisoned])
+  output = trainer.next(state, selection)
+  weights = [np.asarray(a) for a in trainer.get_model_weights(output.state).trainable]
+  assert all(np.all(np.isfinite(w)) for w in weights)
+  # The NaN client kept its corrections (only its participation count moved) ...
+  after = trainer.client_state('client1')
+  for key in ('correction', 'raw_correction'):
+    for a, b in zip(after[key], before[1][key]):
+      np.testing.assert_array_equal(a, b)
+  assert int(after['participations']) == int(before[1]['participations']) + 1
+  # ... and sent a zero update: the uniform mean is half of client 0's update.
+  alone = client_states.StatefulClientsTrainer(
+      _process('fedrkmgc'), client_states.InMemoryClientStateStore()
+  )
+  alone.store.write(2, {'client0': flat(0)})
+  expected = alone.next(
+      state, client_states.ClientSelection(3, ['client0'], [_dataset(0)])
+  ).state
+  w_now = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
+  w_alone = [np.asarray(a) for a in alone.get_model_weights(expected).trainable]
+  for w, w_t, w_a in zip(weights, w_now, w_alone):
+    np.testing.assert_allclose(w - w_t, (w_a - w_t) / 2, rtol=1e-5, atol=1e-7)
+  # A corrupt client does not move client 0's correction away from its clean value.
+  for a, b in zip(
+      trainer.client_state('client0')['correction'], alone.client_state('client0')['correction']
+  ):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
 
 
 def test_skipping_client_keeps_its_state(tff_context):

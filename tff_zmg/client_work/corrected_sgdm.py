@@ -84,16 +84,21 @@ def _build_client_update(
     )
     update = tuple(-d for d in delta)
     finite = tf.logical_and(_all_finite(update), _all_finite(new_correction))
-
-    def kept_if_not_finite(new, old):
-      return tuple(tf.where(finite, n, o) for n, o in zip(new, old))
-
+    # A branch, not an elementwise select: no extra pass over model-sized tensors.
+    update, new_correction, raw_new = tf.cond(
+        finite,
+        lambda: (update, new_correction, raw_new),
+        lambda: (
+            tuple(tf.zeros_like(u) for u in update),
+            applied,
+            tuple(client_state['raw_correction']),
+        ),
+    )
     new_state = collections.OrderedDict(
-        correction=kept_if_not_finite(new_correction, applied),
-        raw_correction=kept_if_not_finite(raw_new, client_state['raw_correction']),
+        correction=new_correction,
+        raw_correction=raw_new,
         participations=participations + 1,
     )
-    update = tuple(tf.where(finite, u, tf.zeros_like(u)) for u in update)
     if not finite:
       model.reset_metrics()
     result = tff.learning.templates.ClientResult(
