@@ -15,8 +15,10 @@ after a warm-up round each, with the median and spread over `--repeats`:
   disk client-state store, whose files TFF's worker reads and writes itself).
 
 One parseable line per contender (`ratio` to its own plain-TF bound, `ratio_plain_sgd`
-to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg, peak resident memory of this
-process and its TFF worker while it ran), then how a round's time scales with the
+to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg, all ratios of medians; the
+`paired_bound`, `paired_tff_fedavg` and `paired_fedavg` medians of per-repeat ratios,
+steadier on a noisy machine; peak resident memory of this process and its TFF worker
+while it ran), then how a round's time scales with the
 clients per round (`--scaling_clients`) and with the number of client computations
 TFF's worker runs at once (`--concurrency`); an empty list skips either table.
 """
@@ -238,15 +240,27 @@ def time_alternating(fns: dict, repeats: int) -> dict:
   return {name: (times[name], peaks[name]) for name in fns}
 
 
-def summary_line(name, seconds, peak, bound, plain_sgd, tff_fedavg) -> str:
+def paired_ratio(seconds, reference_seconds) -> float:
+  """The median over repeats of a contender's round time over the reference's, same repeat.
+
+  Contenders run in turn within each repeat, so a slow spell of the machine slows both
+  rounds of a pair: far steadier than the ratio of medians when rounds spread by 20%.
+  """
+  return statistics.median(s / r for s, r in zip(seconds, reference_seconds, strict=True))
+
+
+def summary_line(name, seconds, peak, bound, plain_sgd, tff_fedavg, paired) -> str:
   """One parseable line: `ratio` to the contender's own plain-TF bound (same arithmetic,
-  no federation), `ratio_plain_sgd` to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg."""
+  no federation), `ratio_plain_sgd` to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg
+  (ratios of medians), then `paired_<name>=` per-repeat ratios (`paired`)."""
   median = statistics.median(seconds)
   return (
       f'{name:<18} median_s={median:.3f} min_s={min(seconds):.3f}'
       f' max_s={max(seconds):.3f} ratio={median / bound:.2f}'
       f' ratio_plain_sgd={median / plain_sgd:.2f}'
-      f' ratio_tff_fedavg={median / tff_fedavg:.2f} peak_rss_mib={peak / 2**20:.0f}'
+      f' ratio_tff_fedavg={median / tff_fedavg:.2f}'
+      + ''.join(f' paired_{k}={v:.2f}' for k, v in paired.items())
+      + f' peak_rss_mib={peak / 2**20:.0f}'
   )
 
 
@@ -300,13 +314,19 @@ def main(argv) -> int:
     medians = {name: statistics.median(seconds) for name, (seconds, _) in timed.items()}
     bound = medians[PLAIN_TF]
     tff_fedavg = medians[TFF_FEDAVG]
+    # Per-repeat ratios to the references the issue's targets name: each contender's
+    # own bound, TFF's FedAvg and (when timed) the package's FedAvg.
+    references = [TFF_FEDAVG] + (['fedavg'] if 'fedavg' in timed else [])
     for name, (seconds, peak) in timed.items():
-      own_bound = medians[bounds.get(name, PLAIN_TF)]
-      print(summary_line(name, seconds, peak, own_bound, bound, tff_fedavg), flush=True)
+      own = bounds.get(name, PLAIN_TF)
+      paired = {'bound': paired_ratio(seconds, timed[own][0])}
+      paired.update({ref: paired_ratio(seconds, timed[ref][0]) for ref in references})
+      line = summary_line(name, seconds, peak, medians[own], bound, tff_fedavg, paired)
+      print(line, flush=True)
       results[name] = dict(
-          seconds=seconds, median_s=medians[name], bound=bounds.get(name, PLAIN_TF),
-          ratio=medians[name] / own_bound, ratio_plain_sgd=medians[name] / bound,
-          peak_rss_mib=peak / 2**20,
+          seconds=seconds, median_s=medians[name], bound=own,
+          ratio=medians[name] / medians[own], ratio_plain_sgd=medians[name] / bound,
+          paired=paired, peak_rss_mib=peak / 2**20,
       )
 
     scaling_rows = []

@@ -45,4 +45,9 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
     }
     for field, denominator in expected.items():
       assert float(fields[field]) == round(r['median_s'] / denominator, 2), (name, field)
+    # Per-repeat ratios: repeat i of a contender over repeat i of the reference.
+    for field, reference in (('paired_bound', r['bound']), ('paired_tff_fedavg', 'tff_fedavg')):
+      ratios = [a / b for a, b in zip(r['seconds'], results[reference]['seconds'])]
+      assert float(fields[field]) == round(sum(ratios) / 2, 2), (name, field)
+      assert r['paired'][field[len('paired_'):]] == sum(ratios) / 2
     assert float(fields['peak_rss_mib']) > 100
