@@ -188,15 +188,14 @@ def _process_round_fn(process, datasets, state_dir):
   return run_round
 
 
-def contenders(task, algos, datasets, state_dir) -> tuple[dict, dict]:
-  """({name: round function}, {algo: its plain-TF bound's name}).
+def plain_contenders(task, algos, datasets) -> tuple[dict, dict]:
+  """({name: plain-TF round function, traced}, {algo: its plain-TF bound's name}).
 
-  The contenders: plain TF (Keras SGD), plain TF with each client rule of `algos`
-  (`plain_tf/<rule>`), TFF's FedAvg, and each algorithm.
+  Plain TF (Keras SGD) and plain TF with each client rule of `algos` (`plain_tf/<rule>`).
   """
   # Each plain loop is made and traced before the next Keras model is built anywhere
-  # (rule masks, TFF processes): Keras refuses to trace a model made eagerly before a
-  # model was built in a graph.
+  # (rule masks, TFF processes): with six algorithms' masks built in graphs between
+  # them, Keras refused to trace a model made eagerly before them.
   rule_optimizers = {algo: client_rule_optimizer(algo, task) for algo in algos}
   fns = collections.OrderedDict()
   fns[PLAIN_TF] = plain_tf_round_fn(task, datasets)
@@ -207,6 +206,16 @@ def contenders(task, algos, datasets, state_dir) -> tuple[dict, dict]:
     if bounds[algo] not in fns:
       fns[bounds[algo]] = plain_tf_round_fn(task, datasets, optimizer)
       fns[bounds[algo]]()
+  return fns, bounds
+
+
+def contenders(task, algos, datasets, state_dir) -> tuple[dict, dict]:
+  """({name: round function}, {algo: its plain-TF bound's name}).
+
+  The contenders: the plain-TF loops (`plain_contenders`), TFF's FedAvg, and each
+  algorithm.
+  """
+  fns, bounds = plain_contenders(task, algos, datasets)
   tff_fedavg = tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn,
       client_optimizer_fn=tff.learning.optimizers.build_sgdm(_CLIENT_LR),
