@@ -9,6 +9,7 @@ import json
 import os
 import re
 import time
+import uuid
 
 from ipykernel import kernelspec
 import matplotlib.image
@@ -27,14 +28,24 @@ NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 KERNEL = 'tff_zmg_test'
 
 
-def _our_workers() -> set[int]:
-  """Live `worker_binary` processes of this checkout's TFF (not other checkouts')."""
+_KERNEL_TAG = 'TFF_ZMG_NOTEBOOK_TEST_KERNEL'
+
+
+def _our_workers(tag: str) -> set[int]:
+  """Live `worker_binary` processes started under a kernel run with `tag` in its environment.
+
+  Workers inherit the kernel's environment, so the tag tells this kernel's workers from
+  those another pytest worker starts at the same moment (and from other checkouts').
+  """
   binary = context.worker_binary_path()
   pids = set()
   for p in psutil.process_iter(['cmdline', 'status']):
     try:
       cmdline = p.info['cmdline'] or []
-      if cmdline and cmdline[0] == binary and p.info['status'] != psutil.STATUS_ZOMBIE:
+      if (
+          cmdline and cmdline[0] == binary and p.info['status'] != psutil.STATUS_ZOMBIE
+          and p.environ().get(_KERNEL_TAG) == tag
+      ):
         pids.add(p.pid)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
       pass
@@ -57,7 +68,9 @@ def execute(tmp_path, monkeypatch):
     notebook = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     workdir = tmp_path / 'cwd'
     workdir.mkdir(exist_ok=True)
-    before = _our_workers()
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(_KERNEL_TAG, tag)  # The kernel, and so its workers, inherit it.
+    before = _our_workers(tag)
     client = nbclient.NotebookClient(
         notebook, timeout=300, kernel_name=KERNEL,
         resources={'metadata': {'path': str(workdir)}},
@@ -68,9 +81,9 @@ def execute(tmp_path, monkeypatch):
       # execute() has shut the kernel down; its workers stop with it (atexit, or the
       # parent-death signal when the kernel is killed). Give them the stop's grace period.
       deadline = time.monotonic() + 10
-      while _our_workers() - before and time.monotonic() < deadline:
+      while _our_workers(tag) - before and time.monotonic() < deadline:
         time.sleep(0.2)
-      leaked = _our_workers() - before
+      leaked = _our_workers(tag) - before
       assert not leaked, f'TFF workers outlived the {name} kernel: {sorted(leaked)}'
     return notebook
 
