@@ -217,6 +217,17 @@ def test_states_the_worker_reads_and_writes_itself_match_numpy(tff_context, tmp_
   del tff_context
   run = _run('fedrkmgc', state_directory=str(tmp_path))
   _check_against_numpy(run, 'fast_km', 1.5, 'global')
+  # Issue 8's guard for this speed-up: the same weights and states as when the states
+  # pass through the TFF call (the in-memory store), to 1e-6, round by round.
+  _, in_call_history, _ = _run('fedrkmgc')
+  for (weights, states), (weights_in_call, states_in_call) in zip(run[1], in_call_history):
+    for a, b in zip(weights, weights_in_call):
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    for c in range(3):
+      assert int(states[c]['participations']) == int(states_in_call[c]['participations'])
+      for key in ('correction', 'raw_correction'):
+        for a, b in zip(states[c][key], states_in_call[c][key]):
+          np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
   # A torn state file fails the round with the file's name, not the worker's parse error.
   trainer = client_states.StatefulClientsTrainer(
       _process('fedrkmgc'), client_states.DiskClientStateStore(str(tmp_path))
