@@ -1,5 +1,7 @@
 """The package owns TFF's C++ workers: none outlives the program, however it ends."""
 
+import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -112,3 +114,72 @@ def test_worker_does_not_write_to_the_parents_output(capfd):
     assert log_path
   out, err = capfd.readouterr()
   assert 'worker_binary' not in out + err
+
+
+def test_a_computation_is_sent_to_its_worker_once_and_serves_every_call():
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def mean(x):
+    return tff.federated_mean(x)
+
+  compiled = tff.backends.native.desugar_and_transform_to_native(mean)
+  argument_type = compiled.type_signature.parameter
+  worker = context.LocalWorker()
+  try:
+    executor = context.ComputationCachingRemoteExecutor(worker.stub())
+
+    async def two_calls():
+      function = await executor.create_value(compiled, compiled.type_signature)
+      assert await executor.create_value(compiled, compiled.type_signature) is function
+      means = []
+      for values in ([1.0, 3.0], [2.0, 6.0]):
+        argument = await executor.create_value(values, argument_type)
+        means.append(await (await executor.create_call(function, argument)).compute())
+      return function, means
+
+    executor.set_cardinalities({tff.CLIENTS: 2})
+    first, means = asyncio.run(two_calls())
+    assert means == [2.0, 4.0]
+    # A new executor on the worker holds none of the old values: the computation is sent
+    # again, and the new value works.
+    executor.set_cardinalities({tff.CLIENTS: 2})
+    second, means = asyncio.run(two_calls())
+    assert second is not first
+    assert means == [2.0, 4.0]
+  finally:
+    worker.stop()
+
+
+# Caches a computation on a remote worker, closes the channel as `remote_execution_context`
+# does on exit, and ends: the cached value is disposed of at exit, on the closed channel.
+_DISPOSE_AFTER_CLOSE = textwrap.dedent("""
+    import asyncio
+    import numpy as np
+    import portpicker
+    import tensorflow_federated as tff
+    from tff_zmg import context
+
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def mean(x):
+      return tff.federated_mean(x)
+
+    compiled = tff.backends.native.desugar_and_transform_to_native(mean)
+    worker = context.LocalWorker(port=portpicker.pick_unused_port())
+    worker.stub()
+    remote = context.RemoteWorker(f'localhost:{worker.port}')
+    executor = context.ComputationCachingRemoteExecutor(remote.stub(), dispose_batch_size=1)
+    executor.set_cardinalities({tff.CLIENTS: 2})
+    asyncio.run(executor.create_value(compiled, compiled.type_signature))
+    remote.close()
+    print('DONE', flush=True)
+""")
+
+
+def test_cached_computations_outliving_their_channel_end_quietly():
+  result = subprocess.run(
+      [sys.executable, '-c', _DISPOSE_AFTER_CLOSE], capture_output=True, text=True,
+      timeout=120,
+  )
+  assert result.returncode == 0, result.stderr
+  assert 'DONE' in result.stdout
+  assert 'Exception ignored' not in result.stderr, result.stderr
+  assert 'closed channel' not in result.stderr, result.stderr

@@ -41,6 +41,7 @@ from absl import logging
 import grpc
 import portpicker
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import computation_pb2
 
 _WORKER_START_TIMEOUT_S = 60.0
 _WORKER_STOP_GRACE_S = 2.0
@@ -295,6 +296,55 @@ def connect_workers(
   return workers
 
 
+class ComputationCachingRemoteExecutor(tff.framework.RemoteExecutor):
+  """A `RemoteExecutor` that sends each compiled computation to its worker once.
+
+  TFF's execution context calls `create_value(computation)` on every invocation, which
+  copies the whole computation proto into a `Value` and serializes it, in pure-Python
+  protobuf here: about 0.15-0.2 s of a FedAvg round on the EMNIST CNN, on the critical
+  path. The context's compiler cache hands back the same compiled object each time, so
+  the worker-side value made for it the first time serves every later call (a value is
+  not consumed by `create_call`). Keyed by identity, holding the computation so its id is
+  not reused; cleared when the worker-side executor is replaced, as its values go with it.
+
+  A cached value lives as long as its executor, so it may be disposed of (TFF does that
+  from a finalizer, at the latest at interpreter exit) after the context has closed the
+  worker's channel; that disposal is skipped instead of failing, as the worker drops
+  the values with the executor anyway.
+  """
+
+  def __init__(self, stub, **kwargs):
+    super().__init__(stub, **kwargs)
+    self._computations = {}
+
+  def _dispose(self, value_ref, value_executor_id):
+    try:
+      super()._dispose(value_ref, value_executor_id)
+    except grpc.RpcError:
+      pass  # The worker is gone, and its values with it.
+    except ValueError as e:
+      if 'closed channel' not in str(e):
+        raise
+
+  def set_cardinalities(self, cardinalities):
+    self._computations.clear()
+    super().set_cardinalities(cardinalities)
+
+  def close(self):
+    self._computations.clear()
+    super().close()
+
+  async def create_value(self, value, type_spec=None):
+    if not isinstance(value, (tff.framework.ConcreteComputation, computation_pb2.Computation)):
+      return await super().create_value(value, type_spec)
+    cached = self._computations.get(id(value))
+    if cached is None or cached[0] is not value or cached[1] != type_spec:
+      remote = await super().create_value(value, type_spec)
+      cached = (value, type_spec, remote)
+      self._computations[id(value)] = cached
+    return cached[2]
+
+
 def _executor_factory(
     worker: Union[LocalWorker, RemoteWorker], default_num_clients: int
 ) -> tff.framework.ResourceManagingExecutorFactory:
@@ -303,7 +353,7 @@ def _executor_factory(
   def executor_stack_fn(cardinalities):
     if cardinalities.get(tff.CLIENTS) is None:
       cardinalities[tff.CLIENTS] = default_num_clients
-    executor = tff.framework.RemoteExecutor(worker.stub())
+    executor = ComputationCachingRemoteExecutor(worker.stub())
     executor.set_cardinalities(cardinalities)
     return executor
 
