@@ -39,8 +39,8 @@ CLIENT_STATES_DIRNAME = 'client_states'
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
     {
-        'total_rounds', 'executor', 'max_concurrent_clients', 'rounds_per_checkpoint',
-        'workers', 'worker_timeout_s',
+        'total_rounds', 'executor', 'max_concurrent_clients', 'intra_op_threads',
+        'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
     }
 )
 
@@ -80,6 +80,9 @@ class ExperimentConfig:
   rounds_per_checkpoint: int = 1
   executor: str = 'cpu'
   max_concurrent_clients: int = -1
+  # Threads per TF op in the local worker; 0: `context.intra_op_threads_for` the clients
+  # it runs at once.
+  intra_op_threads: int = 0
   overwrite: bool = False
   client_state_store: str = 'disk'
   # Dirichlet re-partitioning of the training examples (tasks.partition); None keeps the
@@ -127,6 +130,7 @@ def _validate(config: ExperimentConfig) -> None:
   ):
     validation.check_positive(name, getattr(config, name))
   validation.check_non_negative('num_eval_clients', config.num_eval_clients)
+  validation.check_non_negative('intra_op_threads', config.intra_op_threads)
   if config.client_batch_size is not None:
     validation.check_positive('client_batch_size', config.client_batch_size)
   if config.executor not in ('cpu', 'gpu'):
@@ -152,6 +156,21 @@ def _validate_workers(config: ExperimentConfig) -> None:
         'max_concurrent_clients limits the local worker; with workers, give each its limit:'
         ' python -m launch.worker --port=PORT --max_concurrent_computation_calls=N'
     )
+  if config.workers and config.intra_op_threads > 0:
+    raise ExperimentError(
+        'intra_op_threads sets the local worker; with workers, give each its own:'
+        ' python -m launch.worker --port=PORT --intra_op_parallelism_threads=N'
+    )
+
+
+def local_intra_op_threads(config: ExperimentConfig) -> int:
+  """The local worker's threads per TF op: the setting, or one for the clients at once."""
+  if config.intra_op_threads > 0:
+    return config.intra_op_threads
+  at_once = config.clients_per_round
+  if config.max_concurrent_clients > 0:
+    at_once = min(at_once, config.max_concurrent_clients)
+  return context.intra_op_threads_for(at_once)
 
 
 def _check_workers_reachable(config: ExperimentConfig) -> None:
@@ -172,7 +191,9 @@ def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseMana
   that fails has written nothing and the run resumes from the last checkpoint.
   """
   if not config.workers:
-    with context.execution_context(config.max_concurrent_clients):
+    with context.execution_context(
+        config.max_concurrent_clients, intra_op_threads=local_intra_op_threads(config)
+    ):
       yield
     return
   try:

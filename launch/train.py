@@ -177,6 +177,11 @@ _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
     'max_concurrent_clients', -1,
     'How many client computations the TFF worker runs at once (<= 0: no limit).',
 )
+_INTRA_OP_THREADS = flags.DEFINE_integer(
+    'intra_op_threads', 0,
+    'Threads each TF op of the TFF worker may use; 0: cores // clients run at once (at'
+    ' least 1), the fast choice when a round\'s clients already keep every core busy.',
+)
 _CLIENT_STATE_STORE = flags.DEFINE_enum(
     'client_state_store', 'disk', ['disk', 'memory'],
     'Where clients that keep state (FedRKMGC, FedGPS) keep it between rounds: on disk, one'
@@ -309,6 +314,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       rounds_per_checkpoint=_ROUNDS_PER_CHECKPOINT.value,
       executor=_EXECUTOR.value,
       max_concurrent_clients=_MAX_CONCURRENT_CLIENTS.value,
+      intra_op_threads=_INTRA_OP_THREADS.value,
       overwrite=_OVERWRITE.value,
       client_state_store=_CLIENT_STATE_STORE.value,
       **partition_settings_from_flags(),

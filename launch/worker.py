@@ -32,6 +32,12 @@ _MAX_CONCURRENT = flags.DEFINE_integer(
     'How many client computations this worker runs at once (<= 0: no limit); lower it if'
     ' the worker runs out of memory.',
 )
+_INTRA_OP_THREADS = flags.DEFINE_integer(
+    'intra_op_parallelism_threads', None,
+    'Threads each TF op may use (default: TF\'s, every core); with many clients per'
+    ' round, cores // clients this worker runs at once is faster.',
+    lower_bound=1,
+)
 
 _POLL_S = 0.5
 
@@ -69,7 +75,9 @@ def main(argv) -> int:
   # Ctrl-C must stop the worker even when a shell started this in the background (which
   # ignores SIGINT); worker_binary itself ignores SIGINT, so it is stopped with SIGTERM.
   signal.signal(signal.SIGINT, signal.default_int_handler)
-  worker = context.LocalWorker(_MAX_CONCURRENT.value, port=port)
+  worker = context.LocalWorker(
+      _MAX_CONCURRENT.value, port=port, intra_op_threads=_INTRA_OP_THREADS.value
+  )
   keep_log = False
   try:
     try:

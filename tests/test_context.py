@@ -149,6 +149,30 @@ def test_a_computation_is_sent_to_its_worker_once_and_serves_every_call():
     worker.stop()
 
 
+def test_the_worker_gets_the_intra_op_threads_it_is_given():
+  with context.execution_context(intra_op_threads=1) as worker:
+    assert psutil.Process(worker.pid).environ().get('TF_NUM_INTRAOP_THREADS') == '1'
+  with context.execution_context() as worker:
+    inherited = os.environ.get('TF_NUM_INTRAOP_THREADS')
+    assert psutil.Process(worker.pid).environ().get('TF_NUM_INTRAOP_THREADS') == inherited
+  with pytest.raises(ValueError, match='intra_op_threads must be at least 1'):
+    context.LocalWorker(intra_op_threads=0)
+
+
+@pytest.mark.parametrize(
+    'clients, cpus, threads', [(10, 2, 1), (2, 2, 1), (1, 2, 2), (3, 16, 5), (1, 1, 1)]
+)
+def test_intra_op_threads_share_the_cores_among_the_clients_run_at_once(
+    clients, cpus, threads
+):
+  assert context.intra_op_threads_for(clients, cpus) == threads
+
+
+def test_intra_op_threads_need_at_least_one_client():
+  with pytest.raises(ValueError, match='concurrent_clients must be at least 1'):
+    context.intra_op_threads_for(0, 2)
+
+
 # Caches a computation on a remote worker, closes the channel as `remote_execution_context`
 # does on exit, and ends: the cached value is disposed of at exit, on the closed channel.
 _DISPOSE_AFTER_CLOSE = textwrap.dedent("""

@@ -158,6 +158,9 @@ def test_worker_addresses_are_checked():
   config = dataclasses.replace(config, workers=('hostA:8000',), max_concurrent_clients=2)
   with pytest.raises(experiment.ExperimentError, match='max_concurrent_computation_calls'):
     experiment.run(config)
+  config = dataclasses.replace(config, max_concurrent_clients=-1, intra_op_threads=1)
+  with pytest.raises(experiment.ExperimentError, match='--intra_op_parallelism_threads=N'):
+    experiment.run(config)
 
 
 def test_unreachable_worker_at_start_is_one_clear_line_and_writes_nothing(

@@ -2,18 +2,21 @@
 
 A round's result may depend only on the run's inputs (weights, client data, seeds), never
 on how the TFF worker schedules the clients or how client states travel:
-`--max_concurrent_clients` (the setting the benchmark compares) must give the same weights
-to 1e-6 (measured: equal) on the model and the rule the benchmark times. FedRKMGC's states
+`--max_concurrent_clients` (the setting the benchmark compares) and the worker's threads per
+op (`--intra_op_threads`) must give the same weights to 1e-6 on the model and the rule the
+benchmark times. The worker's cached computations are in play in every run here: each runs
+three rounds of the same `next`. FedRKMGC's states
 read and written by TFF's worker itself (the disk store's default) are guarded in
 `test_fedrkmgc.py`: the same weights and states as through the TFF call, and as NumPy.
 """
 
 import numpy as np
+import pytest
 
 from tff_zmg import context
 from tff_zmg.algorithms import registry
 
-_ROUNDS = 2
+_ROUNDS = 3
 _CLIENTS = 4
 
 
@@ -22,8 +25,8 @@ def _weights(process, state):
   return [np.asarray(w) for w in weights.trainable + weights.non_trainable]
 
 
-def _initial_and_final_weights(process, datasets, max_concurrent):
-  with context.execution_context(max_concurrent):
+def _initial_and_final_weights(process, datasets, **context_settings):
+  with context.execution_context(**context_settings):
     state = process.initialize()
     initial = _weights(process, state)
     for _ in range(_ROUNDS):
@@ -31,7 +34,9 @@ def _initial_and_final_weights(process, datasets, max_concurrent):
     return initial, _weights(process, state)
 
 
-def test_concurrency_never_changes_the_weights(small_task):
+@pytest.fixture(scope='module')
+def fedzmg_reference(small_task):
+  """(process, datasets, initial weights, final weights) with TFF's default settings."""
   task = small_task('emnist')
   data = task.datasets.train_data
   datasets = [
@@ -39,11 +44,25 @@ def test_concurrency_never_changes_the_weights(small_task):
       for seed, cid in enumerate(data.client_ids[:_CLIENTS])
   ]
   process = registry.build('fedzmg', task.model_fn)
-  initial, all_at_once = _initial_and_final_weights(process, datasets, -1)  # TFF's default.
-  _, one_at_a_time = _initial_and_final_weights(process, datasets, 1)
-  assert len(all_at_once) == 8
-  for a, b in zip(all_at_once, one_at_a_time):
+  initial, final = _initial_and_final_weights(process, datasets)
+  assert len(final) == 8
+  # The rounds moved every tensor: the comparisons are not between two initial models.
+  assert all(np.max(np.abs(a - w)) > 1e-4 for a, w in zip(final, initial))
+  return process, datasets, final
+
+
+@pytest.mark.parametrize(
+    'settings',
+    [
+        dict(max_concurrent_computation_calls=1),  # One client at a time.
+        dict(intra_op_threads=1),  # One thread per op, as launch.train picks here.
+        dict(intra_op_threads=2, max_concurrent_computation_calls=2),
+    ],
+    ids=['one_client_at_a_time', 'one_thread_per_op', 'two_threads_two_clients'],
+)
+def test_worker_settings_never_change_the_weights(fedzmg_reference, settings):
+  process, datasets, reference = fedzmg_reference
+  _, final = _initial_and_final_weights(process, datasets, **settings)
+  for a, b in zip(reference, final):
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
-  # Two rounds moved every tensor: the comparison is not between two initial models.
-  assert all(np.max(np.abs(a - w)) > 1e-4 for a, w in zip(all_at_once, initial))
 

@@ -10,7 +10,9 @@ from absl import flags
 import numpy as np
 import pytest
 
+from launch import experiment
 from launch import train
+from tff_zmg import context
 from tff_zmg.client_states import state_file
 
 _SMALL = [
@@ -172,6 +174,7 @@ def test_absurd_learning_rate_stops_with_divergence_and_keeps_good_checkpoint(ru
         (['--task=emnist', '--algo=fedavg', '--total_rounds=0'], 'total_rounds'),
         (['--task=emnist', '--algo=fedavg', '--gc_lambda=0.5'], 'does not apply'),
         (['--task=emnist', '--algo=fedzmg', '--client_momentum=1.0'], 'momentum'),
+        (['--task=emnist', '--algo=fedavg', '--intra_op_threads=-1'], 'intra_op_threads'),
     ],
 )
 def test_bad_values_end_with_one_line_and_write_nothing(run_main, tmp_path, args, message):
@@ -223,3 +226,20 @@ def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
   rc, _, err = run_main('--task=emnist', '--algo=fedavg', '--executor=gpu')
   assert rc == 2 and 'no GPU' in err
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    'settings, threads',
+    [
+        (dict(clients_per_round=10), context.intra_op_threads_for(10)),
+        (dict(clients_per_round=10, max_concurrent_clients=1), context.intra_op_threads_for(1)),
+        (dict(clients_per_round=1, max_concurrent_clients=4), context.intra_op_threads_for(1)),
+        (dict(clients_per_round=10, intra_op_threads=3), 3),
+    ],
+)
+def test_the_local_worker_shares_the_cores_among_the_clients_it_runs_at_once(settings, threads):
+  config = experiment.ExperimentConfig(
+      task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
+      **settings,
+  )
+  assert experiment.local_intra_op_threads(config) == threads
