@@ -377,6 +377,34 @@ def test_two_rounds_match_numpy(tff_context, name, exclude_own_update):
   assert max(np.abs(a - b).max() for a, b in zip(expected[1][0], other[1][0])) > 1e-3
 
 
+def test_the_local_update_is_one_clients_round_in_plain_tf(tff_context):
+  """`build_local_update()` runs what the worker runs for one client (the benchmark's
+  bound): client 1 in round 1, after taking part in round 0, against NumPy."""
+  del tff_context
+  w0, history = _run('fedgps')
+  weights, shared, states, _ = history[0]
+  process = registry.build(
+      'fedgps', tiny_model_fn, keras_model_fn=tiny_keras_model, **HPARAMS
+  )
+  result, new_state, upload, _ = process.build_local_update()(
+      tff.learning.models.ModelWeights(trainable=list(weights), non_trainable=[]),
+      _dataset(1),
+      states[1],
+      process.round_input(collections.OrderedDict(round_num=np.int32(1), shared=shared)),
+  )
+  w, mean_update, _, _, own, _ = _np_run(w0, True)[0]
+  d = [(2 * m - o) / (2 - 1) for m, o in zip(mean_update, own[1])]  # Non-self direction.
+  local, sums, counts = _np_client(w, 1, d, 1)
+  _assert_close(result.update, [a - b for a, b in zip(w, local)], 'update')
+  _assert_close(new_state['own_update'], [b - a for a, b in zip(w, local)], 'own update')
+  assert int(new_state['last_round']) == 1
+  np.testing.assert_allclose(upload['counts'], counts)
+  seen = counts > 0
+  np.testing.assert_allclose(
+      upload['prototypes'][seen], sums[seen] / counts[seen][:, None], rtol=1e-5, atol=1e-6
+  )
+
+
 # Real tasks.
 
 

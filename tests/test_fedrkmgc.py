@@ -285,6 +285,35 @@ def test_a_client_with_a_non_finite_update_keeps_its_state(tff_context):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
 
 
+def test_the_local_update_is_one_clients_round_in_plain_tf(tff_context):
+  """`build_local_update()` runs what the worker runs for one client (the benchmark's
+  bound): here with corrections from earlier rounds, against NumPy."""
+  del tff_context
+  w0, _, _ = _run('fedrkmgc')
+  rng = np.random.default_rng(7)
+  d = [rng.normal(size=a.shape).astype(np.float32) for a in w0]
+  d_raw = [rng.normal(size=a.shape).astype(np.float32) for a in w0]
+  local_update = _process('fedrkmgc').build_local_update()
+  result, new_state, metrics = local_update(
+      tff.learning.models.ModelWeights(trainable=list(w0), non_trainable=[]),
+      _dataset(0),
+      collections.OrderedDict(
+          correction=tuple(d), raw_correction=tuple(d_raw), participations=np.int32(3)
+      ),
+      np.int32(1),
+  )
+  local, d_new, d_raw_new = _np_client(
+      [np.float64(a) for a in w0], 0, [np.float64(a) for a in d],
+      [np.float64(a) for a in d_raw], 1, 'fast_km',
+  )
+  _assert_close(result.update, [w - l for w, l in zip(w0, local)], 'update')
+  _assert_close(new_state['correction'], d_new, 'D')
+  _assert_close(new_state['raw_correction'], d_raw_new, 'Dt')
+  assert int(new_state['participations']) == 4
+  assert float(result.update_weight) == 1.0
+  assert np.sum(metrics['num_examples']) == 4
+
+
 def test_skipping_client_keeps_its_state(tff_context):
   del tff_context
   _, history, _ = _run('fedrkmgc')

@@ -18,6 +18,7 @@ from what they upload (FedGPS's mean update and prototypes).
 """
 
 import collections
+from collections.abc import Callable
 import dataclasses
 from typing import Any, NamedTuple, Optional
 
@@ -56,11 +57,17 @@ class StatefulClientWork:
       differ (see `compose_stateful_clients_process`).
     initial_client_state: `( -> C)`, the state of a client that has never taken
       part (a `tff.tensorflow.computation`).
+    build_local_update: Optional: `() -> tf.function`, a new copy (own model
+      variables) of the function one client runs inside `next`, `(weights, data,
+      client_state, round_input) -> (ClientResult, new state, *uploads, metrics)`:
+      one client's arithmetic in plain TensorFlow, without federation (benchmarks,
+      debugging in a notebook).
   """
 
   initialize: tff.Computation
   next: tff.Computation
   initial_client_state: tff.Computation
+  build_local_update: Optional[Callable[[], Callable[..., Any]]] = None
 
   @property
   def client_state_type(self) -> tff.Type:
@@ -99,6 +106,10 @@ class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
   from `read` and writes the new one to `write` (format: `client_states.state_file`),
   and the output's `client_states` are the numbers of bytes written. The states then
   never travel between Python and the worker, which must see the same file system.
+
+  `build_local_update`, when the client work gives one, builds the `tf.function` one
+  client runs (see `StatefulClientWork`); `round_input(state)` is what the server
+  broadcasts to it as its last argument.
   """
 
   def __init__(
@@ -109,12 +120,25 @@ class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
       set_model_weights: tff.Computation,
       initial_client_state_fn: tff.Computation,
       next_with_state_files_fn: tff.Computation,
+      build_local_update: Optional[Callable[[], Callable[..., Any]]] = None,
   ):
     super().__init__(initialize_fn, next_fn, next_is_multi_arg=True)
     self._get_model_weights = get_model_weights
     self._set_model_weights = set_model_weights
     self._initial_client_state_fn = initial_client_state_fn
     self._next_with_state_files = next_with_state_files_fn
+    self._build_local_update = build_local_update
+
+  @property
+  def build_local_update(self) -> Optional[Callable[[], Callable[..., Any]]]:
+    return self._build_local_update
+
+  @staticmethod
+  def round_input(state) -> Any:
+    """The client work's last argument in the round that starts from server `state`."""
+    if 'shared' in state:
+      return collections.OrderedDict(round_num=state['round_num'], shared=state['shared'])
+    return state['round_num']
 
   @property
   def next_with_state_files(self) -> tff.Computation:
@@ -141,6 +165,7 @@ def build_stateful_client_work(
     client_update: tff.Computation,
     initial_client_state: tff.Computation,
     metrics_aggregation_fn: Any,
+    build_local_update: Optional[Callable[[], Callable[..., Any]]] = None,
 ) -> StatefulClientWork:
   """The `StatefulClientWork` that maps `client_update` over the clients (empty server state).
 
@@ -149,6 +174,8 @@ def build_stateful_client_work(
   broadcast `<round_num, shared>`). `next` returns `(ClientResult, new states, *uploads)`
   as its result and the clients' metrics, aggregated by `metrics_aggregation_fn` (e.g.
   `tff.learning.metrics.sum_then_finalize`), as `measurements['train']`.
+  `build_local_update` builds the `tf.function` that `client_update` wraps (see
+  `StatefulClientWork`).
   """
   parameter = client_update.type_signature.parameter
   client_types = [tff.FederatedType(parameter[i], tff.CLIENTS) for i in range(len(parameter))]
@@ -170,7 +197,10 @@ def build_stateful_client_work(
     )
 
   return StatefulClientWork(
-      initialize=init_fn, next=next_fn, initial_client_state=initial_client_state
+      initialize=init_fn,
+      next=next_fn,
+      initial_client_state=initial_client_state,
+      build_local_update=build_local_update,
   )
 
 
@@ -305,6 +335,7 @@ def compose_stateful_clients_process(
       set_model_weights,
       client_work.initial_client_state,
       next_with_state_files_fn,
+      client_work.build_local_update,
   )
 
 

@@ -14,6 +14,7 @@ update is not finite keeps its old state and contributes a zero update with weig
 """
 
 import collections
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -140,6 +141,17 @@ def build_corrected_sgdm_client_work(
     A `StatefulClientWork` whose client state is `OrderedDict(correction=D_n,
     raw_correction=Dt_n, participations=int32)`.
   """
+  build_local_update = functools.partial(
+      _build_client_update,
+      model_fn,
+      learning_rate=learning_rate,
+      momentum=momentum,
+      beta=beta,
+      gamma=gamma,
+      correction=correction,
+      km_clock=km_clock,
+      loop_implementation=loop_implementation,
+  )
   with tf.Graph().as_default():
     model = model_fn()
     metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(
@@ -161,18 +173,8 @@ def build_corrected_sgdm_client_work(
 
   @tff.tensorflow.computation(weights_type, data_type, client_state_type, np.int32)
   def client_update(weights, data, client_state, round_num):
-    update_fn = _build_client_update(
-        model_fn,
-        learning_rate=learning_rate,
-        momentum=momentum,
-        beta=beta,
-        gamma=gamma,
-        correction=correction,
-        km_clock=km_clock,
-        loop_implementation=loop_implementation,
-    )
-    return update_fn(weights, data, client_state, round_num)
+    return build_local_update()(weights, data, client_state, round_num)
 
   return stateful_clients.build_stateful_client_work(
-      client_update, initial_client_state, metrics_aggregation_fn
+      client_update, initial_client_state, metrics_aggregation_fn, build_local_update
   )

@@ -23,6 +23,7 @@ so that the training loop sees the divergence (TFF's convention).
 """
 
 import collections
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -334,6 +335,22 @@ def build_fedgps_client_work(
     `own_update` with `exclude_own_update`; the upload is
     `OrderedDict(prototypes=[C, F], counts=[C])`.
   """
+  build_local_update = functools.partial(
+      _build_client_update,
+      keras_model_fn,
+      image_shape=image_shape,
+      num_classes=num_classes,
+      samples_per_class=samples_per_class,
+      surrogate_seed=surrogate_seed,
+      learning_rate=learning_rate,
+      momentum=momentum,
+      lambda1=lambda1,
+      lambda2=lambda2,
+      lambda3=lambda3,
+      lambda_g=lambda_g,
+      exclude_own_update=exclude_own_update,
+      loop_implementation=loop_implementation,
+  )
   with tf.Graph().as_default():
     model = model_fn()
     data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
@@ -358,23 +375,8 @@ def build_fedgps_client_work(
       weights_type, data_type, client_state_type, broadcast_type
   )
   def client_update(weights, data, client_state, broadcast):
-    update_fn = _build_client_update(
-        keras_model_fn,
-        image_shape=image_shape,
-        num_classes=num_classes,
-        samples_per_class=samples_per_class,
-        surrogate_seed=surrogate_seed,
-        learning_rate=learning_rate,
-        momentum=momentum,
-        lambda1=lambda1,
-        lambda2=lambda2,
-        lambda3=lambda3,
-        lambda_g=lambda_g,
-        exclude_own_update=exclude_own_update,
-        loop_implementation=loop_implementation,
-    )
-    return update_fn(weights, data, client_state, broadcast)
+    return build_local_update()(weights, data, client_state, broadcast)
 
   return stateful_clients.build_stateful_client_work(
-      client_update, initial_client_state, metrics_aggregation_fn
+      client_update, initial_client_state, metrics_aggregation_fn, build_local_update
   )
