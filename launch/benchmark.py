@@ -1,29 +1,39 @@
-r"""Round time of the package's processes against the plain-TF lower bound and TFF's FedAvg.
+r"""Round time of the package's processes against plain-TF bounds and TFF's FedAvg.
 
-  python -m launch.benchmark --task=emnist --algos=fedavg,fedzmg,gcfed,fedrkmgc
+  python -m launch.benchmark --task=emnist --algos=all
 
 On one set of client datasets (`--clients_per_round` clients of exactly
 `--examples_per_client` examples each, the task's batch size), it times, alternating
 after a warm-up round each, with the median and spread over `--repeats`:
 
-- `plain_tf`: a `tf.function` SGD loop over the same datasets with the same Keras model
-  (every client restarts from the same weights), the lower bound on this hardware;
-- `plain_tf/<rule>`: the same loop running an algorithm's client rule (e.g. ZMG-SGDM)
-  at its defaults: the algorithm's arithmetic without federation, its own lower bound;
-- `tff_fedavg`: TFF's own `tff.learning.algorithms.build_weighted_fed_avg`;
-- each algorithm of `--algos`, as `launch.train` builds and runs it (FedRKMGC with the
-  disk client-state store, whose files TFF's worker reads and writes itself).
+- `plain_tf`: the cheapest plain TensorFlow training of the model on these examples, a
+  `tf.function` running TFF's SGD in `dataset.reduce`, every client from the same
+  weights: the floor on this hardware;
+- `plain_tf_keras`: the loop most users write, Keras SGD in a `for` loop over the
+  dataset (the reference issue 8 was first measured against);
+- `plain_tf/<algo>`: each algorithm's own client function, the very `tf.function` TFF's
+  worker runs for one client (TFF's `build_model_delta_update_with_tff_optimizer` with the
+  algorithm's client rule; a stateful algorithm's `build_local_update()`, its states kept
+  in memory), run in this process over the same clients in turn: the algorithm's
+  arithmetic without federation, its bound;
+- `tff_fedavg`: TFF's own `tff.learning.algorithms.build_weighted_fed_avg` on the
+  package's execution context, and `tff_fedavg_stock` the same on TFF's stock executor
+  and thread settings (what the context saves);
+- each algorithm of `--algos` (`all`: the whole registry), as `launch.train` builds and
+  runs it (stateful clients with the disk client-state store, whose files TFF's worker
+  reads and writes itself; the worker's threads per op as `launch.train` picks them).
 
-One parseable line per contender (`ratio` to its own plain-TF bound, `ratio_plain_sgd`
-to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg, all ratios of medians; the
-`paired_bound`, `paired_tff_fedavg` and `paired_fedavg` medians of per-repeat ratios,
-steadier on a noisy machine; peak resident memory of this process and its TFF worker
-while it ran), then how a round's time scales with the
-clients per round (`--scaling_clients`) and with the number of client computations
-TFF's worker runs at once (`--concurrency`); an empty list skips either table.
+One parseable line per contender: `ratio` to its own bound, `ratio_plain_sgd` to the
+floor, `ratio_tff_fedavg` to TFF's FedAvg (ratios of medians); `paired_bound`,
+`paired_plain_sgd`, `paired_tff_fedavg` and `paired_fedavg`, medians of per-repeat ratios
+(steadier on a noisy machine); the peak resident memory of this process and its TFF
+worker while it ran. Then how a round's time scales with the clients per round
+(`--scaling_clients`) and with the number of client computations TFF's worker runs at
+once (`--concurrency`); an empty list skips either table.
 """
 
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -36,9 +46,11 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+# TFF's own per-client update of `build_model_delta_client_work`: the stateless
+# algorithms' client function, run here without federation.
+from tensorflow_federated.python.learning.templates import model_delta_client_work
 
 import tasks
 from launch import resources
@@ -50,7 +62,8 @@ from tff_zmg.algorithms import stateful_clients
 
 _TASK = flags.DEFINE_enum('task', 'emnist', list(tasks.TASK_NAMES), 'The task.')
 _ALGOS = flags.DEFINE_list(
-    'algos', ['fedavg', 'fedzmg', 'gcfed', 'fedrkmgc'], 'Algorithms to time.'
+    'algos', ['fedavg', 'fedzmg', 'gcfed', 'fedrkmgc'],
+    'Algorithms to time (`all`: every algorithm of the registry).',
 )
 _DATA_SOURCE = flags.DEFINE_enum(
     'data_source', 'synthetic', ['tff', 'synthetic'], 'Where the client data comes from.'
@@ -74,10 +87,18 @@ _CONCURRENCY = flags.DEFINE_list(
 _MAX_CONCURRENT = flags.DEFINE_integer(
     'max_concurrent_clients', -1, 'TFF worker concurrency for the main comparison.'
 )
+_INTRA_OP_THREADS = flags.DEFINE_integer(
+    'intra_op_threads', 0,
+    'Threads per TF op in the TFF worker; 0: as launch.train picks them (cores // clients'
+    ' run at once).',
+    lower_bound=0,
+)
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the results as JSON here.')
 
 PLAIN_TF = 'plain_tf'
+PLAIN_TF_KERAS = 'plain_tf_keras'
 TFF_FEDAVG = 'tff_fedavg'
+TFF_FEDAVG_STOCK = 'tff_fedavg_stock'
 _SERVER_LR = 1.0
 _CLIENT_LR = 0.1
 
@@ -104,23 +125,24 @@ def client_datasets(task, num_clients: int, examples: int) -> list[tf.data.Datas
   )
 
 
-def plain_tf_round_fn(task, datasets, client_optimizer=None):
-  """The lower bound: one pass per client, from the same weights, in one tf.function.
+def plain_tf_round_fn(task, datasets, keras_loop: bool = False):
+  """Plain SGD, one pass per client from the same weights, in one tf.function.
 
   Args:
     task: The task (its Keras model and loss).
     datasets: The clients' batched datasets.
-    client_optimizer: None for Keras SGD (`plain_tf`), or a TFF optimizer (a client
-      rule of `compose.CLIENT_RULES`), whose state starts afresh for every client as in
-      TFF's client work: the same arithmetic as the algorithm, without federation.
+    keras_loop: False: TFF's SGD in `dataset.reduce` (`plain_tf`, the floor); True:
+      Keras SGD in a `for` loop over the dataset (`plain_tf_keras`), which autograph
+      turns into a while loop over an iterator and which was 1.5x slower here.
   """
   model = task.keras_model_fn()
   loss_fn = task.spec.loss_fn()
   variables = model.trainable_variables
   initial = [tf.Variable(v) for v in variables]
-  if client_optimizer is None:
+  if keras_loop:
     keras_sgd = tf.keras.optimizers.SGD(_CLIENT_LR)
     keras_sgd.build(variables)
+  sgd = tff.learning.optimizers.build_sgdm(_CLIENT_LR)
   specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)  # reduce() packs lists.
 
   def gradients(batch):
@@ -128,8 +150,8 @@ def plain_tf_round_fn(task, datasets, client_optimizer=None):
       loss = loss_fn(batch['y'], model(batch['x'], training=True))
     return tuple(tape.gradient(loss, variables))
 
-  def rule_step(state, batch):
-    state, new_weights = client_optimizer.next(state, tuple(variables), gradients(batch))
+  def sgd_step(state, batch):
+    state, new_weights = sgd.next(state, tuple(variables), gradients(batch))
     for v, w in zip(variables, new_weights):
       v.assign(w)
     return state
@@ -138,11 +160,11 @@ def plain_tf_round_fn(task, datasets, client_optimizer=None):
   def train_client(dataset):
     for v, w in zip(variables, initial):
       v.assign(w)
-    if client_optimizer is None:
+    if keras_loop:
       for batch in dataset:
         keras_sgd.apply_gradients(zip(gradients(batch), variables))
     else:
-      dataset.reduce(client_optimizer.initialize(specs), rule_step)
+      dataset.reduce(sgd.initialize(specs), sgd_step)
 
   def run_round():
     for dataset in datasets:
@@ -151,20 +173,46 @@ def plain_tf_round_fn(task, datasets, client_optimizer=None):
   return run_round
 
 
-def client_rule_optimizer(algo: str, task):
-  """(rule name, TFF optimizer) of `algo`'s client rule at its defaults.
-
-  FedRKMGC's corrected step (SGDM on `g - D_n`) is bounded by plain SGDM, which leaves out
-  its two vector updates per round; FedGPS's surrogate batches have no plain counterpart.
-  """
+def client_rule_optimizer(algo: str, task) -> tff.learning.optimizers.Optimizer:
+  """The TFF optimizer of a stateless algorithm's client rule at the algorithm's defaults."""
   spec = registry.get(algo)
-  rule_name = 'sgdm' if spec.client_rule == 'corrected_sgdm' else spec.client_rule
-  if rule_name not in compose.CLIENT_RULES:
-    return None, None
-  rule = compose.CLIENT_RULES[rule_name]
+  rule = compose.CLIENT_RULES[spec.client_rule]
   hparams = {k: spec.defaults.get(k, default) for k, default in rule.hparams.items()}
   variables = compose.trainable_variables(task.model_fn)  # For the rule's mask.
-  return rule_name, rule.build(spec.defaults['client_learning_rate'], variables, **hparams)
+  return rule.build(spec.defaults['client_learning_rate'], variables, **hparams)
+
+
+def local_update_round_fn(algo: str, task, process, state, datasets):
+  """The bound `plain_tf/<algo>`: the algorithm's client function, clients in turn.
+
+  Every client starts from the weights of `state`, as in a round; a stateful
+  algorithm's clients keep their states from call to call, in memory.
+  """
+  spec = registry.get(algo)
+  weights = process.get_model_weights(state)
+  if not spec.stateful:
+    optimizer = client_rule_optimizer(algo, task)
+    update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
+        task.model_fn,
+        weighting=spec.client_weighting,
+        loop_implementation=tff.learning.LoopImplementation.DATASET_REDUCE,
+    )
+
+    def run_round():
+      for dataset in datasets:
+        update(optimizer, weights, dataset)
+
+    return run_round
+
+  local_update = process.build_local_update()
+  round_input = process.round_input(state)
+  states = [process.initial_client_state() for _ in datasets]
+
+  def run_stateful_round():
+    for i, dataset in enumerate(datasets):
+      _, states[i], *_ = local_update(weights, dataset, states[i], round_input)
+
+  return run_stateful_round
 
 
 def _process_round_fn(process, datasets, state_dir):
@@ -188,42 +236,50 @@ def _process_round_fn(process, datasets, state_dir):
   return run_round
 
 
-def plain_contenders(task, algos, datasets) -> tuple[dict, dict]:
-  """({name: plain-TF round function, traced}, {algo: its plain-TF bound's name}).
+def _in_context(execution_context, fn):
+  """`fn` run with `execution_context` installed (the stock TFF contender's)."""
 
-  Plain TF (Keras SGD) and plain TF with each client rule of `algos` (`plain_tf/<rule>`).
-  """
-  # Each plain loop is made and traced before the next Keras model is built anywhere
-  # (rule masks, TFF processes): with six algorithms' masks built in graphs between
-  # them, Keras refused to trace a model made eagerly before them.
-  rule_optimizers = {algo: client_rule_optimizer(algo, task) for algo in algos}
-  fns = collections.OrderedDict()
-  fns[PLAIN_TF] = plain_tf_round_fn(task, datasets)
-  fns[PLAIN_TF]()
-  bounds = {}
-  for algo, (rule_name, optimizer) in rule_optimizers.items():
-    bounds[algo] = PLAIN_TF if rule_name in (None, 'sgd') else f'{PLAIN_TF}/{rule_name}'
-    if bounds[algo] not in fns:
-      fns[bounds[algo]] = plain_tf_round_fn(task, datasets, optimizer)
-      fns[bounds[algo]]()
-  return fns, bounds
+  def run():
+    with tff.framework.get_context_stack().install(execution_context):
+      fn()
+
+  return run
 
 
-def contenders(task, algos, datasets, state_dir) -> tuple[dict, dict]:
-  """({name: round function}, {algo: its plain-TF bound's name}).
-
-  The contenders: the plain-TF loops (`plain_contenders`), TFF's FedAvg, and each
-  algorithm.
-  """
-  fns, bounds = plain_contenders(task, algos, datasets)
-  tff_fedavg = tff.learning.algorithms.build_weighted_fed_avg(
+def _tff_fedavg(task):
+  return tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn,
       client_optimizer_fn=tff.learning.optimizers.build_sgdm(_CLIENT_LR),
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(_SERVER_LR),
   )
-  fns[TFF_FEDAVG] = _process_round_fn(tff_fedavg, datasets, None)
+
+
+def contenders(task, algos, datasets, state_dir, stock_context) -> tuple[dict, dict]:
+  """({name: round function, traced}, {algo: its bound's name}).
+
+  The floors, TFF's FedAvg (on the current context and on `stock_context`), then each
+  algorithm and its bound `plain_tf/<algo>`. Each plain loop is made and traced at once:
+  with many algorithms' rule masks built in graphs between them, Keras once refused to
+  trace a model made eagerly before them.
+  """
+  fns = collections.OrderedDict()
+  fns[PLAIN_TF] = plain_tf_round_fn(task, datasets)
+  fns[PLAIN_TF]()
+  fns[PLAIN_TF_KERAS] = plain_tf_round_fn(task, datasets, keras_loop=True)
+  fns[PLAIN_TF_KERAS]()
+  fns[TFF_FEDAVG] = _process_round_fn(_tff_fedavg(task), datasets, None)
+  with tff.framework.get_context_stack().install(stock_context):
+    fns[TFF_FEDAVG_STOCK] = _in_context(
+        stock_context, _process_round_fn(_tff_fedavg(task), datasets, None)
+    )
+  bounds = {}
   for algo in algos:
-    process = registry.build(algo, task.model_fn)
+    process = registry.build(algo, task.model_fn, keras_model_fn=task.keras_model_fn)
+    bounds[algo] = f'{PLAIN_TF}/{algo}'
+    fns[bounds[algo]] = local_update_round_fn(
+        algo, task, process, process.initialize(), datasets
+    )
+    fns[bounds[algo]]()
     fns[algo] = _process_round_fn(process, datasets, os.path.join(state_dir, algo))
   return fns, bounds
 
@@ -259,12 +315,12 @@ def paired_ratio(seconds, reference_seconds) -> float:
 
 
 def summary_line(name, seconds, peak, bound, plain_sgd, tff_fedavg, paired) -> str:
-  """One parseable line: `ratio` to the contender's own plain-TF bound (same arithmetic,
-  no federation), `ratio_plain_sgd` to plain-TF SGD, `ratio_tff_fedavg` to TFF's FedAvg
+  """One parseable line: `ratio` to the contender's own bound (same arithmetic, no
+  federation), `ratio_plain_sgd` to the floor, `ratio_tff_fedavg` to TFF's FedAvg
   (ratios of medians), then `paired_<name>=` per-repeat ratios (`paired`)."""
   median = statistics.median(seconds)
   return (
-      f'{name:<18} median_s={median:.3f} min_s={min(seconds):.3f}'
+      f'{name:<24} median_s={median:.3f} min_s={min(seconds):.3f}'
       f' max_s={max(seconds):.3f} ratio={median / bound:.2f}'
       f' ratio_plain_sgd={median / plain_sgd:.2f}'
       f' ratio_tff_fedavg={median / tff_fedavg:.2f}'
@@ -273,11 +329,21 @@ def summary_line(name, seconds, peak, bound, plain_sgd, tff_fedavg, paired) -> s
   )
 
 
+def worker_intra_op_threads(clients: int, max_concurrent: int) -> int:
+  """The worker's threads per op for a round of `clients`, as `launch.train` picks them."""
+  if _INTRA_OP_THREADS.value:
+    return _INTRA_OP_THREADS.value
+  at_once = min(clients, max_concurrent) if max_concurrent > 0 else clients
+  return context.intra_op_threads_for(at_once)
+
+
 def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, state_dir):
   datasets = client_datasets(task, num_clients, examples)
-  with context.execution_context(max_concurrent):
+  threads = worker_intra_op_threads(num_clients, max_concurrent)
+  with context.execution_context(max_concurrent, intra_op_threads=threads):
     fn = _process_round_fn(
-        registry.build(algo, task.model_fn), datasets, os.path.join(state_dir, algo)
+        registry.build(algo, task.model_fn, keras_model_fn=task.keras_model_fn),
+        datasets, os.path.join(state_dir, algo),
     )
     fn()
     times = []
@@ -288,10 +354,19 @@ def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, st
   return statistics.median(times)
 
 
+def _algorithms(names) -> list[str]:
+  if list(names) == ['all']:
+    return list(registry.ALGORITHMS)
+  for name in names:
+    registry.get(name)  # An unknown name fails here, before any timing.
+  return list(names)
+
+
 def main(argv) -> int:
   del argv
   logging.set_verbosity(logging.WARNING)
   tf.get_logger().setLevel('ERROR')
+  algos = _algorithms(_ALGOS.value)
   scaling = sorted(int(c) for c in _SCALING.value)
   num_clients = max([_CLIENTS.value] + scaling)
   synthetic = None
@@ -306,38 +381,52 @@ def main(argv) -> int:
       _TASK.value, data_source=_DATA_SOURCE.value, cache_dir=_CACHE_DIR.value,
       synthetic_settings=synthetic,
   )
-  for algo in _ALGOS.value:
-    registry.get(algo)
   datasets = client_datasets(task, _CLIENTS.value, _EXAMPLES.value)
+  threads = worker_intra_op_threads(_CLIENTS.value, _MAX_CONCURRENT.value)
   print(
       f'task={_TASK.value} clients={_CLIENTS.value} examples_per_client={_EXAMPLES.value}'
       f' batch={task.spec.batch_size} repeats={_REPEATS.value}'
-      f' cpus={os.cpu_count()} tf_threads=default',
+      f' cpus={os.cpu_count()} worker_intra_op_threads={threads}',
       flush=True,
   )
   results = collections.OrderedDict()
-  with tempfile.TemporaryDirectory() as state_dir:
-    with context.execution_context(_MAX_CONCURRENT.value):
-      fns, bounds = contenders(task, _ALGOS.value, datasets, state_dir)
-      timed = time_alternating(fns, _REPEATS.value)
-    medians = {name: statistics.median(seconds) for name, (seconds, _) in timed.items()}
-    bound = medians[PLAIN_TF]
-    tff_fedavg = medians[TFF_FEDAVG]
-    # Per-repeat ratios to the references the issue's targets name: each contender's
-    # own bound, TFF's FedAvg and (when timed) the package's FedAvg.
-    references = [TFF_FEDAVG] + (['fedavg'] if 'fedavg' in timed else [])
-    for name, (seconds, peak) in timed.items():
-      own = bounds.get(name, PLAIN_TF)
-      paired = {'bound': paired_ratio(seconds, timed[own][0])}
-      paired.update({ref: paired_ratio(seconds, timed[ref][0]) for ref in references})
-      line = summary_line(name, seconds, peak, medians[own], bound, tff_fedavg, paired)
-      print(line, flush=True)
-      results[name] = dict(
-          seconds=seconds, median_s=medians[name], bound=own,
-          ratio=medians[name] / medians[own], ratio_plain_sgd=medians[name] / bound,
-          paired=paired, peak_rss_mib=peak / 2**20,
-      )
+  with contextlib.ExitStack() as stack:
+    state_dir = stack.enter_context(tempfile.TemporaryDirectory())
+    stack.enter_context(
+        context.execution_context(_MAX_CONCURRENT.value, intra_op_threads=threads)
+    )
+    stock_worker = context.LocalWorker(_MAX_CONCURRENT.value)
+    stack.callback(stock_worker.stop)
+    stock_worker.stub()
+    stock_context = context.create_sync_context(
+        [stock_worker], cache_computations=False
+    )
+    fns, bounds = contenders(task, algos, datasets, state_dir, stock_context)
+    timed = time_alternating(fns, _REPEATS.value)
+  medians = {name: statistics.median(seconds) for name, (seconds, _) in timed.items()}
+  # Per-repeat ratios to the references the issue's targets name: each contender's own
+  # bound, the floor, TFF's FedAvg and (when timed) the package's FedAvg.
+  references = {'plain_sgd': PLAIN_TF, 'tff_fedavg': TFF_FEDAVG}
+  if 'fedavg' in timed:
+    references['fedavg'] = 'fedavg'
+  for name, (seconds, peak) in timed.items():
+    own = bounds.get(name, PLAIN_TF)
+    paired = {'bound': paired_ratio(seconds, timed[own][0])}
+    paired.update(
+        {key: paired_ratio(seconds, timed[ref][0]) for key, ref in references.items()}
+    )
+    line = summary_line(
+        name, seconds, peak, medians[own], medians[PLAIN_TF], medians[TFF_FEDAVG], paired
+    )
+    print(line, flush=True)
+    results[name] = dict(
+        seconds=seconds, median_s=medians[name], bound=own,
+        ratio=medians[name] / medians[own],
+        ratio_plain_sgd=medians[name] / medians[PLAIN_TF],
+        paired=paired, peak_rss_mib=peak / 2**20,
+    )
 
+  with tempfile.TemporaryDirectory() as state_dir:
     scaling_rows = []
     for clients in scaling:
       median = _median_round(
@@ -362,13 +451,14 @@ def main(argv) -> int:
       concurrency_rows.append((value, median))
       print(
           f'concurrency algo={_SCALING_ALGO.value} max_concurrent_clients={value}'
-          f' median_s={median:.3f} ratio={median / bound:.2f}',
+          f' median_s={median:.3f} ratio_plain_sgd={median / medians[PLAIN_TF]:.2f}',
           flush=True,
       )
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(
-          dict(contenders=results, scaling=scaling_rows, concurrency=concurrency_rows),
+          dict(contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
+               worker_intra_op_threads=threads),
           f, indent=2,
       )
   return 0

@@ -381,33 +381,47 @@ class ComputationCachingRemoteExecutor(tff.framework.RemoteExecutor):
 
 
 def _executor_factory(
-    worker: Union[LocalWorker, RemoteWorker], default_num_clients: int
+    worker: Union[LocalWorker, RemoteWorker],
+    default_num_clients: int,
+    cache_computations: bool,
 ) -> tff.framework.ResourceManagingExecutorFactory:
   """TFF's per-cardinality executor cache, each executor a `RemoteExecutor` on `worker`."""
+  executor_class = (
+      ComputationCachingRemoteExecutor if cache_computations else tff.framework.RemoteExecutor
+  )
 
   def executor_stack_fn(cardinalities):
     if cardinalities.get(tff.CLIENTS) is None:
       cardinalities[tff.CLIENTS] = default_num_clients
-    executor = ComputationCachingRemoteExecutor(worker.stub())
+    executor = executor_class(worker.stub())
     executor.set_cardinalities(cardinalities)
     return executor
 
   return tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=executor_stack_fn)
 
 
-def _create_sync_context(
-    workers: Sequence[Union[LocalWorker, RemoteWorker]], default_num_clients: int
+def create_sync_context(
+    workers: Sequence[Union[LocalWorker, RemoteWorker]],
+    default_num_clients: int = 0,
+    cache_computations: bool = True,
 ) -> tff.framework.SyncContext:
   """A synchronous TFF context that runs computations on the given workers.
 
   One worker runs whole computations. Several run TFF's mergeable-computation context: TFF
   compiles each computation into `up_to_merge` / `merge` / `after_merge` on its one level
   of aggregation, gives each worker a contiguous slice of the CLIENTS-placed arguments,
-  and merges the partial aggregates.
+  and merges the partial aggregates. The workers' lives are the caller's.
+
+  Args:
+    workers: The workers (at least one).
+    default_num_clients: Cardinality of CLIENTS when it cannot be inferred.
+    cache_computations: True: each compiled computation is sent to a worker once
+      (`ComputationCachingRemoteExecutor`); False: TFF's own `RemoteExecutor`, which
+      sends it on every call (the benchmark's stock-TFF contender).
   """
   if len(workers) == 1:
     return tff.framework.SyncExecutionContext(
-        executor_fn=_executor_factory(workers[0], default_num_clients),
+        executor_fn=_executor_factory(workers[0], default_num_clients, cache_computations),
         compiler_fn=tff.backends.native.desugar_and_transform_to_native,
         transform_args=tff.tensorflow.transform_args,
         transform_result=tff.tensorflow.transform_result,
@@ -419,7 +433,7 @@ def _create_sync_context(
   )
   return tff.backends.native.create_mergeable_comp_execution_context([
       tff.framework.AsyncExecutionContext(
-          executor_fn=_executor_factory(worker, default_num_clients),
+          executor_fn=_executor_factory(worker, default_num_clients, cache_computations),
           compiler_fn=compile_once,
           transform_args=tff.tensorflow.transform_args,
           transform_result=tff.tensorflow.transform_result,
@@ -451,7 +465,7 @@ def remote_execution_context(
       a computation (that computation fails; nothing is retried on another worker).
   """
   workers = connect_workers(addresses, connect_timeout_s)
-  context = _create_sync_context(workers, default_num_clients)
+  context = create_sync_context(workers, default_num_clients)
   try:
     with tff.framework.get_context_stack().install(context):
       yield workers
@@ -492,7 +506,7 @@ def execution_context(
   """
   worker = LocalWorker(max_concurrent_computation_calls, intra_op_threads=intra_op_threads)
   worker.stub()  # Start now, from this thread (the parent-death signal follows it).
-  context = _create_sync_context([worker], default_num_clients)
+  context = create_sync_context([worker], default_num_clients)
   try:
     with tff.framework.get_context_stack().install(context):
       yield worker
@@ -512,7 +526,7 @@ def set_default_execution_context(
   """
   worker = LocalWorker(max_concurrent_computation_calls, intra_op_threads=intra_op_threads)
   worker.stub()
-  tff.framework.set_default_context(_create_sync_context([worker], default_num_clients))
+  tff.framework.set_default_context(create_sync_context([worker], default_num_clients))
   return worker
 
 
@@ -538,7 +552,7 @@ def _replace_tff_default_context() -> None:
   Any computation run without an explicit context then also runs on a worker this module
   stops at exit.
   """
-  tff.framework.set_default_context(_create_sync_context([LocalWorker()], 0))
+  tff.framework.set_default_context(create_sync_context([LocalWorker()], 0))
 
 
 _install_exit_handlers()
