@@ -213,6 +213,23 @@ def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseMana
     ) from e
 
 
+def _thread_event_loop() -> asyncio.AbstractEventLoop:
+  """This thread's asyncio loop, made and set if there is none.
+
+  TFF's training loop and program state managers call `asyncio.get_event_loop()`, which
+  fails once an earlier `asyncio.run` in the same thread (a notebook cell, a test) has
+  unset the loop.
+  """
+  try:
+    loop = asyncio.get_event_loop()
+  except RuntimeError:
+    loop = None
+  if loop is None or loop.is_closed():
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+  return loop
+
+
 def _worker_lost_error(
     config: ExperimentConfig,
     last_released_round: Optional[int],
@@ -220,7 +237,7 @@ def _worker_lost_error(
 ) -> 'WorkerLostError':
   """Says which round a lost remote worker failed, what is kept, and how to resume."""
   manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
-  versions = asyncio.get_event_loop().run_until_complete(manager.get_versions()) or []
+  versions = _thread_event_loop().run_until_complete(manager.get_versions()) or []
   checkpoint = max(versions, default=None)
   if last_released_round is not None:
     failed = last_released_round + 1
@@ -344,7 +361,7 @@ def _check_checkpoint(config: ExperimentConfig, process) -> None:
     return
   manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
   try:
-    asyncio.get_event_loop().run_until_complete(manager.load_latest(process.initialize()))
+    _thread_event_loop().run_until_complete(manager.load_latest(process.initialize()))
   except Exception as e:  # pylint: disable=broad-except
     raise ExperimentError(
         f'the checkpoint in {config.checkpoint_dir} cannot be restored into this'
@@ -491,6 +508,7 @@ def run(config: ExperimentConfig) -> dict:
             os.path.join(config.output_dir, TENSORBOARD_DIRNAME)
         ),
     ]
+    _thread_event_loop()  # run_training_process asks for it.
     tff.simulation.run_training_process(
         training_process=training_process,
         training_selection_fn=training_selection_fn,

@@ -116,6 +116,16 @@ def test_worker_does_not_write_to_the_parents_output(capfd):
   assert 'worker_binary' not in out + err
 
 
+def _run_in_own_loop(coroutine):
+  """Runs `coroutine` on a loop of its own; asyncio.run would unset the thread's loop,
+  which the in-process training tests that share this pytest process need."""
+  loop = asyncio.new_event_loop()
+  try:
+    return loop.run_until_complete(coroutine)
+  finally:
+    loop.close()
+
+
 def test_a_computation_is_sent_to_its_worker_once_and_serves_every_call():
   @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
   def mean(x):
@@ -137,12 +147,12 @@ def test_a_computation_is_sent_to_its_worker_once_and_serves_every_call():
       return function, means
 
     executor.set_cardinalities({tff.CLIENTS: 2})
-    first, means = asyncio.run(two_calls())
+    first, means = _run_in_own_loop(two_calls())
     assert means == [2.0, 4.0]
     # A new executor on the worker holds none of the old values: the computation is sent
     # again, and the new value works.
     executor.set_cardinalities({tff.CLIENTS: 2})
-    second, means = asyncio.run(two_calls())
+    second, means = _run_in_own_loop(two_calls())
     assert second is not first
     assert means == [2.0, 4.0]
   finally:
