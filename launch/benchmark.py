@@ -11,11 +11,11 @@ after a warm-up round each, with the median and spread over `--repeats`:
   weights: the floor on this hardware;
 - `plain_tf_keras`: the loop most users write, Keras SGD in a `for` loop over the
   dataset (the reference issue 8 was first measured against);
-- `plain_tf/<algo>`: each algorithm's own client function, the very `tf.function` TFF's
-  worker runs for one client (TFF's `build_model_delta_update_with_tff_optimizer` with the
-  algorithm's client rule; a stateful algorithm's `build_local_update()`, its states kept
-  in memory), run in this process over the same clients in turn: the algorithm's
-  arithmetic without federation, its bound;
+- `plain_tf/<algo>`: each algorithm's client arithmetic without federation, its bound:
+  a stateless algorithm's client rule stepped in `plain_tf`'s loop (so
+  `plain_tf/fedavg` is `plain_tf`); a stateful algorithm's `build_local_update()`, the
+  very `tf.function` TFF's worker runs for one client, its states kept in memory; the
+  clients in turn, in this process;
 - `tff_fedavg`: TFF's own `tff.learning.algorithms.build_weighted_fed_avg` on the
   package's execution context, and `tff_fedavg_stock` the same on TFF's stock executor
   and thread settings (what the context saves);
@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -48,9 +49,6 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 import tensorflow_federated as tff
-# TFF's own per-client update of `build_model_delta_client_work`: the stateless
-# algorithms' client function, run here without federation.
-from tensorflow_federated.python.learning.templates import model_delta_client_work
 
 import tasks
 from launch import resources
@@ -125,15 +123,20 @@ def client_datasets(task, num_clients: int, examples: int) -> list[tf.data.Datas
   )
 
 
-def plain_tf_round_fn(task, datasets, keras_loop: bool = False):
-  """Plain SGD, one pass per client from the same weights, in one tf.function.
+def plain_tf_round_fn(
+    task, datasets, optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    keras_loop: bool = False,
+):
+  """One pass per client from the same weights, in one tf.function, nothing else.
 
   Args:
     task: The task (its Keras model and loss).
     datasets: The clients' batched datasets.
-    keras_loop: False: TFF's SGD in `dataset.reduce` (`plain_tf`, the floor); True:
-      Keras SGD in a `for` loop over the dataset (`plain_tf_keras`), which autograph
-      turns into a while loop over an iterator and which was 1.5x slower here.
+    optimizer: The TFF optimizer stepped in `dataset.reduce`: `None` is SGD
+      (`plain_tf`, the floor), a stateless algorithm's client rule its bound.
+    keras_loop: True: Keras SGD in a `for` loop over the dataset (`plain_tf_keras`),
+      which autograph turns into a while loop over an iterator and which was 1.5x
+      slower here.
   """
   model = task.keras_model_fn()
   loss_fn = task.spec.loss_fn()
@@ -142,7 +145,8 @@ def plain_tf_round_fn(task, datasets, keras_loop: bool = False):
   if keras_loop:
     keras_sgd = tf.keras.optimizers.SGD(_CLIENT_LR)
     keras_sgd.build(variables)
-  sgd = tff.learning.optimizers.build_sgdm(_CLIENT_LR)
+  if optimizer is None:
+    optimizer = tff.learning.optimizers.build_sgdm(_CLIENT_LR)
   specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)  # reduce() packs lists.
 
   def gradients(batch):
@@ -150,8 +154,8 @@ def plain_tf_round_fn(task, datasets, keras_loop: bool = False):
       loss = loss_fn(batch['y'], model(batch['x'], training=True))
     return tuple(tape.gradient(loss, variables))
 
-  def sgd_step(state, batch):
-    state, new_weights = sgd.next(state, tuple(variables), gradients(batch))
+  def step(state, batch):
+    state, new_weights = optimizer.next(state, tuple(variables), gradients(batch))
     for v, w in zip(variables, new_weights):
       v.assign(w)
     return state
@@ -164,7 +168,7 @@ def plain_tf_round_fn(task, datasets, keras_loop: bool = False):
       for batch in dataset:
         keras_sgd.apply_gradients(zip(gradients(batch), variables))
     else:
-      dataset.reduce(sgd.initialize(specs), sgd_step)
+      dataset.reduce(optimizer.initialize(specs), step)
 
   def run_round():
     for dataset in datasets:
@@ -183,27 +187,16 @@ def client_rule_optimizer(algo: str, task) -> tff.learning.optimizers.Optimizer:
 
 
 def local_update_round_fn(algo: str, task, process, state, datasets):
-  """The bound `plain_tf/<algo>`: the algorithm's client function, clients in turn.
+  """The bound `plain_tf/<algo>`: the algorithm's client arithmetic, clients in turn.
 
-  Every client starts from the weights of `state`, as in a round; a stateful
-  algorithm's clients keep their states from call to call, in memory.
+  A stateless algorithm's is its client rule stepped in the plain loop of `plain_tf`;
+  a stateful one's, its `build_local_update()` (the function TFF's worker runs for
+  one client), every client from the weights of `state` and keeping its state from
+  call to call, in memory.
   """
-  spec = registry.get(algo)
+  if not registry.get(algo).stateful:
+    return plain_tf_round_fn(task, datasets, client_rule_optimizer(algo, task))
   weights = process.get_model_weights(state)
-  if not spec.stateful:
-    optimizer = client_rule_optimizer(algo, task)
-    update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
-        task.model_fn,
-        weighting=spec.client_weighting,
-        loop_implementation=tff.learning.LoopImplementation.DATASET_REDUCE,
-    )
-
-    def run_round():
-      for dataset in datasets:
-        update(optimizer, weights, dataset)
-
-    return run_round
-
   local_update = process.build_local_update()
   round_input = process.round_input(state)
   states = [process.initial_client_state() for _ in datasets]
