@@ -326,8 +326,7 @@ def worker_intra_op_threads(clients: int, max_concurrent: int) -> int:
   """The worker's threads per op for a round of `clients`, as `launch.train` picks them."""
   if _INTRA_OP_THREADS.value:
     return _INTRA_OP_THREADS.value
-  at_once = min(clients, max_concurrent) if max_concurrent > 0 else clients
-  return context.intra_op_threads_for(at_once)
+  return context.intra_op_threads_for(clients, max_concurrent_clients=max_concurrent)
 
 
 def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, state_dir):

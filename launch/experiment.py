@@ -167,10 +167,9 @@ def local_intra_op_threads(config: ExperimentConfig) -> int:
   """The local worker's threads per TF op: the setting, or one for the clients at once."""
   if config.intra_op_threads > 0:
     return config.intra_op_threads
-  at_once = config.clients_per_round
-  if config.max_concurrent_clients > 0:
-    at_once = min(at_once, config.max_concurrent_clients)
-  return context.intra_op_threads_for(at_once)
+  return context.intra_op_threads_for(
+      config.clients_per_round, max_concurrent_clients=config.max_concurrent_clients
+  )
 
 
 def _check_workers_reachable(config: ExperimentConfig) -> None:

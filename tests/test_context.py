@@ -178,6 +178,15 @@ def test_intra_op_threads_share_the_cores_among_the_clients_run_at_once(
   assert context.intra_op_threads_for(clients, cpus) == threads
 
 
+@pytest.mark.parametrize(
+    'clients, cap, cpus, threads', [(10, 1, 2, 2), (10, 4, 16, 4), (3, 0, 16, 5), (2, 8, 4, 2)]
+)
+def test_intra_op_threads_count_only_the_clients_the_cap_lets_run_at_once(
+    clients, cap, cpus, threads
+):
+  assert context.intra_op_threads_for(clients, cpus, max_concurrent_clients=cap) == threads
+
+
 def test_intra_op_threads_need_at_least_one_client():
   with pytest.raises(ValueError, match='concurrent_clients must be at least 1'):
     context.intra_op_threads_for(0, 2)

@@ -201,9 +201,12 @@ class LocalWorker:
       self._log_path = None
 
 
-def intra_op_threads_for(concurrent_clients: int, cpus: Optional[int] = None) -> int:
-  """Threads per TF op for a worker that runs `concurrent_clients` clients at once.
+def intra_op_threads_for(
+    clients: int, cpus: Optional[int] = None, *, max_concurrent_clients: int = -1
+) -> int:
+  """Threads per TF op for a worker that runs a round of `clients` clients.
 
+      concurrent_clients = min(clients, max_concurrent_clients)  (all if the cap <= 0)
       intra_op_threads = max(1, cpus // concurrent_clients)
 
   The worker runs a round's clients side by side, so with at least as many clients as
@@ -213,6 +216,9 @@ def intra_op_threads_for(concurrent_clients: int, cpus: Optional[int] = None) ->
   get the idle cores. A thread count may reorder a kernel's float sums;
   `tests/test_speed_settings.py` checks that the weights agree to 1e-6 either way.
   """
+  concurrent_clients = clients
+  if max_concurrent_clients > 0:
+    concurrent_clients = min(clients, max_concurrent_clients)
   if concurrent_clients < 1:
     raise ValueError(f'concurrent_clients must be at least 1, got {concurrent_clients}')
   cpus = cpus or os.cpu_count() or 1
