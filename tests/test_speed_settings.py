@@ -4,7 +4,7 @@ A round's result may depend only on the run's inputs (weights, client data, seed
 on how the TFF worker schedules the clients or how client states travel:
 `--max_concurrent_clients` (the setting the benchmark compares) and the worker's threads per
 op (`--intra_op_threads`) must give the same weights to 1e-6 on the model and the rule the
-benchmark times. The worker's cached computations are in play in every run here: each runs
+benchmark times, and so must tf.data's autotuning, which the task preprocessing turns off. The worker's cached computations are in play in every run here: each runs
 three rounds of the same `next`. FedRKMGC's states
 read and written by TFF's worker itself (the disk store's default) are guarded in
 `test_fedrkmgc.py`: the same weights and states as through the TFF call, and as NumPy.
@@ -12,6 +12,7 @@ read and written by TFF's worker itself (the disk store's default) are guarded i
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tff_zmg import context
 from tff_zmg.algorithms import registry
@@ -66,3 +67,15 @@ def test_worker_settings_never_change_the_weights(fedzmg_reference, settings):
   for a, b in zip(reference, final):
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
 
+
+
+def test_tf_data_autotuning_never_changes_the_weights(fedzmg_reference):
+  process, datasets, reference = fedzmg_reference
+  assert all(d.options().autotune.enabled is False for d in datasets)
+  options = tf.data.Options()
+  options.autotune.enabled = True
+  _, final = _initial_and_final_weights(
+      process, [d.with_options(options) for d in datasets]
+  )
+  for a, b in zip(reference, final):
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)

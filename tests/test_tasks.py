@@ -58,6 +58,18 @@ def test_preprocessed_batches_have_model_shapes(
     assert 0.0 <= float(tf.reduce_min(batch['x'])) and float(tf.reduce_max(batch['x'])) <= 1.0
 
 
+@pytest.mark.parametrize('name', ['emnist', 'cifar100', 'shakespeare'])
+def test_preprocessed_datasets_have_tf_data_autotuning_off(small_task, name):
+  # Its thread's sleep held up the end of each client's pass in TFF's worker (issue 8).
+  task = small_task(name)
+  data = task.datasets
+  raw = data.train_data.create_tf_dataset_for_client(data.train_data.client_ids[0])
+  for preprocess in (
+      data.train_preprocess_fn, data.eval_preprocess_fn, task.train_preprocess_fn_for_seed(3)
+  ):
+    assert preprocess(raw).options().autotune.enabled is False
+
+
 def test_image_preprocessing_repeats_epochs_and_keeps_every_example(small_task):
   task = small_task('emnist')
   data = task.datasets.train_data
