@@ -4,10 +4,11 @@ A round's result may depend only on the run's inputs (weights, client data, seed
 on how the TFF worker schedules the clients or how client states travel:
 `--max_concurrent_clients` (the setting the benchmark compares) and the worker's threads per
 op (`--intra_op_threads`) must give the same weights to 1e-6 on the model and the rule the
-benchmark times, and so must tf.data's autotuning, which the task preprocessing turns off. The worker's cached computations are in play in every run here: each runs
-three rounds of the same `next`. FedRKMGC's states
-read and written by TFF's worker itself (the disk store's default) are guarded in
-`test_fedrkmgc.py`: the same weights and states as through the TFF call, and as NumPy.
+benchmark times, and so must tf.data's autotuning, which the task preprocessing turns off.
+The worker's cached computations are in play in every run here: each runs three rounds of
+the same `next`. FedRKMGC's states read and written by TFF's worker itself (the disk
+store's default) are guarded in `test_fedrkmgc.py`: the same weights and states as through
+the TFF call, and as NumPy.
 """
 
 import numpy as np
@@ -66,7 +67,6 @@ def test_worker_settings_never_change_the_weights(fedzmg_reference, settings):
   _, final = _initial_and_final_weights(process, datasets, **settings)
   for a, b in zip(reference, final):
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
-
 
 
 def test_tf_data_autotuning_never_changes_the_weights(fedzmg_reference):
