@@ -53,7 +53,7 @@ import tensorflow_federated as tff
 import tasks
 from launch import resources
 from tff_zmg import client_states
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import stateful_clients
@@ -326,13 +326,13 @@ def worker_intra_op_threads(clients: int, max_concurrent: int) -> int:
   """The worker's threads per op for a round of `clients`, as `launch.train` picks them."""
   if _INTRA_OP_THREADS.value:
     return _INTRA_OP_THREADS.value
-  return context.intra_op_threads_for(clients, max_concurrent_clients=max_concurrent)
+  return cpp_worker.intra_op_threads_for(clients, max_concurrent_clients=max_concurrent)
 
 
 def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, state_dir):
   datasets = client_datasets(task, num_clients, examples)
   threads = worker_intra_op_threads(num_clients, max_concurrent)
-  with context.execution_context(max_concurrent, intra_op_threads=threads):
+  with cpp_worker.execution_context(max_concurrent, intra_op_threads=threads):
     fn = _process_round_fn(
         registry.build(algo, task.model_fn, keras_model_fn=task.keras_model_fn),
         datasets, os.path.join(state_dir, algo),
@@ -385,12 +385,12 @@ def main(argv) -> int:
   with contextlib.ExitStack() as stack:
     state_dir = stack.enter_context(tempfile.TemporaryDirectory())
     stack.enter_context(
-        context.execution_context(_MAX_CONCURRENT.value, intra_op_threads=threads)
+        cpp_worker.execution_context(_MAX_CONCURRENT.value, intra_op_threads=threads)
     )
-    stock_worker = context.LocalWorker(_MAX_CONCURRENT.value)
+    stock_worker = cpp_worker.LocalWorker(_MAX_CONCURRENT.value)
     stack.callback(stock_worker.stop)
     stock_worker.stub()
-    stock_context = context.create_sync_context(
+    stock_context = cpp_worker.create_sync_context(
         [stock_worker], cache_computations=False
     )
     fns, bounds = contenders(task, algos, datasets, state_dir, stock_context)

@@ -26,7 +26,7 @@ import tensorflow_federated as tff
 
 import tasks
 from tff_zmg import client_states
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 from tff_zmg import validation
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import stateful_clients
@@ -96,7 +96,7 @@ class ExperimentConfig:
   workers: tuple = ()
   # How long a remote worker may not answer, at start or during a round, before the run
   # stops.
-  worker_timeout_s: float = context.REMOTE_CONNECT_TIMEOUT_S
+  worker_timeout_s: float = cpp_worker.REMOTE_CONNECT_TIMEOUT_S
   # One of tasks.MODELS[task]; None is the task's own model.
   model: Optional[str] = None
 
@@ -149,7 +149,7 @@ def _validate_workers(config: ExperimentConfig) -> None:
         f"workers must be a sequence of 'host:port' strings, got the string {config.workers!r}"
     )
   for address in config.workers:
-    context.parse_worker_address(address)  # ValueError says what is allowed.
+    cpp_worker.parse_worker_address(address)  # ValueError says what is allowed.
   validation.check_positive('worker_timeout_s', config.worker_timeout_s)
   if config.workers and config.max_concurrent_clients > 0:
     raise ExperimentError(
@@ -167,7 +167,7 @@ def local_intra_op_threads(config: ExperimentConfig) -> int:
   """The local worker's threads per TF op: the setting, or one for the clients at once."""
   if config.intra_op_threads > 0:
     return config.intra_op_threads
-  return context.intra_op_threads_for(
+  return cpp_worker.intra_op_threads_for(
       config.clients_per_round, max_concurrent_clients=config.max_concurrent_clients
   )
 
@@ -175,8 +175,8 @@ def local_intra_op_threads(config: ExperimentConfig) -> int:
 def _check_workers_reachable(config: ExperimentConfig) -> None:
   """Fails before anything is written if a remote worker does not answer."""
   try:
-    workers = context.connect_workers(config.workers, config.worker_timeout_s)
-  except (ValueError, context.WorkerUnavailableError) as e:
+    workers = cpp_worker.connect_workers(config.workers, config.worker_timeout_s)
+  except (ValueError, cpp_worker.WorkerUnavailableError) as e:
     raise ExperimentError(str(e)) from e
   for worker in workers:
     worker.close()
@@ -190,15 +190,15 @@ def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseMana
   that fails has written nothing and the run resumes from the last checkpoint.
   """
   if not config.workers:
-    with context.execution_context(
+    with cpp_worker.execution_context(
         config.max_concurrent_clients, intra_op_threads=local_intra_op_threads(config)
     ):
       yield
     return
   try:
-    with context.remote_execution_context(config.workers, 0, config.worker_timeout_s):
+    with cpp_worker.remote_execution_context(config.workers, 0, config.worker_timeout_s):
       yield
-  except context.WorkerUnavailableError as e:
+  except cpp_worker.WorkerUnavailableError as e:
     raise _worker_lost_error(config, progress.last_key, e) from e
   except grpc.RpcError as e:  # Every worker still answers: the computation failed there.
     details = e.details() if isinstance(e, grpc.Call) else str(e)
@@ -232,7 +232,7 @@ def _thread_event_loop() -> asyncio.AbstractEventLoop:
 def _worker_lost_error(
     config: ExperimentConfig,
     last_released_round: Optional[int],
-    error: context.WorkerUnavailableError,
+    error: cpp_worker.WorkerUnavailableError,
 ) -> 'WorkerLostError':
   """Says which round a lost remote worker failed, what is kept, and how to resume."""
   manager = tff.program.FileProgramStateManager(config.checkpoint_dir)

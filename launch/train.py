@@ -36,7 +36,7 @@ import tensorflow as tf
 import tasks
 from launch import experiment
 from launch import protocols
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import registry
 
 
@@ -195,7 +195,7 @@ _WORKERS = flags.DEFINE_list(
     ' worker. Results equal a local run\'s up to float32 summation order.',
 )
 _WORKER_TIMEOUT = flags.DEFINE_float(
-    'worker_timeout_s', context.REMOTE_CONNECT_TIMEOUT_S,
+    'worker_timeout_s', cpp_worker.REMOTE_CONNECT_TIMEOUT_S,
     'With --workers: how long a worker may not answer, at start or during a round, before'
     ' the run stops (it resumes from its last checkpoint when re-run).',
 )

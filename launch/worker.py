@@ -24,7 +24,7 @@ from absl import logging
 import portpicker
 import tensorflow_federated as tff
 
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 
 _PORT = flags.DEFINE_integer('port', None, 'TCP port to serve on (all interfaces).')
 _MAX_CONCURRENT = flags.DEFINE_integer(
@@ -75,14 +75,14 @@ def main(argv) -> int:
   # Ctrl-C must stop the worker even when a shell started this in the background (which
   # ignores SIGINT); worker_binary itself ignores SIGINT, so it is stopped with SIGTERM.
   signal.signal(signal.SIGINT, signal.default_int_handler)
-  worker = context.LocalWorker(
+  worker = cpp_worker.LocalWorker(
       _MAX_CONCURRENT.value, port=port, intra_op_threads=_INTRA_OP_THREADS.value
   )
   keep_log = False
   try:
     try:
       worker.stub()
-    except context.WorkerStartError as e:
+    except cpp_worker.WorkerStartError as e:
       keep_log = True  # The message names it.
       print(f'worker: error: {e}', file=sys.stderr)
       return 1
@@ -105,7 +105,7 @@ def main(argv) -> int:
     print('worker: stopped', flush=True)
     return 0
   finally:
-    # On SIGTERM, tff_zmg.context's handler stops the worker and exits through here.
+    # On SIGTERM, tff_zmg.runtime.cpp_worker's handler stops the worker and exits through here.
     worker.stop(keep_log=keep_log)
 
 

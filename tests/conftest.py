@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 import tasks
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 
 # Small federated datasets in TFF's real SQLite format: enough clients for sampling and
 # label skew, few examples so a round takes seconds on two CPU cores.
@@ -47,7 +47,7 @@ def small_task(synthetic_cache_dir):
 @pytest.fixture(scope='session')
 def tff_context():
   """One managed local TFF worker for the whole session; stopped at the end."""
-  with context.execution_context() as worker:
+  with cpp_worker.execution_context() as worker:
     yield worker
 
 
@@ -55,11 +55,11 @@ def tff_context():
 def no_worker_outlives_the_session():
   """Fails the session if a TFF worker started by the tests is still alive at its end."""
   yield
-  context.stop_all_workers()
+  cpp_worker.stop_all_workers()
   leaked = [
       p.pid
       for p in psutil.Process().children(recursive=True)
       if p.status() != psutil.STATUS_ZOMBIE and 'worker_binary' in ' '.join(p.cmdline())
   ]
   assert not leaked, f'TFF worker processes outlived the tests: {leaked}'
-  assert not context.live_worker_pids()
+  assert not cpp_worker.live_worker_pids()

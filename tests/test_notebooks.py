@@ -22,7 +22,7 @@ import scipy.stats
 
 from launch import compare
 from launch import runner
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'notebooks')
 KERNEL = 'tff_zmg_test'
@@ -37,7 +37,7 @@ def _our_workers(tag: str) -> set[int]:
   Workers inherit the kernel's environment, so the tag tells this kernel's workers from
   those another pytest worker starts at the same moment (and from other checkouts').
   """
-  binary = context.worker_binary_path()
+  binary = cpp_worker.worker_binary_path()
   pids = set()
   for p in psutil.process_iter(['cmdline', 'status']):
     try:

@@ -27,7 +27,7 @@ import tasks
 from launch import experiment
 from launch import train
 from launch import worker
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the flags below give (launch.train fills in the Dirichlet alpha and the seed).
@@ -143,12 +143,12 @@ def _checkpoint(output_dir, version):
 
 def test_worker_addresses_are_checked():
   for good in ('hostA:8000', ' 10.0.0.7:8000 ', '[::1]:8000'):
-    assert context.parse_worker_address(good) == good.strip()
+    assert cpp_worker.parse_worker_address(good) == good.strip()
   for bad in ('hostA', 'hostA:', ':8000', 'hostA:0', 'hostA:65536', 'hostA:http', '::1:8000'):
     with pytest.raises(ValueError, match='host:port'):
-      context.parse_worker_address(bad)
+      cpp_worker.parse_worker_address(bad)
   with pytest.raises(ValueError, match='twice'):
-    context.connect_workers(['hostA:8000', 'hostA:8000'])
+    cpp_worker.connect_workers(['hostA:8000', 'hostA:8000'])
   config = experiment.ExperimentConfig(
       task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
       workers='hostA:8000',
@@ -207,16 +207,16 @@ def test_remote_context_sums_over_workers_and_keeps_computation_errors(workers):
   def total(xs):
     return tff.federated_sum(tff.federated_map(checked, xs))
 
-  with context.remote_execution_context([workers[0].address]):  # Whole computations.
+  with cpp_worker.remote_execution_context([workers[0].address]):  # Whole computations.
     assert total([1.0, 2.0]) == 3.0
   addresses = [w.address for w in workers[:2]]
-  with context.remote_execution_context(addresses, connect_timeout_s=2) as remote:
+  with cpp_worker.remote_execution_context(addresses, connect_timeout_s=2) as remote:
     assert [w.address for w in remote] == addresses
     assert total([1.0, 2.0, 3.0, 4.0, 5.0]) == 15.0
     # A failing computation on live workers is its own error, not a lost worker.
     with pytest.raises(grpc.RpcError) as error:
       total([1.0, -2.0, 3.0])
-    assert not isinstance(error.value, context.WorkerUnavailableError)
+    assert not isinstance(error.value, cpp_worker.WorkerUnavailableError)
     assert 'assert' in str(error.value).lower()
   # launch.train says so in one line, with the usual causes (a missing data file there).
   config = experiment.ExperimentConfig(

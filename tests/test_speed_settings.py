@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import registry
 
 _ROUNDS = 3
@@ -28,7 +28,7 @@ def _weights(process, state):
 
 
 def _initial_and_final_weights(process, datasets, **context_settings):
-  with context.execution_context(**context_settings):
+  with cpp_worker.execution_context(**context_settings):
     state = process.initialize()
     initial = _weights(process, state)
     for _ in range(_ROUNDS):

@@ -13,7 +13,7 @@ import pytest
 
 from launch import experiment
 from launch import train
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 from tff_zmg.client_states import state_file
 
 _SMALL = [
@@ -235,9 +235,9 @@ def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
 @pytest.mark.parametrize(
     'settings, threads',
     [
-        (dict(clients_per_round=10), context.intra_op_threads_for(10)),
-        (dict(clients_per_round=10, max_concurrent_clients=1), context.intra_op_threads_for(1)),
-        (dict(clients_per_round=1, max_concurrent_clients=4), context.intra_op_threads_for(1)),
+        (dict(clients_per_round=10), cpp_worker.intra_op_threads_for(10)),
+        (dict(clients_per_round=10, max_concurrent_clients=1), cpp_worker.intra_op_threads_for(1)),
+        (dict(clients_per_round=1, max_concurrent_clients=4), cpp_worker.intra_op_threads_for(1)),
         (dict(clients_per_round=10, intra_op_threads=3), 3),
     ],
 )

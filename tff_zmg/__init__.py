@@ -1,7 +1,7 @@
 """tff_zmg: gradient-projection and gradient-correction federated optimizers for TFF.
 
 Importing the package makes TFF's default execution context a managed one whose C++
-worker is stopped at exit (see `tff_zmg.context`).
+worker is stopped at exit (see `tff_zmg.runtime.cpp_worker`).
 
 The public API, everything a notebook or script needs (see notebooks/):
 
@@ -10,19 +10,22 @@ The public API, everything a notebook or script needs (see notebooks/):
   (`build_fedavg`, `build_fedzmg`, ...) and `registry` (`registry.build(name, model_fn,
   **hparams)`, `ALGORITHMS`);
 * running them: `execution_context()` (a managed local TFF worker, stopped on exit),
-  `set_default_execution_context()`, `context`;
+  `set_default_execution_context()`, `in_process_context()` (this process's TensorFlow, on
+  its CPU or GPUs), `runtime`;
 * the blocks: `zero_mean_projection`, `optimizers`;
 * results: `analysis` (metrics, paired t-tests, tables, plots, reading runs).
 
 Tasks (data and models) are the sibling package `tasks` (`tasks.get(name, ...)`).
 """
 
-from tff_zmg import context
+from tff_zmg import runtime
+from tff_zmg.runtime import cpp_worker
 from tff_zmg import optimizers
 from tff_zmg import projection
 from tff_zmg import validation
-from tff_zmg.context import execution_context
-from tff_zmg.context import set_default_execution_context
+from tff_zmg.runtime.cpp_worker import execution_context
+from tff_zmg.runtime.cpp_worker import set_default_execution_context
+from tff_zmg.runtime.in_process import in_process_context
 from tff_zmg.projection import zero_mean_projection
 from tff_zmg import algorithms
 from tff_zmg.algorithms import ALGORITHMS
@@ -55,8 +58,9 @@ __all__ = [
     'build_global_gc',
     'build_local_gc',
     'build_process',
-    'context',
+    'runtime',
     'execution_context',
+    'in_process_context',
     'optimizers',
     'projection',
     'registry',

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import tensorflow_federated as tff
 
-from tff_zmg import context
+from tff_zmg.runtime import cpp_worker
 
 # A program that runs one federated computation on a managed context, prints its worker's
 # pid, then ends as argv[1] says.
@@ -28,7 +28,7 @@ _PROGRAM = textwrap.dedent("""
     def mean(x):
       return tff.federated_mean(x)
 
-    worker = tff_zmg.context.set_default_execution_context()
+    worker = tff_zmg.runtime.cpp_worker.set_default_execution_context()
     assert mean([1.0, 3.0]) == 2.0
     print('WORKER', worker.pid, flush=True)
     how = sys.argv[1]
@@ -92,24 +92,24 @@ def test_execution_context_stops_its_worker_on_exit():
   def total(x):
     return tff.federated_sum(x)
 
-  with context.execution_context() as worker:
+  with cpp_worker.execution_context() as worker:
     assert total([1.0, 2.0, 4.0]) == 7.0
     pid = worker.pid
-    assert pid in context.live_worker_pids()
-  assert pid not in context.live_worker_pids()
+    assert pid in cpp_worker.live_worker_pids()
+  assert pid not in cpp_worker.live_worker_pids()
   assert _worker_is_gone(pid)
 
 
 def test_execution_context_stops_its_worker_on_exception():
   with pytest.raises(ZeroDivisionError):
-    with context.execution_context() as worker:
+    with cpp_worker.execution_context() as worker:
       pid = worker.pid
       _ = 1 / 0
   assert _worker_is_gone(pid)
 
 
 def test_worker_does_not_write_to_the_parents_output(capfd):
-  with context.execution_context() as worker:
+  with cpp_worker.execution_context() as worker:
     log_path = worker.log_path
     assert log_path
   out, err = capfd.readouterr()
@@ -133,9 +133,9 @@ def test_a_computation_is_sent_to_its_worker_once_and_serves_every_call():
 
   compiled = tff.backends.native.desugar_and_transform_to_native(mean)
   argument_type = compiled.type_signature.parameter
-  worker = context.LocalWorker()
+  worker = cpp_worker.LocalWorker()
   try:
-    executor = context.ComputationCachingRemoteExecutor(worker.stub())
+    executor = cpp_worker.ComputationCachingRemoteExecutor(worker.stub())
 
     async def two_calls():
       function = await executor.create_value(compiled, compiled.type_signature)
@@ -160,13 +160,13 @@ def test_a_computation_is_sent_to_its_worker_once_and_serves_every_call():
 
 
 def test_the_worker_gets_the_intra_op_threads_it_is_given():
-  with context.execution_context(intra_op_threads=1) as worker:
+  with cpp_worker.execution_context(intra_op_threads=1) as worker:
     assert psutil.Process(worker.pid).environ().get('TF_NUM_INTRAOP_THREADS') == '1'
-  with context.execution_context() as worker:
+  with cpp_worker.execution_context() as worker:
     inherited = os.environ.get('TF_NUM_INTRAOP_THREADS')
     assert psutil.Process(worker.pid).environ().get('TF_NUM_INTRAOP_THREADS') == inherited
   with pytest.raises(ValueError, match='intra_op_threads must be at least 1'):
-    context.LocalWorker(intra_op_threads=0)
+    cpp_worker.LocalWorker(intra_op_threads=0)
 
 
 @pytest.mark.parametrize(
@@ -175,7 +175,7 @@ def test_the_worker_gets_the_intra_op_threads_it_is_given():
 def test_intra_op_threads_share_the_cores_among_the_clients_run_at_once(
     clients, cpus, threads
 ):
-  assert context.intra_op_threads_for(clients, cpus) == threads
+  assert cpp_worker.intra_op_threads_for(clients, cpus) == threads
 
 
 @pytest.mark.parametrize(
@@ -184,12 +184,12 @@ def test_intra_op_threads_share_the_cores_among_the_clients_run_at_once(
 def test_intra_op_threads_count_only_the_clients_the_cap_lets_run_at_once(
     clients, cap, cpus, threads
 ):
-  assert context.intra_op_threads_for(clients, cpus, max_concurrent_clients=cap) == threads
+  assert cpp_worker.intra_op_threads_for(clients, cpus, max_concurrent_clients=cap) == threads
 
 
 def test_intra_op_threads_need_at_least_one_client():
   with pytest.raises(ValueError, match='concurrent_clients must be at least 1'):
-    context.intra_op_threads_for(0, 2)
+    cpp_worker.intra_op_threads_for(0, 2)
 
 
 # Caches a computation on a remote worker, closes the channel as `remote_execution_context`
@@ -199,17 +199,17 @@ _DISPOSE_AFTER_CLOSE = textwrap.dedent("""
     import numpy as np
     import portpicker
     import tensorflow_federated as tff
-    from tff_zmg import context
+    from tff_zmg.runtime import cpp_worker
 
     @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
     def mean(x):
       return tff.federated_mean(x)
 
     compiled = tff.backends.native.desugar_and_transform_to_native(mean)
-    worker = context.LocalWorker(port=portpicker.pick_unused_port())
+    worker = cpp_worker.LocalWorker(port=portpicker.pick_unused_port())
     worker.stub()
-    remote = context.RemoteWorker(f'localhost:{worker.port}')
-    executor = context.ComputationCachingRemoteExecutor(remote.stub(), dispose_batch_size=1)
+    remote = cpp_worker.RemoteWorker(f'localhost:{worker.port}')
+    executor = cpp_worker.ComputationCachingRemoteExecutor(remote.stub(), dispose_batch_size=1)
     executor.set_cardinalities({tff.CLIENTS: 2})
     asyncio.run(executor.create_value(compiled, compiled.type_signature))
     remote.close()

@@ -15,7 +15,7 @@ in the package that creates execution contexts, and it owns their workers:
 
 Typical use::
 
-  with tff_zmg.context.execution_context():
+  with tff_zmg.runtime.cpp_worker.execution_context():
     state = process.initialize()
 
 Several machines: each runs TFF's executor service (`python -m launch.worker --port=8000`),

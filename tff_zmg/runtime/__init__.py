@@ -1,0 +1,1 @@
+"""Where TFF computations run: TFF's C++ workers (`cpp_worker`) or this process (`in_process`)."""

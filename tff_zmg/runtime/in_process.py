@@ -1,0 +1,224 @@
+"""Runs TFF processes with the TensorFlow of this Python process, on its CPUs or GPUs.
+
+TFF 0.87's pip `worker_binary` is built without CUDA, so nothing it runs reaches a GPU
+(TFF issues #3709, #4600). The TensorFlow in this process is a CUDA build. This context
+runs every computation here instead:
+
+* a TF computation (`get_model_weights`, `initial_client_state`, ...) is imported and run
+  as one graph (`tf_computation.ImportedComputation`);
+* a no-argument federated computation returning a SERVER value (`initialize`) through
+  `tff.backends.mapreduce.get_state_initialization_computation`;
+* a round, `<S@SERVER, {D}@CLIENTS> -> <S@SERVER, X@SERVER>` (`next` of a learning or
+  evaluation process), through TFF's public MapReduceForm compiler, after lowering the
+  secure-sum intrinsics as TFF's test backend does
+  (`tff.backends.test.replace_secure_intrinsics_with_bodies`: a bound check and a sum):
+
+      C = prepare(S);  A = zero()
+      for each client i, in order:  A = accumulate(A, work(D_i, C)[0])
+      S', X = update(S, <report(A), <>, <>, <>>)
+
+  Each computation is compiled and imported once per context. Clients are spread over
+  `devices` round-robin (client i on `devices[i % len(devices)]`), each device runs its
+  clients in a thread of its own (`clients_per_device` at once), and the updates are
+  accumulated in client order, so the result does not depend on timing.
+
+Anything else (a `next` with CLIENTS-placed results, three arguments, ...) is refused with
+`InProcessUnsupportedError`, which says what the form could not express; nothing falls back
+to another runtime.
+
+The state stays the Python structure `process.next` returns on TFF's own contexts, so
+checkpoints, resumption and `get_model_weights` work unchanged.
+"""
+
+import collections
+import concurrent.futures
+import contextlib
+import threading
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.common_libs import structure
+
+from tff_zmg.runtime import tf_computation
+
+
+class InProcessUnsupportedError(TypeError):
+  """A computation the in-process runtime cannot run; the message says why."""
+
+
+def visible_gpus() -> list[str]:
+  """The logical GPU devices TensorFlow sees in this process (memory growth on)."""
+  for gpu in tf.config.list_physical_devices('GPU'):
+    with contextlib.suppress(RuntimeError):  # Already initialized: leave it as it is.
+      tf.config.experimental.set_memory_growth(gpu, True)
+  return [d.name for d in tf.config.list_logical_devices('GPU')]
+
+
+def _describe(comp) -> str:
+  return f'a computation of type {comp.type_signature}'
+
+
+class _Round:
+  """One federated round compiled to MapReduceForm and imported for the given devices."""
+
+  def __init__(self, comp, devices: Sequence[str], clients_per_device: int):
+    try:
+      lowered = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
+      form = tff.backends.mapreduce.get_map_reduce_form_for_computation(lowered)
+    except Exception as e:  # pylint: disable=broad-except
+      raise InProcessUnsupportedError(
+          f'the in-process runtime runs rounds of the shape <S@SERVER, {{D}}@CLIENTS> ->'
+          f' <S@SERVER, X@SERVER> (TFF\'s MapReduceForm); {_describe(comp)} is not one'
+          f' ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e})'
+      ) from e
+    for name in ('secure_sum_bitwidth', 'secure_sum_max_input', 'secure_modular_sum_modulus'):
+      if tf_computation.count_leaves(getattr(form, name).type_signature.result):
+        raise InProcessUnsupportedError(
+            f'{_describe(comp)} still has a secure aggregation ({name}) after lowering'
+        )
+    self._state_type = form.prepare.type_signature.parameter
+    self._data_type = form.work.type_signature.parameter[0]
+    self._result_type = comp.type_signature.result
+    self._update_count = tf_computation.count_leaves(
+        form.work.type_signature.result[0]
+    )
+    self._prepare = tf_computation.ImportedComputation(form.prepare)
+    self._zero = tf_computation.ImportedComputation(form.zero)
+    self._accumulate = tf_computation.ImportedComputation(form.accumulate)
+    self._report = tf_computation.ImportedComputation(form.report)
+    self._update = tf_computation.ImportedComputation(form.update)
+    self._slots = [
+        tf_computation.ImportedComputation(form.work, device)
+        for device in devices
+        for _ in range(clients_per_device)
+    ]
+    self.devices = list(devices)
+    self.last_client_devices: list[str] = []
+
+  def _work(self, slot: int, client_value, broadcast) -> list[tf.Tensor]:
+    data = tf_computation.flatten(client_value, self._data_type)
+    return self._slots[slot](*data, *broadcast)[: self._update_count]
+
+  def _client_updates(self, client_values, broadcast):
+    """Yields each client's update in client order, running the slots concurrently."""
+    slots = len(self._slots)
+    if slots == 1:
+      for value in client_values:
+        yield self._work(0, value, broadcast)
+      return
+    futures = [concurrent.futures.Future() for _ in client_values]
+
+    def run_slot(slot):
+      for i in range(slot, len(client_values), slots):
+        future = futures[i]
+        try:
+          future.set_result(self._work(slot, client_values[i], broadcast))
+        except BaseException as e:  # pylint: disable=broad-except
+          future.set_exception(e)
+
+    threads = [
+        threading.Thread(target=run_slot, args=(s,), daemon=True, name=f'tff_zmg-client-slot-{s}')
+        for s in range(min(slots, len(client_values)))
+    ]
+    for thread in threads:
+      thread.start()
+    try:
+      for future in futures:
+        yield future.result()
+    finally:
+      for thread in threads:
+        thread.join()
+
+  def __call__(self, state, client_values) -> Any:
+    client_values = list(client_values)
+    if not client_values:
+      raise ValueError('a round needs at least one client')
+    state_leaves = tf_computation.flatten(state, self._state_type)
+    broadcast = self._prepare(*state_leaves)
+    accumulator = self._zero()
+    devices = []
+    for update in self._client_updates(client_values, broadcast):
+      devices.append(update[0].device if update else '')
+      accumulator = self._accumulate(*accumulator, *update)
+    self.last_client_devices = devices
+    report = self._report(*accumulator)
+    new_state_and_output = self._update(*state_leaves, *report)
+    return tf_computation.pack(
+        tf_computation.to_numpy(new_state_and_output), self._result_type
+    )
+
+
+class InProcessContext(tff.framework.SyncContext):
+  """A synchronous TFF context that runs computations with this process's TensorFlow.
+
+  Args:
+    devices: The devices clients run on, e.g. `['/device:GPU:0', '/device:GPU:1']`;
+      None: the host CPU.
+    clients_per_device: How many clients each device runs at once.
+  """
+
+  def __init__(self, devices: Optional[Sequence[str]] = None, clients_per_device: int = 1):
+    if clients_per_device < 1:
+      raise ValueError(f'clients_per_device must be at least 1, got {clients_per_device}')
+    self.devices = list(devices) if devices else [tf_computation.HOST_DEVICE]
+    self.clients_per_device = clients_per_device
+    self._compiled: dict[int, tuple[Any, Any]] = {}
+    self._lock = threading.Lock()
+    self.rounds_run = 0
+    # Device of each client's update in the last round, read from the tensors `work`
+    # returned (not from the requested placement).
+    self.last_client_devices: list[str] = []
+
+  def _compile(self, comp):
+    """The runnable form of `comp`, made once per computation object."""
+    with self._lock:
+      cached = self._compiled.get(id(comp))
+      if cached is not None and cached[0] is comp:
+        return cached[1]
+      type_signature = comp.type_signature
+      if tf_computation.is_tensorflow(comp):
+        runnable = tf_computation.ImportedComputation(comp)
+      elif type_signature.parameter is None:
+        try:
+          init = tff.backends.mapreduce.get_state_initialization_computation(comp)
+        except (TypeError, ValueError) as e:
+          raise InProcessUnsupportedError(
+              'the in-process runtime runs no-argument federated computations that'
+              f' return a SERVER value; {_describe(comp)} is not one ({e})'
+          ) from e
+        runnable = tf_computation.ImportedComputation(init)
+      else:
+        runnable = _Round(comp, self.devices, self.clients_per_device)
+      self._compiled[id(comp)] = (comp, runnable)  # Holds comp, so its id stays its own.
+      return runnable
+
+  def invoke(self, comp, arg):
+    if not isinstance(comp, tff.framework.ConcreteComputation):
+      raise InProcessUnsupportedError(f'not a TFF computation: {comp!r}')
+    runnable = self._compile(comp)
+    type_signature = comp.type_signature
+    if isinstance(runnable, _Round):
+      state, client_values = (value for _, value in structure.to_elements(arg))
+      result = runnable(state, client_values)
+      self.rounds_run += 1
+      self.last_client_devices = runnable.last_client_devices
+      return result
+    flat_args = []
+    if type_signature.parameter is not None:
+      flat_args = tf_computation.flatten(arg, type_signature.parameter)
+    leaves = tf_computation.to_numpy(runnable(*flat_args))
+    return tf_computation.pack(leaves, type_signature.result)
+
+
+@contextlib.contextmanager
+def in_process_context(devices: Optional[Sequence[str]] = None, clients_per_device: int = 1):
+  """Runs the enclosed TFF computations in this process (see `InProcessContext`).
+
+  Yields:
+    The `InProcessContext` (its `last_client_devices` says where the last round's
+    clients ran).
+  """
+  context = InProcessContext(devices, clients_per_device)
+  with tff.framework.get_context_stack().install(context):
+    yield context
