@@ -5,6 +5,8 @@ layer order, which is the order TFF's `from_keras_model` uses for model weights 
 the package's layer masks follow. Parameter counts are part of the specification and tested.
 """
 
+from keras.src import backend as keras_backend
+from keras.src.layers.rnn import gru as keras_gru
 import tensorflow as tf
 
 EMNIST_NUM_CLASSES = 62
@@ -71,11 +73,101 @@ def cifar100_cnn(seed: int = 0) -> tf.keras.Model:
   return tf.keras.Sequential(layers, name='cifar100_cnn')
 
 
-def shakespeare_gru(seed: int = 0, sequence_length: int = 80) -> tf.keras.Model:
+GRU_IMPLEMENTATIONS = ('auto', 'cudnn', 'standard')
+
+
+class TraceTimeGRU(tf.keras.layers.GRU):
+  """A Keras GRU that picks the fused cuDNN kernel when it is traced, not when it is run.
+
+  Keras's GRU leaves the choice to Grappler's implementation selector at run time, and TFF's
+  tracing never reaches it (the model is built in a graph, so Keras takes its generic
+  while-loop path and no `api_implements` function is left for the selector to swap), so on a
+  GPU this layer calls Keras's own `gpu_gru` (a `CudnnRNN` op) itself. Variables, initializers
+  and default names ('gru', 'gru_1', ...) are those of `tf.keras.layers.GRU`; the standard path
+  is `tf.keras.layers.GRU.call`.
+
+  Args:
+    units: Positive integer, dimensionality of the output space.
+    gru_implementation: 'auto' (cuDNN when `tf.config.list_logical_devices('GPU')` is not empty
+      at trace time and the call is one cuDNN computes: no mask, dense inputs), 'cudnn' (always;
+      the traced graph then runs only on a GPU, `CudnnRNN` has no CPU kernel) or 'standard'
+      (always Keras's GRU).
+    **kwargs: The arguments of `tf.keras.layers.GRU`.
+  """
+
+  def __init__(self, units: int, gru_implementation: str = 'auto', **kwargs):
+    if gru_implementation not in GRU_IMPLEMENTATIONS:
+      raise ValueError(
+          f'gru_implementation must be one of {GRU_IMPLEMENTATIONS}, got {gru_implementation!r}'
+      )
+    if kwargs.get('name') is None:
+      # Keras's own GRU's unique names, so that variable names do not change.
+      kwargs['name'] = keras_backend.unique_object_name('gru', zero_based=True)
+    super().__init__(units, **kwargs)
+    self.gru_implementation = gru_implementation
+
+  def _cudnn_computes(self, inputs, mask) -> bool:
+    """Whether cuDNN's GRU computes this call exactly as Keras's standard GRU does."""
+    return (
+        self.activation is tf.keras.activations.tanh
+        and self.recurrent_activation is tf.keras.activations.sigmoid
+        and self.dropout == 0
+        and self.recurrent_dropout == 0
+        and not self.unroll
+        and not self.stateful
+        and self.use_bias
+        and self.reset_after
+        and mask is None
+        and not isinstance(inputs, tf.RaggedTensor)
+    )
+
+  def uses_cudnn(self, inputs=None, mask=None) -> bool:
+    """Whether a call traced now runs the fused cuDNN kernel."""
+    if self.gru_implementation == 'standard':
+      return False
+    computes = self._cudnn_computes(inputs, mask)
+    if self.gru_implementation == 'cudnn':
+      if not computes:
+        raise ValueError(f'{self.name}: cuDNN cannot compute this GRU call (see _cudnn_computes)')
+      return True
+    return computes and bool(tf.config.list_logical_devices('GPU'))
+
+  def call(self, inputs, mask=None, training=None, initial_state=None):
+    if not self.uses_cudnn(inputs, mask):
+      return super().call(inputs, mask=mask, training=training, initial_state=initial_state)
+    inputs, initial_state, _ = self._process_inputs(inputs, initial_state, None)
+    last_output, outputs, state, _ = keras_gru.gpu_gru(
+        inputs=inputs,
+        init_h=initial_state[0],
+        kernel=self.cell.kernel,
+        recurrent_kernel=self.cell.recurrent_kernel,
+        bias=self.cell.bias,
+        mask=None,
+        time_major=self.time_major,
+        go_backwards=self.go_backwards,
+        sequence_lengths=None,
+        return_sequences=self.return_sequences,
+    )
+    output = outputs if self.return_sequences else last_output
+    return [output, state] if self.return_state else output
+
+  def get_config(self):
+    return dict(super().get_config(), gru_implementation=self.gru_implementation)
+
+
+def shakespeare_gru(
+    seed: int = 0, sequence_length: int = 80, gru_implementation: str = 'auto'
+) -> tf.keras.Model:
   """Shakespeare next-character model: 4,022,850 parameters.
 
   Embedding(66, 256) - GRU(1024, return_sequences) - Dense(66) (logits per position).
-  Input: int64 character ids of shape (sequence_length,).
+  Input: int64 character ids of shape (sequence_length,). The GRU is a `TraceTimeGRU`: the fused
+  cuDNN kernel on a GPU, Keras's GRU otherwise, with the same variables either way.
+
+  Args:
+    seed: Seed of the initializers.
+    sequence_length: Length of the input sequences.
+    gru_implementation: 'auto', 'cudnn' or 'standard' (see `TraceTimeGRU`).
   """
   return tf.keras.Sequential(
       [
@@ -87,8 +179,9 @@ def shakespeare_gru(seed: int = 0, sequence_length: int = 80) -> tf.keras.Model:
                   -0.05, 0.05, seed=seed
               ),
           ),
-          tf.keras.layers.GRU(
+          TraceTimeGRU(
               1024,
+              gru_implementation=gru_implementation,
               return_sequences=True,
               kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 1),
               recurrent_initializer=tf.keras.initializers.Orthogonal(seed=seed + 2),
