@@ -103,6 +103,31 @@ def test_a_failed_write_leaves_the_previous_state(tmp_path, monkeypatch):
   assert os.listdir(tmp_path / 'clients' / 'a') == ['00000001.tfstate']
 
 
+def test_memory_store_stages_state_files_for_one_round_only(tmp_path):
+  """The memory store's side of a round that reads and writes its states as files."""
+  store = client_states.InMemoryClientStateStore(str(tmp_path / 'snapshots'))
+  store.write(1, {'a': _state(1)})
+  files = store.state_file_paths(2, ['a', 'new'], _state(0))
+  assert _value(state_file.load(files[0]['read'])) == 1
+  assert _value(state_file.load(files[1]['read'])) == 0  # The initial state.
+  total = 0
+  for paths, value in zip(files, [2, 20]):
+    data = state_file.serialize([tf.constant(a) for a in _state(value)])  # As in the runtime.
+    tf.io.write_file(paths['write'], data)
+    total += len(data.numpy())
+  store.adopt_state_files(2, ['a', 'new'], total)
+  assert _value(store.read('a')) == 2 and _value(store.read('new')) == 20
+  assert not any(os.path.exists(p) for f in files for p in f.values())
+  # A short file (a full RAM disk) is refused, and the staged files still go.
+  files = store.state_file_paths(3, ['a'], _state(0))
+  data = state_file.serialize([tf.constant(a) for a in _state(3)])
+  tf.io.write_file(files[0]['write'], tf.strings.substr(data, 0, 10))
+  with pytest.raises(client_states.CorruptClientStateError, match='disk full'):
+    store.adopt_state_files(3, ['a'], len(data.numpy()))
+  assert _value(store.read('a')) == 2
+  assert not any(os.path.exists(p) for p in files[0].values())
+
+
 def test_state_files_written_by_the_worker_are_adopted_only_whole(tmp_path):
   """The TFF worker's side of the store, with the worker's own TF ops writing the files."""
   store = client_states.DiskClientStateStore(str(tmp_path))
@@ -111,13 +136,13 @@ def test_state_files_written_by_the_worker_are_adopted_only_whole(tmp_path):
   files = store.state_file_paths(2, ['a', 'new'], initial)
   assert files[0]['read'].endswith(os.path.join('a', '00000001.tfstate'))
   assert state_file.load(files[1]['read'])[0].tolist() == [0.0] * 4  # The initial state.
-  sizes = {}
-  for client_id, paths, value in zip(['a', 'new'], files, [2, 20]):
+  total = 0
+  for paths, value in zip(files, [2, 20]):
     data = state_file.serialize([tf.constant(a) for a in _state(value)])  # As in the worker.
     tf.io.write_file(paths['write'], data)
-    sizes[client_id] = len(data.numpy())
+    total += len(data.numpy())
   assert store.read('a') is not None and _value(store.read('a')) == 1  # Not adopted yet.
-  store.adopt_state_files(2, sizes)
+  store.adopt_state_files(2, ['a', 'new'], total)
   assert _value(store.read('a')) == 2 and _value(store.read('new')) == 20
   assert store.read('new')[1].dtype == np.int32
   # A file shorter than the worker reported (a full disk) is refused, not adopted.
@@ -125,7 +150,7 @@ def test_state_files_written_by_the_worker_are_adopted_only_whole(tmp_path):
   data = state_file.serialize([tf.constant(a) for a in _state(3)])
   tf.io.write_file(files[0]['write'], tf.strings.substr(data, 0, 10))
   with pytest.raises(client_states.CorruptClientStateError, match='disk full'):
-    store.adopt_state_files(3, {'a': len(data.numpy())})
+    store.adopt_state_files(3, ['a'], len(data.numpy()))
   assert _value(store.read('a')) == 2
   store.restore(2)  # Resuming deletes the refused file.
   assert sorted(os.listdir(tmp_path / 'clients' / 'a')) == ['00000001.tfstate', '00000002.tfstate']

@@ -100,12 +100,15 @@ class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
   `get_model_weights`, `set_model_weights`, and `initial_client_state()` (the
   state a new client starts from, as NumPy values).
 
-  `next_with_state_files(state, client_data, state_files)` is the same round with
-  the clients' states in files instead of in the call: `state_files` holds one
-  `OrderedDict(read=path, write=path)` per client, TFF's worker reads each state
-  from `read` and writes the new one to `write` (format: `client_states.state_file`),
-  and the output's `client_states` are the numbers of bytes written. The states then
-  never travel between Python and the worker, which must see the same file system.
+  `next_with_state_files(state, client_inputs)` is the same round with the clients'
+  states in files instead of in the call: each client's input is
+  `OrderedDict(data=dataset, state_files=OrderedDict(read=path, write=path))`, the
+  round reads the state from `read` and writes the new one to `write` (format:
+  `client_states.state_file`), and returns `(state, OrderedDict(metrics=...,
+  client_state_bytes=...))`, the bytes written by all clients. The states then never
+  travel between Python and the runtime (TFF's worker, which must see the same file
+  system, or this process), and the round has the two arguments and two SERVER-placed
+  results of TFF's MapReduceForm, which the in-process runtime needs.
 
   `build_local_update`, when the client work gives one, builds the `tf.function` one
   client runs (see `StatefulClientWork`); `round_input(state)` is what the server
@@ -305,16 +308,30 @@ def compose_stateful_clients_process(
     return round_fn(state, client_data, client_states)
 
   read_state, write_state = _state_file_computations(client_work.client_state_type)
-
-  @tff.federated_computation(
-      state_type, data_type, tff.FederatedType(_STATE_FILES_TYPE, tff.CLIENTS)
+  client_inputs_type = tff.FederatedType(
+      tff.StructWithPythonType(
+          [('data', data_type.member), ('state_files', _STATE_FILES_TYPE)],
+          collections.OrderedDict,
+      ),
+      tff.CLIENTS,
   )
-  def next_with_state_files_fn(state, client_data, state_files):
+
+  # Two arguments and two SERVER-placed results, the shape of TFF's MapReduceForm, so
+  # the in-process runtime compiles it as it does every other round.
+  @tff.federated_computation(state_type, client_inputs_type)
+  def next_with_state_files_fn(state, client_inputs):
     output = round_fn(
-        state, client_data, tff.federated_map(read_state, state_files)
+        state, client_inputs.data, tff.federated_map(read_state, client_inputs.state_files)
     )
-    written = tff.federated_map(write_state, (state_files, output.client_states))
-    return StatefulClientsOutput(output.state, output.metrics, written)
+    written = tff.federated_map(write_state, (client_inputs.state_files, output.client_states))
+    return (
+        output.state,
+        tff.federated_zip(
+            collections.OrderedDict(
+                metrics=output.metrics, client_state_bytes=tff.federated_sum(written)
+            )
+        ),
+    )
 
   @tff.tensorflow.computation(state_type.member)
   def get_model_weights(state):

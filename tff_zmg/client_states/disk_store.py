@@ -132,24 +132,20 @@ class DiskClientStateStore(store.ClientStateStore):
       )
     return paths
 
-  def adopt_state_files(self, version: int, sizes) -> None:
+  def adopt_state_files(self, version: int, client_ids, bytes_written: int) -> None:
     """Renames the files the worker wrote in round `version` into place.
 
     Args:
       version: The round.
-      sizes: `{client id: number of bytes its new state file should have}`, as the
-        worker reported them; a file of another size is refused, not adopted.
+      client_ids: The clients of `state_file_paths`, in its order.
+      bytes_written: The bytes the worker reported writing to all their files; files
+        that hold fewer (a full disk) are refused, not adopted.
     """
-    for client_id, size in sizes.items():
-      written = self._worker_path(client_id, version)
-      actual = os.path.getsize(written)
-      if actual != size:
-        raise store.CorruptClientStateError(
-            f'the TFF worker wrote {size} bytes of client state to {written}, but the'
-            f' file has {actual}; is the disk full?'
-        )
+    written = [self._worker_path(client_id, version) for client_id in client_ids]
+    store.check_bytes_written(written, bytes_written)
+    for client_id, path_written in zip(client_ids, written):
       path = self._path(client_id, version)
-      os.replace(written, path)
+      os.replace(path_written, path)
       self._written(client_id, path)
 
   def check_readable(self, client_ids) -> None:

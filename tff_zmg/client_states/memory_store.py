@@ -3,14 +3,25 @@
 Fast (no file per client and round), but memory grows with every client that has
 taken part. With a `snapshot_directory` it is checkpointed with the run: `commit`
 writes every state to one file per checkpoint version, `restore` reads it back.
+
+A round that reads and writes its clients' states itself (`state_file_paths`,
+`adopt_state_files`, as the disk store) gets them as files in a scratch directory,
+on the RAM disk `/dev/shm` where there is one, staged for that round only.
 """
 
+import collections
 import os
+import shutil
+import tempfile
 from typing import Optional
+import weakref
 
 import numpy as np
 
+from tff_zmg.client_states import state_file
 from tff_zmg.client_states import store
+
+_RAM_DISK = '/dev/shm'
 
 _IDS = 'client_ids'
 _LENGTHS = 'state_lengths'
@@ -22,8 +33,49 @@ class InMemoryClientStateStore(store.ClientStateStore):
   def __init__(self, snapshot_directory: Optional[str] = None):
     self._states: dict[str, store.State] = {}
     self._snapshot_directory = snapshot_directory
+    self._scratch: Optional[str] = None
     if snapshot_directory is not None:
       os.makedirs(snapshot_directory, exist_ok=True)
+
+  def _scratch_directory(self) -> str:
+    if self._scratch is None:
+      ram_disk = _RAM_DISK if os.access(_RAM_DISK, os.W_OK) else None
+      self._scratch = tempfile.mkdtemp(prefix='tff_zmg-client-states-', dir=ram_disk)
+      weakref.finalize(self, shutil.rmtree, self._scratch, True)
+    return self._scratch
+
+  def state_file_paths(self, version: int, client_ids, initial_state: store.State):
+    """The sampled clients' states staged as files for round `version` (see disk store)."""
+    directory = self._scratch_directory()
+    paths = []
+    for n, client_id in enumerate(client_ids):
+      read = os.path.join(directory, f'{version}-{n}-read{state_file.SUFFIX}')
+      with open(read, 'wb') as f:
+        f.write(state_file.encode(self._states.get(client_id, initial_state)))
+      paths.append(
+          collections.OrderedDict(
+              read=read, write=os.path.join(directory, f'{version}-{n}-write{state_file.SUFFIX}')
+          )
+      )
+    return paths
+
+  def adopt_state_files(self, version: int, client_ids, bytes_written: int) -> None:
+    """Reads the states the round wrote into memory and drops the staged files."""
+    directory = self._scratch_directory()
+    written = [
+        os.path.join(directory, f'{version}-{n}-write{state_file.SUFFIX}')
+        for n in range(len(client_ids))
+    ]
+    try:
+      store.check_bytes_written(written, bytes_written)
+      self.write(version, {i: state_file.load(p) for i, p in zip(client_ids, written)})
+    finally:
+      for name in os.listdir(directory):
+        if name.startswith(f'{version}-'):
+          os.remove(os.path.join(directory, name))
+
+  def check_readable(self, client_ids) -> None:
+    del client_ids  # States in memory are always readable.
 
   def _snapshot_path(self, version: int) -> str:
     return os.path.join(self._snapshot_directory, f'snapshot-{version:08d}.npz')

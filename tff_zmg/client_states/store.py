@@ -67,6 +67,17 @@ def corrupt_state_error(path: str, error: Exception) -> CorruptClientStateError:
   )
 
 
+def check_bytes_written(paths: Sequence[str], bytes_written: int) -> None:
+  """Raises `CorruptClientStateError` unless the files at `paths` hold `bytes_written` bytes."""
+  actual = sum(os.path.getsize(p) for p in paths)
+  if actual != bytes_written:
+    raise CorruptClientStateError(
+        f'the round wrote {bytes_written} bytes of client state to {len(paths)} files'
+        f' ({", ".join(paths[:3])}{", ..." if len(paths) > 3 else ""}), but they hold'
+        f' {actual}; is the disk full?'
+    )
+
+
 def replace_atomically(
     path: str, write: Callable[[BinaryIO], None], sync: bool = True
 ) -> None:

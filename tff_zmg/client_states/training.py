@@ -16,13 +16,13 @@ drive a stateful-clients process without a loop of our own:
 # format) while this module is loading.
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
 import tensorflow_federated as tff
 
 from tff_zmg.algorithms import stateful_clients
-from tff_zmg.client_states import disk_store
 from tff_zmg.client_states import state_file
 from tff_zmg.client_states import store as store_lib
 
@@ -38,11 +38,12 @@ class ClientSelection(NamedTuple):
 class StatefulClientsTrainer:
   """A stateful-clients process with the `LearningProcess` interface.
 
-  With a `DiskClientStateStore` and `states_in_worker`, TFF's worker reads and writes
+  With `states_in_worker`, the runtime (TFF's worker, or this process) reads and writes
   the sampled clients' state files itself (`next_with_state_files`): the same round,
-  without two model-sized vectors per client passing through the TFF call and back.
-  That needs the worker to see this machine's files; for workers on other machines,
-  pass `states_in_worker=False`.
+  without two model-sized vectors per client passing through the TFF call and back
+  (the memory store stages its states as files for the round). That needs the runtime
+  to see this machine's files; for TFF workers on other machines, pass
+  `states_in_worker=False`, and the states go in the call (`process.next`).
   """
 
   def __init__(
@@ -54,9 +55,7 @@ class StatefulClientsTrainer:
     self._process = process
     self._store = store
     self._initial_client_state = process.initial_client_state()
-    self._state_files = states_in_worker and isinstance(
-        store, disk_store.DiskClientStateStore
-    )
+    self._state_files = states_in_worker
 
   @property
   def process(self) -> stateful_clients.StatefulClientsLearningProcess:
@@ -111,18 +110,20 @@ class StatefulClientsTrainer:
     files = self._store.state_file_paths(
         selection.round_num, ids, self._flatten(self._initial_client_state)
     )
+    client_inputs = [
+        collections.OrderedDict(data=data, state_files=paths)
+        for data, paths in zip(selection.datasets, files)
+    ]
     try:
-      output = self._process.next_with_state_files(
-          state, list(selection.datasets), files
-      )
+      state, output = self._process.next_with_state_files(state, client_inputs)
     except Exception:
-      # The worker's parse error is long and names no client: say which file it is.
+      # The runtime's parse error is long and names no client: say which file it is.
       self._store.check_readable(ids)
       raise
     self._store.adopt_state_files(
-        selection.round_num, dict(zip(ids, (int(n) for n in output.client_states)))
+        selection.round_num, ids, int(output['client_state_bytes'])
     )
-    return output
+    return stateful_clients.StatefulClientsOutput(state, output['metrics'], None)
 
 
 class ClientStateCheckpointManager(tff.program.ProgramStateManager):
