@@ -64,19 +64,23 @@ class _Round:
 
   def __init__(self, comp, devices: Sequence[str], clients_per_device: int):
     try:
-      lowered = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
-      form = tff.backends.mapreduce.get_map_reduce_form_for_computation(lowered)
+      form = tff.backends.mapreduce.get_map_reduce_form_for_computation(comp)
+      if form.securely_aggregates_tensors:
+        # Compiled again, lowered: a second compile only for the rare secure round,
+        # instead of a lowering pass (seconds of pure-Python protobuf) for every round.
+        form = tff.backends.mapreduce.get_map_reduce_form_for_computation(
+            tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
+        )
     except Exception as e:  # pylint: disable=broad-except
       raise InProcessUnsupportedError(
           f'the in-process runtime runs rounds of the shape <S@SERVER, {{D}}@CLIENTS> ->'
           f' <S@SERVER, X@SERVER> (TFF\'s MapReduceForm); {_describe(comp)} is not one'
           f' ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e})'
       ) from e
-    for name in ('secure_sum_bitwidth', 'secure_sum_max_input', 'secure_modular_sum_modulus'):
-      if tf_computation.count_leaves(getattr(form, name).type_signature.result):
-        raise InProcessUnsupportedError(
-            f'{_describe(comp)} still has a secure aggregation ({name}) after lowering'
-        )
+    if form.securely_aggregates_tensors:
+      raise InProcessUnsupportedError(
+          f'{_describe(comp)} still aggregates securely after lowering the secure sums'
+      )
     self._state_type = form.prepare.type_signature.parameter
     self._data_type = form.work.type_signature.parameter[0]
     self._result_type = comp.type_signature.result
@@ -167,8 +171,10 @@ class InProcessContext(tff.framework.SyncContext):
     self._lock = threading.Lock()
     self.rounds_run = 0
     # Device of each client's update in the last round, read from the tensors `work`
-    # returned (not from the requested placement).
+    # returned (not from the requested placement), and how many client computations
+    # ran on each device over every round so far.
     self.last_client_devices: list[str] = []
+    self.client_devices: collections.Counter[str] = collections.Counter()
 
   def _compile(self, comp):
     """The runnable form of `comp`, made once per computation object."""
@@ -203,6 +209,7 @@ class InProcessContext(tff.framework.SyncContext):
       result = runnable(state, client_values)
       self.rounds_run += 1
       self.last_client_devices = runnable.last_client_devices
+      self.client_devices.update(runnable.last_client_devices)
       return result
     flat_args = []
     if type_signature.parameter is not None:

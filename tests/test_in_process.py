@@ -1,0 +1,175 @@
+"""The in-process runtime against TFF's C++ worker: the same rounds give the same numbers.
+
+Every algorithm of the registry (stateful ones with both client-state stores) and TFF's
+own FedAvg run three rounds on a tiny conv model, once in TFF's worker and once in this
+process (`tff_zmg.runtime.in_process`), from the same initial state on the same data;
+every weight, metric and client state must agree to 1e-6. Both sides use TF's default
+threads.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_zmg import client_states
+from tff_zmg.algorithms import registry
+from tff_zmg.algorithms import stateful_clients
+from tff_zmg.runtime import in_process
+
+NUM_CLASSES = 3
+IMAGE_SHAPE = (5, 5, 1)
+# Client 2 skips round 0, client 0 round 1, client 1 round 2: states carry over gaps.
+PARTICIPATION = ((0, 1), (1, 2), (0, 2))
+# Small steps and few surrogate samples; otherwise each algorithm's defaults.
+HPARAMS = dict(client_learning_rate=0.05)
+FEDGPS_HPARAMS = dict(
+    client_learning_rate=0.05, lambda3=0.01, surrogate_samples_per_class=2, surrogate_seed=3
+)
+TOLERANCE = 1e-6
+
+
+def tiny_keras_model():
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=IMAGE_SHAPE),
+      tf.keras.layers.Conv2D(
+          2, 3, activation='relu', kernel_initializer=tf.keras.initializers.GlorotUniform(1)
+      ),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(
+          NUM_CLASSES, kernel_initializer=tf.keras.initializers.GlorotUniform(2)
+      ),
+  ])
+
+
+def tiny_model_fn():
+  return tff.learning.models.from_keras_model(
+      tiny_keras_model(),
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=collections.OrderedDict(
+          x=tf.TensorSpec((None,) + IMAGE_SHAPE, tf.float32),
+          y=tf.TensorSpec([None], tf.int32),
+      ),
+      metrics=[tf.keras.metrics.SparseCategoricalAccuracy()],
+  )
+
+
+def client_dataset(client: int) -> tf.data.Dataset:
+  """Two batches of two examples, fixed per client."""
+  rng = np.random.default_rng(client)
+  x = rng.normal(size=(4,) + IMAGE_SHAPE).astype(np.float32)
+  y = rng.integers(0, NUM_CLASSES, size=4).astype(np.int32)
+  return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(2)
+
+
+def three_rounds(process, store_dir=None, store='disk'):
+  """Weights, metrics and (stateful) client states after the rounds of PARTICIPATION."""
+  stateful = isinstance(process, stateful_clients.StatefulClientsLearningProcess)
+  trainer = process
+  if stateful:
+    trainer = client_states.StatefulClientsTrainer(
+        process, client_states.create_store(store, str(store_dir))
+    )
+  state = trainer.initialize()
+  metrics = []
+  for round_num, clients in enumerate(PARTICIPATION):
+    data = [client_dataset(c) for c in clients]
+    if stateful:
+      data = client_states.ClientSelection(round_num, [f'c{c}' for c in clients], data)
+    output = trainer.next(state, data)
+    state = output.state
+    metrics.append(output.metrics)
+  result = dict(weights=process.get_model_weights(state), metrics=metrics)
+  if stateful:
+    result['client_states'] = [trainer.store.read(f'c{c}') for c in range(3)]
+  return result
+
+
+def assert_all_close(actual, expected):
+  actual_leaves = tf.nest.flatten(actual)
+  expected_leaves = tf.nest.flatten(expected)
+  assert len(actual_leaves) == len(expected_leaves)
+  for a, e in zip(actual_leaves, expected_leaves):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize('algo', sorted(registry.ALGORITHMS))
+def test_three_rounds_in_process_equal_tff_worker(algo, tff_context, tmp_path):
+  del tff_context  # Installed: the first run is in TFF's worker.
+  spec = registry.ALGORITHMS[algo]
+  process = registry.build(
+      algo, tiny_model_fn, keras_model_fn=tiny_keras_model,
+      **(FEDGPS_HPARAMS if spec.needs_keras_model else HPARAMS),
+  )
+  expected = three_rounds(process, tmp_path / 'worker')
+  with in_process.in_process_context() as context:
+    actual = three_rounds(process, tmp_path / 'in_process')
+    if spec.stateful:  # The memory store stages its states as files for the round.
+      assert_all_close(three_rounds(process, tmp_path / 'memory', store='memory'), expected)
+  assert context.rounds_run == len(PARTICIPATION) * (2 if spec.stateful else 1)
+  assert_all_close(actual, expected)
+  assert all(np.all(np.isfinite(w)) for w in tf.nest.flatten(actual['weights']))
+
+
+def test_tff_fed_avg_and_evaluation_in_process_equal_tff_worker(tff_context):
+  del tff_context
+  process = tff.learning.algorithms.build_weighted_fed_avg(
+      tiny_model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1)
+  )
+  evaluation = tff.learning.algorithms.build_fed_eval(tiny_model_fn)
+  data = [client_dataset(c) for c in range(3)]
+
+  def run():
+    state = process.initialize()
+    for _ in range(3):
+      state = process.next(state, data).state
+    eval_state = evaluation.set_model_weights(
+        evaluation.initialize(), process.get_model_weights(state)
+    )
+    return process.get_model_weights(state), evaluation.next(eval_state, data).metrics
+
+  expected = run()
+  with in_process.in_process_context():
+    actual = run()
+  assert_all_close(actual, expected)
+  assert actual[1]['client_work']['eval']['current_round_metrics']['num_examples'] == 12
+
+
+@tff.tensorflow.computation(np.int64, np.int64)
+def _add(a, b):
+  return a + b
+
+
+@tff.federated_computation(
+    tff.FederatedType(np.int64, tff.SERVER), tff.FederatedType(np.int64, tff.CLIENTS)
+)
+def _secure_round(state, values):
+  """A round with the three secure sums: bit width 4, at most 9, modulo 7."""
+  bitwidth_sum = tff.federated_secure_sum_bitwidth(values, 4)
+  bounded_sum = tff.federated_secure_sum(values, np.int64(9))
+  modular_sum = tff.backends.mapreduce.federated_secure_modular_sum(values, np.int64(7))
+  return tff.federated_map(_add, (state, bitwidth_sum)), tff.federated_zip(
+      (bounded_sum, modular_sum)
+  )
+
+
+def test_secure_sums_run_lowered_as_in_tff_test_backend():
+  with in_process.in_process_context():
+    state, (bounded, modular) = _secure_round(np.int64(100), [3, 5, 6])
+    assert (state, bounded, modular) == (114, 14, 0)
+    # 12 needs more than 4 bits (and exceeds 9): refused, as TFF's test backend does.
+    with pytest.raises(tf.errors.InvalidArgumentError, match='larger than maximum'):
+      _secure_round(np.int64(100), [3, 12])
+
+
+def test_a_round_the_form_cannot_express_is_refused_in_one_error(tff_context):
+  """States in the call come back CLIENTS-placed: no MapReduceForm, no silent fallback."""
+  del tff_context
+  process = registry.build('fedrkmgc', tiny_model_fn, **HPARAMS)
+  state = process.initialize()
+  initial = process.initial_client_state()
+  with in_process.in_process_context():
+    with pytest.raises(in_process.InProcessUnsupportedError, match='MapReduceForm'):
+      process.next(state, [client_dataset(0)], [initial])
