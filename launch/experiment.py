@@ -27,6 +27,7 @@ import tensorflow_federated as tff
 import tasks
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
+from tff_zmg.runtime import in_process
 from tff_zmg import validation
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import stateful_clients
@@ -36,11 +37,18 @@ METRICS_FILENAME = 'metrics.csv'
 CHECKPOINT_DIRNAME = 'checkpoints'
 TENSORBOARD_DIRNAME = 'tensorboard'
 CLIENT_STATES_DIRNAME = 'client_states'
+RUNTIME_FILENAME = 'runtime.json'
+IN_PROCESS, TFF_WORKER = 'in_process', 'tff_worker'
+RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
+# `--executor=cpu --runtime=auto` runs in TFF's worker: on this 2-core CPU it ran FedAvg's
+# EMNIST round faster than the in-process runtime (README "Runtimes"; launch.benchmark's
+# `in_process` contender re-measures it).
+CPU_RUNTIME = TFF_WORKER
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
     {
-        'total_rounds', 'executor', 'max_concurrent_clients', 'intra_op_threads',
-        'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
+        'total_rounds', 'executor', 'runtime', 'max_concurrent_clients',
+        'intra_op_threads', 'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
     }
 )
 
@@ -79,6 +87,9 @@ class ExperimentConfig:
   num_eval_clients: int = 100
   rounds_per_checkpoint: int = 1
   executor: str = 'cpu'
+  # Who runs the rounds: 'in_process' (this process's TensorFlow, the only way to a GPU),
+  # 'tff_worker' (TFF's C++ worker, CPU only) or 'auto' (see `resolved_runtime`).
+  runtime: str = 'auto'
   max_concurrent_clients: int = -1
   # Threads per TF op in the local worker; 0: `context.intra_op_threads_for` the clients
   # it runs at once.
@@ -135,6 +146,9 @@ def _validate(config: ExperimentConfig) -> None:
     validation.check_positive('client_batch_size', config.client_batch_size)
   if config.executor not in ('cpu', 'gpu'):
     raise ExperimentError(f"executor must be 'cpu' or 'gpu', got {config.executor!r}")
+  if config.runtime not in RUNTIMES:
+    raise ExperimentError(f'runtime must be one of {list(RUNTIMES)}, got {config.runtime!r}')
+  _validate_runtime(config)
   if config.client_state_store not in client_states.STORES:
     raise ExperimentError(
         f'client_state_store must be one of {list(client_states.STORES)}, got'
@@ -163,6 +177,37 @@ def _validate_workers(config: ExperimentConfig) -> None:
     )
 
 
+def resolved_runtime(config: ExperimentConfig) -> str:
+  """The runtime a run uses: the setting, or for 'auto' in-process on GPUs, TFF's
+  workers with --workers, and `CPU_RUNTIME` on the CPU."""
+  if config.runtime != 'auto':
+    return config.runtime
+  if config.workers:
+    return TFF_WORKER
+  return IN_PROCESS if config.executor == 'gpu' else CPU_RUNTIME
+
+
+def _validate_runtime(config: ExperimentConfig) -> None:
+  runtime = resolved_runtime(config)
+  if config.executor == 'gpu' and config.workers:
+    raise ExperimentError(
+        '--executor=gpu runs rounds in this process on its GPUs; --workers sends them to'
+        " TFF's workers, whose pip build has no CUDA: drop one of the two"
+    )
+  if config.executor == 'gpu' and runtime == TFF_WORKER:
+    raise ExperimentError(
+        "--executor=gpu needs --runtime=in_process (or auto): TFF's pip worker_binary is"
+        ' built without CUDA and runs everything on the CPU'
+    )
+  if runtime == IN_PROCESS and config.workers:
+    raise ExperimentError('--runtime=in_process runs no remote workers; drop --workers')
+  if runtime == IN_PROCESS and config.intra_op_threads > 0:
+    raise ExperimentError(
+        '--intra_op_threads sets TFF\'s worker; the in-process runtime uses this process\'s'
+        ' TensorFlow threads (set TF_NUM_INTRAOP_THREADS in the environment instead)'
+    )
+
+
 def local_intra_op_threads(config: ExperimentConfig) -> int:
   """The local worker's threads per TF op: the setting, or one for the clients at once."""
   if config.intra_op_threads > 0:
@@ -184,20 +229,29 @@ def _check_workers_reachable(config: ExperimentConfig) -> None:
 
 @contextlib.contextmanager
 def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseManager'):
-  """The local worker, or the remote ones; a remote worker lost mid-run ends the run.
+  """The runtime's context: in-process, the local TFF worker, or the remote ones.
 
-  TFF's training loop releases a round's metrics and then saves its state, so the round
-  that fails has written nothing and the run resumes from the last checkpoint.
+  Yields the `in_process.InProcessContext` (None for TFF's workers). A remote worker
+  lost mid-run ends the run: TFF's training loop releases a round's metrics and then
+  saves its state, so the round that fails has written nothing and the run resumes
+  from the last checkpoint.
   """
+  if resolved_runtime(config) == IN_PROCESS:
+    devices = in_process.visible_gpus() if config.executor == 'gpu' else None
+    with in_process.in_process_context(
+        devices, clients_per_device=max(1, config.max_concurrent_clients)
+    ) as runtime_context:
+      yield runtime_context
+    return
   if not config.workers:
     with cpp_worker.execution_context(
         config.max_concurrent_clients, intra_op_threads=local_intra_op_threads(config)
     ):
-      yield
+      yield None
     return
   try:
     with cpp_worker.remote_execution_context(config.workers, 0, config.worker_timeout_s):
-      yield
+      yield None
   except cpp_worker.WorkerUnavailableError as e:
     raise _worker_lost_error(config, progress.last_key, e) from e
   except grpc.RpcError as e:  # Every worker still answers: the computation failed there.
@@ -257,14 +311,6 @@ def _worker_lost_error(
 def _client_seed(seed: int, round_num: int, client_index: int) -> int:
   """The shuffle seed of one client in one round: a pure function of the run's seed."""
   return int(np.random.SeedSequence([seed, round_num, client_index]).generate_state(1)[0])
-
-
-def gpu_devices() -> list:
-  """The GPUs TensorFlow sees, with memory growth on so clients share them."""
-  gpus = tf.config.list_physical_devices('GPU')
-  for gpu in gpus:
-    tf.config.experimental.set_memory_growth(gpu, True)
-  return gpus
 
 
 def _check_resumable(config: ExperimentConfig) -> None:
@@ -368,6 +414,25 @@ def _check_checkpoint(config: ExperimentConfig, process) -> None:
     ) from e
 
 
+def _record_runtime(config: ExperimentConfig, runtime_context) -> dict:
+  """Writes `runtime.json`: the runtime and where the clients' computations ran.
+
+  In process, the devices are read from the tensors each client's computation returned
+  (with how many client computations, training and evaluation, ran on each); TFF's
+  worker returns NumPy values, and its pip build has only a CPU device.
+  """
+  runtime = resolved_runtime(config)
+  if runtime_context is not None:
+    client_devices = dict(sorted(runtime_context.client_devices.items()))
+  else:
+    where = 'remote TFF workers' if config.workers else "TFF's local worker_binary"
+    client_devices = {f'CPU of {where} (a build without CUDA)': None}
+  record = collections.OrderedDict(runtime=runtime, client_devices=client_devices)
+  with open(os.path.join(config.output_dir, RUNTIME_FILENAME), 'w') as f:
+    json.dump(record, f, indent=2)
+  return record
+
+
 def read_metric(csv_path: str, name: str) -> dict[int, float]:
   """`{round: value}` of one metric column of a run's metrics.csv (rounds that have it)."""
   if not os.path.exists(csv_path):
@@ -405,12 +470,11 @@ def run(config: ExperimentConfig) -> dict:
   _validate(config)
   if not config.overwrite:
     _check_resumable(config)
-  # With remote workers the GPUs that matter are theirs.
-  if config.executor == 'gpu' and not config.workers and not gpu_devices():
+  if config.executor == 'gpu' and not in_process.visible_gpus():
     raise ExperimentError(
-        '--executor=gpu but TensorFlow sees no GPU on this machine'
-        f' (CUDA_VISIBLE_DEVICES={os.environ.get("CUDA_VISIBLE_DEVICES", "unset")});'
-        ' use --executor=cpu'
+        '--executor=gpu but TensorFlow sees no GPU in this process (CUDA build:'
+        f' {tf.test.is_built_with_cuda()}, CUDA_VISIBLE_DEVICES='
+        f'{os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}); use --executor=cpu'
     )
   if config.workers:
     _check_workers_reachable(config)
@@ -483,7 +547,7 @@ def run(config: ExperimentConfig) -> dict:
 
   start = time.monotonic()
   progress = _ProgressReleaseManager(config.total_rounds)
-  with _execution_context(config, progress):
+  with _execution_context(config, progress) as runtime_context:
     _check_checkpoint(config, process)
     os.makedirs(config.output_dir, exist_ok=True)
     with open(os.path.join(config.output_dir, FLAGS_FILENAME), 'w') as f:
@@ -519,6 +583,7 @@ def run(config: ExperimentConfig) -> dict:
         rounds_per_saving_program_state=config.rounds_per_checkpoint,
         metrics_managers=metrics_managers,
     )
+    runtime_record = _record_runtime(config, runtime_context)
   wall = time.monotonic() - start
   eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
   train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
@@ -530,4 +595,6 @@ def run(config: ExperimentConfig) -> dict:
       output_dir=config.output_dir,
       metrics_csv=config.metrics_csv,
       tensorboard_dir=os.path.join(config.output_dir, TENSORBOARD_DIRNAME),
+      runtime=runtime_record['runtime'],
+      client_devices=runtime_record['client_devices'],
   )

@@ -171,11 +171,22 @@ _EXPERIMENT_NAME = flags.DEFINE_string(
     'experiment_name', None, 'Experiment directory name (default <task>_<algo>_seed<seed>).'
 )
 _EXECUTOR = flags.DEFINE_enum(
-    'executor', 'cpu', ['cpu', 'gpu'], 'Run client computations on the CPU or the GPUs.'
+    'executor', 'cpu', ['cpu', 'gpu'],
+    'Run client computations on the CPU or on every GPU TensorFlow sees in this process'
+    ' (gpu: in-process runtime; refused when no GPU is visible or with --workers).',
+)
+_RUNTIME = flags.DEFINE_enum(
+    'runtime', 'auto', list(experiment.RUNTIMES),
+    'Who runs the rounds: in_process (this process\'s TensorFlow), tff_worker (TFF\'s C++'
+    f' worker_binary, CPU only: its pip build has no CUDA), or auto: in_process for'
+    f' --executor=gpu, tff_worker with --workers, and {experiment.CPU_RUNTIME} for'
+    ' --executor=cpu, the faster of the two on the CPU in launch.benchmark (README'
+    ' "Runtimes"). The devices each client ran on are written to runtime.json.',
 )
 _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
     'max_concurrent_clients', -1,
-    'How many client computations the TFF worker runs at once (<= 0: no limit).',
+    'How many client computations the TFF worker runs at once (<= 0: no limit); in'
+    ' process, how many each device runs at once (<= 0: one).',
 )
 _INTRA_OP_THREADS = flags.DEFINE_integer(
     'intra_op_threads', 0,
@@ -313,6 +324,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       num_eval_clients=_NUM_EVAL_CLIENTS.value,
       rounds_per_checkpoint=_ROUNDS_PER_CHECKPOINT.value,
       executor=_EXECUTOR.value,
+      runtime=_RUNTIME.value,
       max_concurrent_clients=_MAX_CONCURRENT_CLIENTS.value,
       intra_op_threads=_INTRA_OP_THREADS.value,
       overwrite=_OVERWRITE.value,
@@ -341,8 +353,6 @@ def main(argv) -> int:
     if applied:
       print(f'protocol {_PROTOCOL.value}: {json.dumps(applied)}', flush=True)
     config = config_from_flags()
-    if config.executor == 'gpu':
-      print(f'GPU executor on {[d.name for d in experiment.gpu_devices()]}', flush=True)
     summary = experiment.run(config)
   except experiment.DivergedError as e:
     print(f'train: error: {e}', file=sys.stderr)

@@ -73,6 +73,7 @@ def _assert_same_metrics(a, b):
     'task, algo, extra',
     [
         ('emnist', 'fedzmg', []),
+        ('emnist', 'fedzmg', ['--runtime=in_process']),
         # FedRKMGC's stateful clients on the other two tasks (EMNIST: the resume test).
         ('cifar100', 'fedrkmgc', []),
         ('shakespeare', 'fedrkmgc',
@@ -97,6 +98,19 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
   assert recorded['task'] == task and recorded['algo'] == algo
   if algo == 'fedrkmgc':  # The sampled clients' states are kept with the run.
     assert os.listdir(exp / 'client_states')
+  # Where the clients ran: read from the computed tensors in process, never the flag.
+  runtime = __import__('json').loads((exp / 'runtime.json').read_text())
+  if '--runtime=in_process' in extra:
+    assert runtime['runtime'] == 'in_process'
+    (device, count), = runtime['client_devices'].items()
+    # 2 rounds of 3 clients, 3 evaluations of 2 clients.
+    assert device.endswith('/device:CPU:0') and count == 2 * 3 + 3 * 2
+  else:
+    assert runtime['runtime'] == 'tff_worker'
+    assert list(runtime['client_devices']) == [
+        "CPU of TFF's local worker_binary (a build without CUDA)"
+    ]
+  assert 'GPU' not in out
 
 
 def test_same_flags_give_the_same_metrics(run_main, tmp_path):
@@ -121,12 +135,15 @@ def _latest_client_states(experiment_dir):
   return states
 
 
-def test_killed_run_resumes_to_the_uninterrupted_result(run_main, tmp_path, synthetic_cache_dir):
+@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
+def test_killed_run_resumes_to_the_uninterrupted_result(
+    run_main, tmp_path, synthetic_cache_dir, runtime
+):
   # FedRKMGC, so that the clients' states must resume exactly too. Checkpoints every
   # 2 rounds: the kill after round 3 leaves states of round 3 that no checkpoint has,
   # which the resumed run must discard and recompute.
   args = ['--task=emnist', '--algo=fedrkmgc', '--total_rounds=4',
-          '--rounds_per_checkpoint=2']
+          '--rounds_per_checkpoint=2', f'--runtime={runtime}']
   assert run_main(*args, root=tmp_path / 'whole')[0] == 0
   cmd = [sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
          f'--root_output_dir={tmp_path / "killed"}', *_SMALL, *args]
@@ -161,9 +178,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(run_main, tmp_path, synt
       np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=client)
 
 
-def test_absurd_learning_rate_stops_with_divergence_and_keeps_good_checkpoint(run_main, tmp_path):
+@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
+def test_absurd_learning_rate_stops_with_divergence_and_keeps_good_checkpoint(
+    run_main, tmp_path, runtime
+):
   rc, out, err = run_main('--task=emnist', '--algo=fedavg', '--total_rounds=3',
-                          '--client_learning_rate=1e9')
+                          '--client_learning_rate=1e9', f'--runtime={runtime}')
   assert rc == 3
   assert 'diverged in round' in err and 'smaller learning rate' in err
   assert len(err.strip().splitlines()) == 1
@@ -179,6 +199,16 @@ def test_absurd_learning_rate_stops_with_divergence_and_keeps_good_checkpoint(ru
         (['--task=emnist', '--algo=fedavg', '--gc_lambda=0.5'], 'does not apply'),
         (['--task=emnist', '--algo=fedzmg', '--client_momentum=1.0'], 'momentum'),
         (['--task=emnist', '--algo=fedavg', '--intra_op_threads=-1'], 'intra_op_threads'),
+        (['--task=emnist', '--algo=fedavg', '--runtime=in_process', '--intra_op_threads=2'],
+         'TF_NUM_INTRAOP_THREADS'),
+        (['--task=emnist', '--algo=fedavg', '--runtime=in_process', '--workers=hostA:8000'],
+         'drop --workers'),
+        (['--task=emnist', '--algo=fedavg', '--executor=gpu', '--workers=hostA:8000'],
+         'no CUDA'),
+        (['--task=emnist', '--algo=fedavg', '--executor=gpu', '--runtime=tff_worker'],
+         'built without CUDA'),
+        (['--task=emnist', '--algo=fedrkmgc', '--runtime=in_process', '--client_learning_rate=-1'],
+         'client_learning_rate'),
     ],
 )
 def test_bad_values_end_with_one_line_and_write_nothing(run_main, tmp_path, args, message):
@@ -227,9 +257,12 @@ def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
 
   if tf.config.list_physical_devices('GPU'):
     pytest.skip('this machine has a GPU')
-  rc, _, err = run_main('--task=emnist', '--algo=fedavg', '--executor=gpu')
-  assert rc == 2 and 'no GPU' in err
-  assert not os.listdir(tmp_path)
+  for runtime in ('auto', 'in_process'):
+    rc, out, err = run_main('--task=emnist', '--algo=fedavg', '--executor=gpu',
+                            f'--runtime={runtime}')
+    assert rc == 2 and 'no GPU' in err and len(err.strip().splitlines()) == 1
+    assert not out  # Nothing claims a GPU that ran nothing.
+    assert not os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize(
