@@ -21,7 +21,11 @@ after a warm-up round each, with the median and spread over `--repeats`:
   and thread settings (what the context saves);
 - each algorithm of `--algos` (`all`: the whole registry), as `launch.train` builds and
   runs it (stateful clients with the disk client-state store, whose files TFF's worker
-  reads and writes itself; the worker's threads per op as `launch.train` picks them).
+  reads and writes itself; the worker's threads per op as `launch.train` picks them);
+- with `--in_process` (the default), `in_process/tff_fedavg` and `in_process/<algo>`:
+  the same processes on the in-process runtime (`tff_zmg.runtime.in_process`, this
+  process's TensorFlow, `--in_process_clients_per_device` clients at once), timed in
+  the same repeats as the worker's, so `paired_*` compares the two runtimes directly.
 
 One parseable line per contender: `ratio` to its own bound, `ratio_plain_sgd` to the
 floor, `ratio_tff_fedavg` to TFF's FedAvg (ratios of medians); `paired_bound`,
@@ -54,6 +58,7 @@ import tasks
 from launch import resources
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
+from tff_zmg.runtime import in_process
 from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import stateful_clients
@@ -92,11 +97,25 @@ _INTRA_OP_THREADS = flags.DEFINE_integer(
     lower_bound=0,
 )
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the results as JSON here.')
+_IN_PROCESS = flags.DEFINE_bool(
+    'in_process', True,
+    'Also time TFF\'s FedAvg and each algorithm on the in-process runtime (on the devices'
+    ' of --in_process_devices).',
+)
+_IN_PROCESS_DEVICES = flags.DEFINE_list(
+    'in_process_devices', None,
+    'Devices the in-process contenders run clients on (default: every GPU, else the CPU).',
+)
+_IN_PROCESS_CLIENTS_PER_DEVICE = flags.DEFINE_integer(
+    'in_process_clients_per_device', 1, 'Clients each device runs at once in process.',
+    lower_bound=1,
+)
 
 PLAIN_TF = 'plain_tf'
 PLAIN_TF_KERAS = 'plain_tf_keras'
 TFF_FEDAVG = 'tff_fedavg'
 TFF_FEDAVG_STOCK = 'tff_fedavg_stock'
+IN_PROCESS = 'in_process'
 _SERVER_LR = 1.0
 _CLIENT_LR = 0.1
 
@@ -247,24 +266,31 @@ def _tff_fedavg(task):
   )
 
 
-def contenders(task, algos, datasets, state_dir, stock_context) -> tuple[dict, dict]:
+def contenders(
+    task, algos, datasets, state_dir, stock_context, in_process_context=None
+) -> tuple[dict, dict]:
   """({name: round function, traced}, {algo: its bound's name}).
 
   The floors, TFF's FedAvg (on the current context and on `stock_context`), then each
-  algorithm and its bound `plain_tf/<algo>`. Each plain loop is made and traced at once:
-  with many algorithms' rule masks built in graphs between them, Keras once refused to
-  trace a model made eagerly before them.
+  algorithm and its bound `plain_tf/<algo>`; with an `in_process_context`, TFF's
+  FedAvg and each algorithm again on it, as `in_process/<name>` (same bound). Each
+  plain loop is made and traced at once: with many algorithms' rule masks built in
+  graphs between them, Keras once refused to trace a model made eagerly before them.
   """
+
+  def on_context(context, process, directory):
+    with tff.framework.get_context_stack().install(context):  # initialize() there too.
+      return _in_context(context, _process_round_fn(process, datasets, directory))
+
   fns = collections.OrderedDict()
   fns[PLAIN_TF] = plain_tf_round_fn(task, datasets)
   fns[PLAIN_TF]()
   fns[PLAIN_TF_KERAS] = plain_tf_round_fn(task, datasets, keras_loop=True)
   fns[PLAIN_TF_KERAS]()
   fns[TFF_FEDAVG] = _process_round_fn(_tff_fedavg(task), datasets, None)
-  with tff.framework.get_context_stack().install(stock_context):
-    fns[TFF_FEDAVG_STOCK] = _in_context(
-        stock_context, _process_round_fn(_tff_fedavg(task), datasets, None)
-    )
+  fns[TFF_FEDAVG_STOCK] = on_context(stock_context, _tff_fedavg(task), None)
+  if in_process_context is not None:
+    fns[f'{IN_PROCESS}/{TFF_FEDAVG}'] = on_context(in_process_context, _tff_fedavg(task), None)
   bounds = {}
   for algo in algos:
     process = registry.build(algo, task.model_fn, keras_model_fn=task.keras_model_fn)
@@ -274,6 +300,11 @@ def contenders(task, algos, datasets, state_dir, stock_context) -> tuple[dict, d
     )
     fns[bounds[algo]]()
     fns[algo] = _process_round_fn(process, datasets, os.path.join(state_dir, algo))
+    if in_process_context is not None:
+      bounds[f'{IN_PROCESS}/{algo}'] = bounds[algo]
+      fns[f'{IN_PROCESS}/{algo}'] = on_context(
+          in_process_context, process, os.path.join(state_dir, IN_PROCESS, algo)
+      )
   return fns, bounds
 
 
@@ -378,7 +409,8 @@ def main(argv) -> int:
   print(
       f'task={_TASK.value} clients={_CLIENTS.value} examples_per_client={_EXAMPLES.value}'
       f' batch={task.spec.batch_size} repeats={_REPEATS.value}'
-      f' cpus={os.cpu_count()} worker_intra_op_threads={threads}',
+      f' cpus={os.cpu_count()} worker_intra_op_threads={threads}'
+      f' in_process_devices={_IN_PROCESS_DEVICES.value or in_process.visible_gpus() or "host CPU"}',
       flush=True,
   )
   results = collections.OrderedDict()
@@ -393,8 +425,21 @@ def main(argv) -> int:
     stock_context = cpp_worker.create_sync_context(
         [stock_worker], cache_computations=False
     )
-    fns, bounds = contenders(task, algos, datasets, state_dir, stock_context)
+    in_process_context = None
+    if _IN_PROCESS.value:
+      in_process_context = in_process.InProcessContext(
+          _IN_PROCESS_DEVICES.value or in_process.visible_gpus() or None,
+          _IN_PROCESS_CLIENTS_PER_DEVICE.value,
+      )
+    fns, bounds = contenders(
+        task, algos, datasets, state_dir, stock_context, in_process_context
+    )
     timed = time_alternating(fns, _REPEATS.value)
+  in_process_devices = {}
+  if in_process_context is not None:
+    # Where the in-process clients ran, read from the tensors they returned.
+    in_process_devices = dict(sorted(in_process_context.client_devices.items()))
+    print(f'in_process client computations per device: {in_process_devices}', flush=True)
   medians = {name: statistics.median(seconds) for name, (seconds, _) in timed.items()}
   # Per-repeat ratios to the references the issue's targets name: each contender's own
   # bound, the floor, TFF's FedAvg and (when timed) the package's FedAvg.
@@ -450,7 +495,7 @@ def main(argv) -> int:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(
           dict(contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
-               worker_intra_op_threads=threads),
+               worker_intra_op_threads=threads, in_process_client_devices=in_process_devices),
           f, indent=2,
       )
   return 0

@@ -33,13 +33,19 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
   report = json.loads(output.read_text())
   results = report['contenders']
   assert list(results) == [
-      'plain_tf', 'plain_tf_keras', 'tff_fedavg', 'tff_fedavg_stock',
-      *(name for algo in _ALGOS for name in (f'plain_tf/{algo}', algo)),
+      'plain_tf', 'plain_tf_keras', 'tff_fedavg', 'tff_fedavg_stock', 'in_process/tff_fedavg',
+      *(name for algo in _ALGOS
+        for name in (f'plain_tf/{algo}', algo, f'in_process/{algo}')),
   ]
-  # Each algorithm's bound is its own client function in plain TF.
+  # Each algorithm's bound is its own client function in plain TF, on either runtime.
   for algo in _ALGOS:
     assert results[algo]['bound'] == f'plain_tf/{algo}'
+    assert results[f'in_process/{algo}']['bound'] == f'plain_tf/{algo}'
   assert results['tff_fedavg']['bound'] == 'plain_tf'
+  assert results['in_process/tff_fedavg']['bound'] == 'plain_tf'
+  # Warm-up and 2 repeats of 3 in-process contenders with 2 clients, all on the host CPU.
+  (device, count), = report['in_process_client_devices'].items()
+  assert device.endswith('/device:CPU:0') and count == 3 * 3 * 2
   assert report['worker_intra_op_threads'] == max(1, os.cpu_count() // 2)
   medians = {name: r['median_s'] for name, r in results.items()}
   for name, r in results.items():
