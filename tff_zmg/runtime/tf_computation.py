@@ -56,24 +56,48 @@ def _stays_on_host(node, device_type: str) -> bool:
     return True
   if op == 'Identity' and node.attr['T'].type == tf.variant.as_datatype_enum:
     return True
+  # A DEFAULT kernel serves every device type without one of its own (GPU's variable ops,
+  # `Enter`, `NoOp`, ... are registered only so).
   return not any(
-      k.device_type == device_type for k in kernels.get_registered_kernels_for_op(op).kernel
+      k.device_type in (device_type, 'DEFAULT')
+      for k in kernels.get_registered_kernels_for_op(op).kernel
   )
+
+
+_FORWARDING_OPS = frozenset(['Identity', 'Switch', 'Merge', 'Enter', 'Exit', 'NextIteration'])
+
+
+def _is_variant(node) -> bool:
+  return 'T' in node.attr and node.attr['T'].type == tf.variant.as_datatype_enum
 
 
 def place_nodes(graph_def: tf.compat.v1.GraphDef, device: str) -> tf.compat.v1.GraphDef:
   """Sets every node's device, in the graph and its function library (loop bodies).
 
-  Nodes that `_stays_on_host` go to `HOST_DEVICE`, the rest to `device`. Function-call
-  nodes (`StatefulPartitionedCall`, `While`, ...) run their bodies' nodes where those are
-  placed, so the bodies are placed too.
+  Nodes that `_stays_on_host`, and control flow forwarding their variants, go to
+  `HOST_DEVICE`, the rest to `device`. Function-call nodes (`StatefulPartitionedCall`,
+  `While`, ...) run their bodies' nodes where those are placed, so the bodies are placed
+  too.
   """
   device_type = _device_type(device)
-  nodes = itertools.chain(
-      graph_def.node, *(f.node_def for f in graph_def.library.function)
-  )
-  for node in nodes:
-    node.device = HOST_DEVICE if _stays_on_host(node, device_type) else device
+  for nodes in (graph_def.node, *(f.node_def for f in graph_def.library.function)):
+    on_host = {n.name for n in nodes if _stays_on_host(n, device_type)}
+    # A tf.data variant that control flow forwards (the iterator's optional through the
+    # loop body's `Switch`, a dataset through `Enter`) stays on the host with its producer;
+    # other variants (TensorLists) stay with the model.
+    forwarding = [n for n in nodes if n.op in _FORWARDING_OPS and _is_variant(n)]
+    changed = True
+    while changed:
+      changed = False
+      for node in forwarding:
+        data = node.input if node.op == 'Merge' else node.input[:1]  # Not Switch's predicate.
+        if node.name not in on_host and any(
+            i.split(':')[0] in on_host for i in data if not i.startswith('^')
+        ):
+          on_host.add(node.name)
+          changed = True
+    for node in nodes:
+      node.device = HOST_DEVICE if node.name in on_host else device
   return graph_def
 
 
