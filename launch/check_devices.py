@@ -61,8 +61,9 @@ _TOLERANCE = flags.DEFINE_float(
     'tolerance', 1e-5, 'Largest absolute weight difference between the two rounds that passes.'
 )
 
-# Model arithmetic (oneDNN renames MatMul to _MklMatMul, _MklNativeFusedMatMul, ...).
-MODEL_OP = re.compile(r'MatMul|Conv2D|BiasAdd|Softmax|MaxPool|Relu|_FusedConv')
+# Model arithmetic (oneDNN renames MatMul to _MklMatMul, _MklNativeFusedMatMul, ...;
+# `--task=shakespeare` on a GPU runs the GRU as CudnnRNN).
+MODEL_OP = re.compile(r'MatMul|Conv2D|BiasAdd|Softmax|MaxPool|Relu|_FusedConv|CudnnRNN')
 # The worker's start-up device lines (tensorflow_federated/.../session_provider.cc).
 _WORKER_DEVICE_LINE = re.compile(r'Found devices|Skipping device|Found:|\bGPUs\b|\bTPUS\b|device', re.I)
 
@@ -155,27 +156,36 @@ def main(argv) -> int:
     cache_dir = _CACHE_DIR.value or stack.enter_context(
         tempfile.TemporaryDirectory(prefix='check_devices-')
     )
-    task = tasks.get(
-        _TASK.value,
-        data_source='synthetic',
-        synthetic_settings=dict(
-            num_train_clients=_CLIENTS.value, num_test_clients=2, mean_examples_per_client=20
-        ),
-        cache_dir=cache_dir,
-    )
-    process = registry.build(
-        'fedavg', task.model_fn,
-        loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR,
-    )
+    def fedavg(gpu_kernels):
+      task = tasks.get(
+          _TASK.value,
+          data_source='synthetic',
+          synthetic_settings=dict(
+              num_train_clients=_CLIENTS.value, num_test_clients=2, mean_examples_per_client=20
+          ),
+          cache_dir=cache_dir,
+          gpu_kernels=gpu_kernels,
+      )
+      process = registry.build(
+          'fedavg', task.model_fn,
+          loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR,
+      )
+      return task, process
+
+    # On GPUs the model may use GPU-only fused kernels (Shakespeare's GRU as cuDNN's),
+    # which TFF's CPU-only worker cannot run: its reference round traces the plain model.
+    on_gpus = any('GPU' in d.upper() for d in devices)
+    task, process = fedavg(on_gpus)
+    reference = fedavg(False)[1] if on_gpus else process
     data = client_datasets(task, _CLIENTS.value)
 
     # TFF's C++ worker: its device lines, the initial state and the reference round.
     with _worker_logging_devices() as worker:
       context = cpp_worker.create_sync_context([worker])
       with tff.framework.get_context_stack().install(context):
-        initial = process.initialize()
+        initial = reference.initialize()
         start = time.perf_counter()
-        expected = process.next(initial, data).state
+        expected = reference.next(initial, data).state
         worker_s = time.perf_counter() - start
       lines = _worker_device_lines(worker.log_path)
       print(

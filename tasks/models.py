@@ -156,7 +156,7 @@ class TraceTimeGRU(tf.keras.layers.GRU):
 
 
 def shakespeare_gru(
-    seed: int = 0, sequence_length: int = 80, gru_implementation: str = 'auto'
+    seed: int = 0, sequence_length: int = 80, gru_implementation: str = 'standard'
 ) -> tf.keras.Model:
   """Shakespeare next-character model: 4,022,850 parameters.
 
@@ -167,7 +167,10 @@ def shakespeare_gru(
   Args:
     seed: Seed of the initializers.
     sequence_length: Length of the input sequences.
-    gru_implementation: 'auto', 'cudnn' or 'standard' (see `TraceTimeGRU`).
+    gru_implementation: 'auto', 'cudnn' or 'standard' (see `TraceTimeGRU`). 'standard' by
+      default: a graph traced with the cuDNN kernel runs only on a GPU, and a GPU machine may
+      still run its clients on the CPU (TFF's worker, `--executor=cpu`);
+      `tasks.get(..., gpu_kernels=True)` asks for 'auto'.
   """
   return tf.keras.Sequential(
       [

@@ -4,6 +4,7 @@ clients by a Dirichlet partition)."""
 
 import dataclasses
 import functools
+import inspect
 from typing import Callable, Optional
 
 import attrs
@@ -187,6 +188,7 @@ def get(
     num_clients: Optional[int] = None,
     partition_seed: Optional[int] = None,
     model: Optional[str] = None,
+    gpu_kernels: bool = False,
 ) -> Task:
   """Builds a task: its federated train/test data, preprocessing and TFF model.
 
@@ -211,6 +213,9 @@ def get(
     partition_seed: Seed of the partition (default 0), separate from the training seeds
       so that runs with different seeds share one split.
     model: One of `MODELS[name]`; None is the task's default model.
+    gpu_kernels: Whether the model may be traced with GPU-only fused kernels where a GPU is
+      visible (Shakespeare's GRU as cuDNN's: `gru_implementation='auto'`): only for runs
+      whose clients run on GPUs, as such a graph has no CPU kernel.
 
   Returns:
     A `Task`, usable wherever TFF takes a `tff.simulation.baselines.BaselineTask`.
@@ -259,6 +264,8 @@ def get(
       eval_preprocess_fn=spec.preprocess_fn(eval_batch_size),
   )
   keras_model_fn = functools.partial(spec.keras_model_fn, model_seed)
+  if gpu_kernels and 'gru_implementation' in inspect.signature(spec.keras_model_fn).parameters:
+    keras_model_fn = functools.partial(keras_model_fn, gru_implementation='auto')
 
   def model_fn() -> tff.learning.models.VariableModel:
     return tff.learning.models.from_keras_model(

@@ -195,7 +195,7 @@ def test_traced_graph_reaches_cudnn_ops_exactly_when_cudnn_is_chosen():
   assert {'While', 'StatelessWhile'} & standard  # The walk does follow function calls.
   # Built eagerly, Keras's own GRU does register its swappable cuDNN alternative.
   assert _swappable_functions(standard_graph)
-  auto = _reached_op_types(_traced_graph_def(models.shakespeare_gru()))
+  auto = _reached_op_types(_traced_graph_def(models.shakespeare_gru(gru_implementation='auto')))
   assert _cudnn_ops(auto) == (['CudnnRNN', 'CudnnRNNBackprop'] if HAS_GPU else [])
 
 
