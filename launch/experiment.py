@@ -91,7 +91,7 @@ class ExperimentConfig:
   # 'tff_worker' (TFF's C++ worker, CPU only) or 'auto' (see `resolved_runtime`).
   runtime: str = 'auto'
   max_concurrent_clients: int = -1
-  # Threads per TF op in the local worker; 0: `context.intra_op_threads_for` the clients
+  # Threads per TF op in the local worker; 0: `cpp_worker.intra_op_threads_for` the clients
   # it runs at once.
   intra_op_threads: int = 0
   overwrite: bool = False
@@ -493,6 +493,7 @@ def run(config: ExperimentConfig) -> dict:
       num_clients=config.num_clients,
       partition_seed=config.partition_seed,
       model=config.model,
+      gpu_kernels=config.executor == 'gpu',
   )
   loop = (
       tff.learning.LoopImplementation.DATASET_ITERATOR

@@ -59,6 +59,17 @@ def _describe(comp) -> str:
   return f'a computation of type {comp.type_signature}'
 
 
+def _device_of(update: Sequence[tf.Tensor]) -> str:
+  """The device holding a client's largest output tensor (its model update).
+
+  A GPU keeps float outputs in its own memory, so they carry its name; every CPU-type
+  device (a logical CPU:1, XLA_CPU) returns host memory, which reads as the task's CPU:0.
+  """
+  if not update:
+    return ''
+  return max(update, key=lambda t: t.shape.num_elements() or 0).device
+
+
 class _Round:
   """One federated round compiled to MapReduceForm and imported for the given devices."""
 
@@ -87,11 +98,14 @@ class _Round:
     self._update_count = tf_computation.count_leaves(
         form.work.type_signature.result[0]
     )
-    self._prepare = tf_computation.ImportedComputation(form.prepare)
-    self._zero = tf_computation.ImportedComputation(form.zero)
-    self._accumulate = tf_computation.ImportedComputation(form.accumulate)
-    self._report = tf_computation.ImportedComputation(form.report)
-    self._update = tf_computation.ImportedComputation(form.update)
+    # The server's pieces run on the first device: the host CPU for a CPU run (never a GPU
+    # that TensorFlow would pick by default), the first GPU for a GPU run.
+    server = devices[0]
+    self._prepare = tf_computation.ImportedComputation(form.prepare, server)
+    self._zero = tf_computation.ImportedComputation(form.zero, server)
+    self._accumulate = tf_computation.ImportedComputation(form.accumulate, server)
+    self._report = tf_computation.ImportedComputation(form.report, server)
+    self._update = tf_computation.ImportedComputation(form.update, server)
     self._slots = [
         tf_computation.ImportedComputation(form.work, device)
         for device in devices
@@ -143,7 +157,7 @@ class _Round:
     accumulator = self._zero()
     devices = []
     for update in self._client_updates(client_values, broadcast):
-      devices.append(update[0].device if update else '')
+      devices.append(_device_of(update))
       accumulator = self._accumulate(*accumulator, *update)
     self.last_client_devices = devices
     report = self._report(*accumulator)
@@ -158,7 +172,8 @@ class InProcessContext(tff.framework.SyncContext):
 
   Args:
     devices: The devices clients run on, e.g. `['/device:GPU:0', '/device:GPU:1']`;
-      None: the host CPU.
+      None: the host CPU. Everything else (the server's pieces, `initialize`, TF
+      computations) runs on the first.
     clients_per_device: How many clients each device runs at once.
   """
 
@@ -184,7 +199,7 @@ class InProcessContext(tff.framework.SyncContext):
         return cached[1]
       type_signature = comp.type_signature
       if tf_computation.is_tensorflow(comp):
-        runnable = tf_computation.ImportedComputation(comp)
+        runnable = tf_computation.ImportedComputation(comp, self.devices[0])
       elif type_signature.parameter is None:
         try:
           init = tff.backends.mapreduce.get_state_initialization_computation(comp)
@@ -193,7 +208,7 @@ class InProcessContext(tff.framework.SyncContext):
               'the in-process runtime runs no-argument federated computations that'
               f' return a SERVER value; {_describe(comp)} is not one ({e})'
           ) from e
-        runnable = tf_computation.ImportedComputation(init)
+        runnable = tf_computation.ImportedComputation(init, self.devices[0])
       else:
         runnable = _Round(comp, self.devices, self.clients_per_device)
       self._compiled[id(comp)] = (comp, runnable)  # Holds comp, so its id stays its own.
