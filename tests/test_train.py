@@ -9,6 +9,7 @@ import sys
 
 from absl import flags
 import numpy as np
+import psutil
 import pytest
 
 from launch import experiment
@@ -42,6 +43,15 @@ def run_main(synthetic_cache_dir, tmp_path, capsys):
 
   yield run
   flags.FLAGS.unparse_flags()
+
+
+def _worker_binaries():
+  """The pids of TFF worker_binary processes this process started, now or ever."""
+  children = {
+      p.pid for p in psutil.Process().children(recursive=True)
+      if 'worker_binary' in ' '.join(p.cmdline())
+  }
+  return children | set(cpp_worker.started_worker_pids())
 
 
 def _rows(path):
@@ -83,8 +93,11 @@ def _assert_same_metrics(a, b):
 def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
     run_main, tmp_path, task, algo, extra
 ):
+  workers_before = _worker_binaries()
   rc, out, err = run_main(f'--task={task}', f'--algo={algo}', '--total_rounds=2', *extra)
   assert rc == 0, err
+  if '--runtime=in_process' in extra:  # Not one worker_binary started, even for a moment.
+    assert _worker_binaries() == workers_before
   exp = tmp_path / f'{task}_{algo}_seed0'
   rows = _rows(exp / 'metrics.csv')
   assert [int(r['key']) for r in rows] == [0, 1, 2]  # Round 0 evaluates the start.
@@ -135,16 +148,25 @@ def _latest_client_states(experiment_dir):
   return states
 
 
+_UNINTERRUPTED = {}
+
+
 @pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
 def test_killed_run_resumes_to_the_uninterrupted_result(
-    run_main, tmp_path, synthetic_cache_dir, runtime
+    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir, runtime
 ):
   # FedRKMGC, so that the clients' states must resume exactly too. Checkpoints every
   # 2 rounds: the kill after round 3 leaves states of round 3 that no checkpoint has,
   # which the resumed run must discard and recompute.
   args = ['--task=emnist', '--algo=fedrkmgc', '--total_rounds=4',
           '--rounds_per_checkpoint=2', f'--runtime={runtime}']
-  assert run_main(*args, root=tmp_path / 'whole')[0] == 0
+  # The uninterrupted run, once, in TFF's worker: the runtimes agree to 1e-6, so both
+  # resumed runs must end where it ends.
+  if not _UNINTERRUPTED:
+    whole = args[:-1] + ['--runtime=tff_worker']
+    root = tmp_path_factory.mktemp('uninterrupted')
+    assert run_main(*whole, root=root)[0] == 0
+    _UNINTERRUPTED['dir'] = root / 'emnist_fedrkmgc_seed0'
   cmd = [sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
          f'--root_output_dir={tmp_path / "killed"}', *_SMALL, *args]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -166,7 +188,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
   rc, out, err = run_main(*args, root=tmp_path / 'killed')
   assert rc == 0, err
   assert 'round 3/4' in out and 'round 2/4' not in out  # Resumed from checkpoint 2.
-  whole_dir = tmp_path / 'whole' / 'emnist_fedrkmgc_seed0'
+  whole_dir = _UNINTERRUPTED['dir']
   _assert_same_metrics(_rows(killed_dir / 'metrics.csv'), _rows(whole_dir / 'metrics.csv'))
   whole_states = _latest_client_states(whole_dir)
   resumed_states = _latest_client_states(killed_dir)

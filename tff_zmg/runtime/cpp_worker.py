@@ -60,6 +60,7 @@ WORKER_HELP = (
 
 _lock = threading.Lock()
 _live_workers: set['LocalWorker'] = set()
+_started_pids: list[int] = []
 
 
 def worker_binary_path() -> str:
@@ -160,6 +161,7 @@ class LocalWorker:
       )
     with _lock:
       _live_workers.add(self)
+      _started_pids.append(self._process.pid)
     channel = grpc.insecure_channel(f'localhost:{port}', _GRPC_OPTIONS)
     stub = tff.framework.RemoteExecutorGrpcStub(channel)
     deadline = time.monotonic() + _WORKER_START_TIMEOUT_S
@@ -229,6 +231,12 @@ def live_worker_pids() -> list[int]:
   """The pids of workers this process started and has not stopped yet."""
   with _lock:
     return sorted(w.pid for w in _live_workers if w.pid is not None)
+
+
+def started_worker_pids() -> list[int]:
+  """The pids of every worker this process has started, stopped or not, in order."""
+  with _lock:
+    return list(_started_pids)
 
 
 def stop_all_workers() -> None:
