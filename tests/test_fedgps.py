@@ -15,6 +15,7 @@ Runtime: each process build and first round costs ~25 s here, so the test builds
 """
 
 import collections
+import contextlib
 import csv
 import functools
 
@@ -32,6 +33,8 @@ from tff_zmg import rectification
 from tff_zmg import surrogate
 from tff_zmg.algorithms import registry
 from tff_zmg.client_work import fedgps_client
+from tff_zmg.runtime import in_process
+import tiny_models
 
 NUM_CLASSES = 3
 IMAGE_SHAPE = (4, 4, 1)  # Low resolution 1x1x1: every surrogate image is constant.
@@ -54,16 +57,7 @@ def tiny_keras_model():
   ])
 
 
-def tiny_model_fn():
-  return tff.learning.models.from_keras_model(
-      tiny_keras_model(),
-      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      input_spec=collections.OrderedDict(
-          x=tf.TensorSpec((None,) + IMAGE_SHAPE, tf.float32),
-          y=tf.TensorSpec([None], tf.int32),
-      ),
-      metrics=[tf.keras.metrics.SparseCategoricalAccuracy()],
-  )
+tiny_model_fn = tiny_models.image_model_fn(tiny_keras_model, IMAGE_SHAPE)
 
 
 def _client_data(seed):
@@ -320,27 +314,36 @@ def _np_run(w0, exclude_own_update):
   return history
 
 
+# One in-process runtime for the module, so that each built process compiles once.
+IN_PROCESS = in_process.InProcessContext()
+
+
 @functools.lru_cache(maxsize=None)
-def _run(name):
-  """Two rounds through the package's trainer and in-memory store."""
-  process = registry.build(
-      name, tiny_model_fn, keras_model_fn=tiny_keras_model, **HPARAMS
-  )
+def _process(name):
+  return registry.build(name, tiny_model_fn, keras_model_fn=tiny_keras_model, **HPARAMS)
+
+
+@functools.lru_cache(maxsize=None)
+def _run(name, runtime='tff_worker'):
+  """Two rounds through the package's trainer and in-memory store, on `runtime`."""
   trainer = client_states.StatefulClientsTrainer(
-      process, client_states.InMemoryClientStateStore()
+      _process(name), client_states.InMemoryClientStateStore()
   )
-  state = trainer.initialize()
-  w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
-  history = []
-  for t, clients in enumerate(PARTICIPATION):
-    selection = client_states.ClientSelection(
-        t, [f'client{c}' for c in clients], [_dataset(c) for c in clients]
-    )
-    output = trainer.next(state, selection)
-    state = output.state
-    weights = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
-    states = {c: trainer.client_state(f'client{c}') for c in range(3)}
-    history.append((weights, state['shared'], states, output.metrics))
+  with contextlib.ExitStack() as stack:
+    if runtime == 'in_process':
+      stack.enter_context(tff.framework.get_context_stack().install(IN_PROCESS))
+    state = trainer.initialize()
+    w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
+    history = []
+    for t, clients in enumerate(PARTICIPATION):
+      selection = client_states.ClientSelection(
+          t, [f'client{c}' for c in clients], [_dataset(c) for c in clients]
+      )
+      output = trainer.next(state, selection)
+      state = output.state
+      weights = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
+      states = {c: trainer.client_state(f'client{c}') for c in range(3)}
+      history.append((weights, state['shared'], states, output.metrics))
   return w0, history
 
 
@@ -349,12 +352,18 @@ def _assert_close(actual, expected, what):
     np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-6, err_msg=f'{what}[{i}]')
 
 
+@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
 @pytest.mark.parametrize('name, exclude_own_update', [
     ('fedgps', True), ('fedgps_cf', False),
 ])
-def test_two_rounds_match_numpy(tff_context, name, exclude_own_update):
+def test_two_rounds_match_numpy(tff_context, name, exclude_own_update, runtime):
+  """On TFF's worker and in process; in process, every weight, metric, shared and client
+  state also equals the worker's to 1e-6 (issue 19)."""
   del tff_context
-  w0, history = _run(name)
+  w0, history = _run(name, runtime)
+  if runtime == 'in_process':
+    for a, b in zip(tf.nest.flatten(history), tf.nest.flatten(_run(name)[1])):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
   expected = _np_run(w0, exclude_own_update)
   for t, ((weights, shared, states, metrics), exp) in enumerate(zip(history, expected)):
     w, mean_update, protos, proto_counts, own, last_round = exp
@@ -383,9 +392,7 @@ def test_the_local_update_is_one_clients_round_in_plain_tf(tff_context):
   del tff_context
   w0, history = _run('fedgps')
   weights, shared, states, _ = history[0]
-  process = registry.build(
-      'fedgps', tiny_model_fn, keras_model_fn=tiny_keras_model, **HPARAMS
-  )
+  process = _process('fedgps')
   result, new_state, upload, _ = process.build_local_update()(
       tff.learning.models.ModelWeights(trainable=list(weights), non_trainable=[]),
       _dataset(1),

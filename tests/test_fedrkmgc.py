@@ -8,6 +8,7 @@ runs over t = 0, 1, 2.
 """
 
 import collections
+import contextlib
 import functools
 import warnings
 
@@ -21,6 +22,7 @@ from tff_zmg import correction
 from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import registry
 from tff_zmg.client_states import state_file
+from tff_zmg.runtime import in_process
 
 # (round's sampled clients): client 2 skips round 0, client 0 round 1, client 1 round 2.
 PARTICIPATION = ((0, 1), (1, 2), (0, 2))
@@ -136,33 +138,58 @@ def _process(name, km_clock='global'):
   return registry.build(name, tiny_model_fn, km_clock=km_clock, **HPARAMS)
 
 
+# One in-process runtime for the module, so that each built process compiles once.
+IN_PROCESS = in_process.InProcessContext()
+
+
 @functools.lru_cache(maxsize=None)
-def _run(name, rho=None, km_clock='global', state_directory=None):
+def _run(
+    name, rho=None, km_clock='global', state_directory=None, runtime='tff_worker',
+    states_in_call=False,
+):
   """Three rounds through the package's trainer and in-memory store.
 
   Building a process and its first round cost ~25 s, so the ablations that differ
   from a built one only in `rho` run it with the relaxation set in its state. With a
-  `state_directory`, the states are in a disk store and TFF's worker reads and writes
-  their files itself.
+  `state_directory`, the states are in a disk store. The runtime (TFF's worker, or
+  `runtime='in_process'`) reads and writes the states' files itself, unless
+  `states_in_call` (then they pass through the TFF call, as with remote workers).
   """
   store = client_states.InMemoryClientStateStore()
   if state_directory is not None:
     store = client_states.DiskClientStateStore(state_directory)
-  trainer = client_states.StatefulClientsTrainer(_process(name, km_clock), store)
-  state = trainer.initialize()
-  if rho is not None:
-    state = _with_rho(state, rho)
-  w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
-  history = []
-  for t, clients in enumerate(PARTICIPATION):
-    selection = client_states.ClientSelection(
-        t, [f'client{c}' for c in clients], [_dataset(c) for c in clients]
-    )
-    state = trainer.next(state, selection).state
-    weights = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
-    states = {c: trainer.client_state(f'client{c}') for c in range(3)}
-    history.append((weights, states))
+  trainer = client_states.StatefulClientsTrainer(
+      _process(name, km_clock), store, states_in_worker=not states_in_call
+  )
+  with contextlib.ExitStack() as stack:
+    if runtime == 'in_process':
+      stack.enter_context(tff.framework.get_context_stack().install(IN_PROCESS))
+    state = trainer.initialize()
+    if rho is not None:
+      state = _with_rho(state, rho)
+    w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
+    history = []
+    for t, clients in enumerate(PARTICIPATION):
+      selection = client_states.ClientSelection(
+          t, [f'client{c}' for c in clients], [_dataset(c) for c in clients]
+      )
+      state = trainer.next(state, selection).state
+      weights = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
+      states = {c: trainer.client_state(f'client{c}') for c in range(3)}
+      history.append((weights, states))
   return w0, history, state
+
+
+def _assert_same_runs(run, reference):
+  """Weights and client states equal round by round, to 1e-6."""
+  for (weights, states), (weights_ref, states_ref) in zip(run[1], reference[1]):
+    for a, b in zip(weights, weights_ref):
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    for c in range(3):
+      assert int(states[c]['participations']) == int(states_ref[c]['participations'])
+      for key in ('correction', 'raw_correction'):
+        for a, b in zip(states[c][key], states_ref[c][key]):
+          np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
 def _assert_close(actual, expected, what):
@@ -197,13 +224,19 @@ def test_registry_names_are_the_papers_ablations():
     assert spec.defaults['rho'] == rho
 
 
+@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
 @pytest.mark.parametrize('name', sorted(VARIANTS))
-def test_variant_matches_numpy_over_three_rounds(tff_context, name):
+def test_variant_matches_numpy_over_three_rounds(tff_context, name, runtime):
+  """On TFF's worker and in process (the memory store); in process it also equals the
+  worker's run to 1e-6 in every weight and client state (issue 19)."""
   del tff_context
   kind, rho = VARIANTS[name]
   built = BUILT_FOR[kind]
-  run = _run(built, None if VARIANTS[built][1] == rho else rho)
+  rho_override = None if VARIANTS[built][1] == rho else rho
+  run = _run(built, rho_override, runtime=runtime)
   _check_against_numpy(run, kind, rho, 'global')
+  if runtime == 'in_process':
+    _assert_same_runs(run, _run(built, rho_override))
 
 
 def test_participation_clock_counts_the_clients_own_rounds(tff_context):
@@ -213,21 +246,14 @@ def test_participation_clock_counts_the_clients_own_rounds(tff_context):
   )
 
 
-def test_states_the_worker_reads_and_writes_itself_match_numpy(tff_context, tmp_path):
+@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
+def test_states_the_runtime_reads_and_writes_itself_match_numpy(tff_context, tmp_path, runtime):
   del tff_context
-  run = _run('fedrkmgc', state_directory=str(tmp_path))
+  run = _run('fedrkmgc', state_directory=str(tmp_path), runtime=runtime)
   _check_against_numpy(run, 'fast_km', 1.5, 'global')
   # Issue 8's guard for this speed-up: the same weights and states as when the states
-  # pass through the TFF call (the in-memory store), to 1e-6, round by round.
-  _, in_call_history, _ = _run('fedrkmgc')
-  for (weights, states), (weights_in_call, states_in_call) in zip(run[1], in_call_history):
-    for a, b in zip(weights, weights_in_call):
-      np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-    for c in range(3):
-      assert int(states[c]['participations']) == int(states_in_call[c]['participations'])
-      for key in ('correction', 'raw_correction'):
-        for a, b in zip(states[c][key], states_in_call[c][key]):
-          np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+  # pass through the TFF call, to 1e-6, round by round.
+  _assert_same_runs(run, _run('fedrkmgc', states_in_call=True))
   # A torn state file fails the round with the file's name, not the worker's parse error.
   trainer = client_states.StatefulClientsTrainer(
       _process('fedrkmgc'), client_states.DiskClientStateStore(str(tmp_path))
@@ -235,8 +261,11 @@ def test_states_the_worker_reads_and_writes_itself_match_numpy(tff_context, tmp_
   path = tmp_path / 'clients' / 'client0' / '00000002.tfstate'
   path.write_bytes(path.read_bytes()[:100])
   selection = client_states.ClientSelection(3, ['client0'], [_dataset(0)])
-  with pytest.raises(client_states.CorruptClientStateError, match=str(path)):
-    trainer.next(run[2], selection)
+  with contextlib.ExitStack() as stack:
+    if runtime == 'in_process':
+      stack.enter_context(tff.framework.get_context_stack().install(IN_PROCESS))
+    with pytest.raises(client_states.CorruptClientStateError, match=str(path)):
+      trainer.next(run[2], selection)
 
 
 def test_a_client_with_a_non_finite_update_keeps_its_state(tff_context):
