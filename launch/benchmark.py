@@ -107,8 +107,10 @@ _IN_PROCESS_DEVICES = flags.DEFINE_list(
     'Devices the in-process contenders run clients on (default: every GPU, else the CPU).',
 )
 _IN_PROCESS_CLIENTS_PER_DEVICE = flags.DEFINE_integer(
-    'in_process_clients_per_device', 1, 'Clients each device runs at once in process.',
-    lower_bound=1,
+    'in_process_clients_per_device', 0,
+    'Clients each device runs at once in process; 0: the runtime\'s default (one per core'
+    ' on the CPU, one per GPU), as launch.train runs it.',
+    lower_bound=0,
 )
 
 PLAIN_TF = 'plain_tf'
@@ -429,7 +431,7 @@ def main(argv) -> int:
     if _IN_PROCESS.value:
       in_process_context = in_process.InProcessContext(
           _IN_PROCESS_DEVICES.value or in_process.visible_gpus() or None,
-          _IN_PROCESS_CLIENTS_PER_DEVICE.value,
+          _IN_PROCESS_CLIENTS_PER_DEVICE.value or None,
       )
     fns, bounds = contenders(
         task, algos, datasets, state_dir, stock_context, in_process_context

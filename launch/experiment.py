@@ -238,8 +238,9 @@ def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseMana
   """
   if resolved_runtime(config) == IN_PROCESS:
     devices = in_process.visible_gpus() if config.executor == 'gpu' else None
+    clients_per_device = config.max_concurrent_clients
     with in_process.in_process_context(
-        devices, clients_per_device=max(1, config.max_concurrent_clients)
+        devices, clients_per_device=clients_per_device if clients_per_device > 0 else None
     ) as runtime_context:
       yield runtime_context
     return

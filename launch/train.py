@@ -186,7 +186,8 @@ _RUNTIME = flags.DEFINE_enum(
 _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
     'max_concurrent_clients', -1,
     'How many client computations the TFF worker runs at once (<= 0: no limit); in'
-    ' process, how many each device runs at once (<= 0: one).',
+    ' process, how many each device runs at once (<= 0: one per core on the CPU, one per'
+    ' GPU).',
 )
 _INTRA_OP_THREADS = flags.DEFINE_integer(
     'intra_op_threads', 0,

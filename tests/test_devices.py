@@ -87,7 +87,8 @@ _SCRIPT = textwrap.dedent(r'''
       initial = process.initialize()
 
     def two_rounds(devices):
-      with in_process.in_process_context(devices) as context:
+      # One client at a time per device: one import of the client graph per device.
+      with in_process.in_process_context(devices, clients_per_device=1) as context:
         state = initial
         for _ in range(2):
           state = process.next(state, data).state

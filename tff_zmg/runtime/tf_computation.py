@@ -47,6 +47,11 @@ def _device_type(device: str) -> str:
   return tf.DeviceSpec.from_string(device).device_type or 'CPU'
 
 
+def is_cpu(device: str) -> bool:
+  """Whether `device` is a CPU of this machine (the host or a logical CPU)."""
+  return _device_type(device).upper() == 'CPU'
+
+
 def _stays_on_host(node, device_type: str) -> bool:
   """Whether a node must run on the host: tf.data's and variant ops, or no kernel there."""
   op = node.op
