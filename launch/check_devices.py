@@ -65,7 +65,9 @@ _TOLERANCE = flags.DEFINE_float(
 # `--task=shakespeare` on a GPU runs the GRU as CudnnRNN).
 MODEL_OP = re.compile(r'MatMul|Conv2D|BiasAdd|Softmax|MaxPool|Relu|_FusedConv|CudnnRNN')
 # The worker's start-up device lines (tensorflow_federated/.../session_provider.cc).
-_WORKER_DEVICE_LINE = re.compile(r'Found devices|Skipping device|Found:|\bGPUs\b|\bTPUS\b|device', re.I)
+_WORKER_DEVICE_LINE = re.compile(
+    r'Found devices|Skipping device|Found:|\bGPUs\b|\bTPUS\b|device', re.I
+)
 
 
 def short_device(name: str) -> str:

@@ -151,7 +151,8 @@ def _run_script(mode: str, tmp_path, env_extra=None) -> dict:
 def _max_diff(actual, expected) -> float:
   assert len(actual) == len(expected)
   return max(
-      float(tf.reduce_max(tf.abs(tf.constant(a) - tf.constant(e)))) for a, e in zip(actual, expected)
+      float(tf.reduce_max(tf.abs(tf.constant(a) - tf.constant(e))))
+      for a, e in zip(actual, expected)
   )
 
 

@@ -189,7 +189,8 @@ def flatten(value: Any, type_spec: tff.Type) -> list[Any]:
       raise TypeError(f'a value of {len(elements)} elements for the type {type_spec}')
     leaves = []
     for index, (name, element_type) in enumerate(structure.iter_elements(type_spec)):
-      element = value[name] if name is not None and name in structure.name_list(value) else value[index]
+      by_name = name is not None and name in structure.name_list(value)
+      element = value[name] if by_name else value[index]
       leaves.extend(flatten(element, element_type))
     return leaves
   raise TypeError(f'cannot flatten a value of type {type_spec}')
