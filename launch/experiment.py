@@ -65,6 +65,11 @@ class WorkerLostError(ExperimentError):
   """A remote TFF worker stopped answering during a round; the last checkpoint is kept."""
 
 
+class RunEnvironmentError(ExperimentError):
+  """The machine, not the settings, stops the run: a full disk, a folder that cannot be
+  written, a file where a folder belongs."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   """Every setting of a run. `hparams` are the algorithm's (see the algorithm registry)."""
