@@ -59,6 +59,7 @@ from launch import resources
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
+from tff_zmg.runtime import tf_computation
 from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import stateful_clients
@@ -111,6 +112,14 @@ _IN_PROCESS_CLIENTS_PER_DEVICE = flags.DEFINE_integer(
     'Clients each device runs at once in process; 0: the runtime\'s default (one per core'
     ' on the CPU, one per GPU), as launch.train runs it.',
     lower_bound=0,
+)
+_PROCESS_THREADS = flags.DEFINE_integer(
+    'process_intra_op_threads', 0,
+    'Threads per TF op in this process, where the plain-TF floors and the in-process'
+    ' contenders run; 0: as launch.train sets them for an in-process run on the CPU'
+    ' (cores // clients at once; TensorFlow\'s default when the contenders run on GPUs),'
+    ' -1: TensorFlow\'s default (every core).',
+    lower_bound=-1,
 )
 
 PLAIN_TF = 'plain_tf'
@@ -379,6 +388,28 @@ def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, st
   return statistics.median(times)
 
 
+def set_process_threads() -> Optional[int]:
+  """Sets this process's threads per TF op (before TensorFlow starts); None: its default."""
+  threads = _PROCESS_THREADS.value
+  if threads == 0:
+    devices = _IN_PROCESS_DEVICES.value or []
+    # Physical devices: listing logical ones would start TensorFlow's runtime.
+    on_cpu = all(tf_computation.is_cpu(d) for d in devices) and (
+        bool(devices) or not tf.config.list_physical_devices('GPU')
+    )
+    if not (_IN_PROCESS.value and on_cpu):
+      return None
+    concurrent = _IN_PROCESS_CLIENTS_PER_DEVICE.value or os.cpu_count() or 1
+    threads = cpp_worker.intra_op_threads_for(
+        _CLIENTS.value, max_concurrent_clients=concurrent * max(1, len(devices))
+    )
+  if threads < 0:
+    return None
+  if not in_process.set_intra_op_threads(threads):
+    raise app.UsageError('TensorFlow started before the threads per op could be set')
+  return threads
+
+
 def _algorithms(names) -> list[str]:
   if list(names) == ['all']:
     return list(registry.ALGORITHMS)
@@ -391,6 +422,7 @@ def main(argv) -> int:
   del argv
   logging.set_verbosity(logging.WARNING)
   tf.get_logger().setLevel('ERROR')
+  process_threads = set_process_threads()
   algos = _algorithms(_ALGOS.value)
   scaling = sorted(int(c) for c in _SCALING.value)
   num_clients = max([_CLIENTS.value] + scaling)
@@ -412,6 +444,7 @@ def main(argv) -> int:
       f'task={_TASK.value} clients={_CLIENTS.value} examples_per_client={_EXAMPLES.value}'
       f' batch={task.spec.batch_size} repeats={_REPEATS.value}'
       f' cpus={os.cpu_count()} worker_intra_op_threads={threads}'
+      f' process_intra_op_threads={process_threads or "default"}'
       f' in_process_devices={_IN_PROCESS_DEVICES.value or in_process.visible_gpus() or "host CPU"}',
       flush=True,
   )
@@ -497,7 +530,8 @@ def main(argv) -> int:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(
           dict(contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
-               worker_intra_op_threads=threads, in_process_client_devices=in_process_devices),
+               worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
+               in_process_client_devices=in_process_devices),
           f, indent=2,
       )
   return 0

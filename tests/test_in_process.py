@@ -11,6 +11,9 @@ in-process run equals the worker's to 1e-6 and matches NumPy.
 """
 
 import collections
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -162,3 +165,20 @@ def test_a_round_the_form_cannot_express_is_refused_in_one_error(tff_context):
   with in_process.in_process_context():
     with pytest.raises(in_process.InProcessUnsupportedError, match='MapReduceForm'):
       process.next(state, [client_dataset(0)], [initial])
+
+
+def test_threads_per_op_are_set_before_tensorflow_starts_and_kept_after():
+  # A fresh interpreter: this one's TensorFlow has started.
+  script = (
+      'import tensorflow as tf\n'
+      'from tff_zmg.runtime import in_process\n'
+      'print(in_process.set_intra_op_threads(1))\n'
+      'tf.constant(1.0) + 1.0\n'  # The runtime starts: its pools are fixed.
+      'print(in_process.set_intra_op_threads(2), in_process.set_intra_op_threads(1))\n'
+      'print(tf.config.threading.get_intra_op_parallelism_threads())\n'
+  )
+  out = subprocess.run(
+      [sys.executable, '-c', script], capture_output=True, text=True, check=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  ).stdout.split()
+  assert out == ['True', 'False', 'True', '1']
