@@ -23,6 +23,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+import tree
 
 import tasks
 from tff_zmg import client_states
@@ -147,8 +148,9 @@ def _validate(config: ExperimentConfig) -> None:
     validation.check_positive(name, getattr(config, name))
   validation.check_non_negative('num_eval_clients', config.num_eval_clients)
   validation.check_non_negative('intra_op_threads', config.intra_op_threads)
-  if config.client_batch_size is not None:
-    validation.check_positive('client_batch_size', config.client_batch_size)
+  for name in ('client_batch_size', 'max_elements_per_client'):  # None: no setting.
+    if getattr(config, name) is not None:
+      validation.check_positive(name, getattr(config, name))
   if config.executor not in ('cpu', 'gpu'):
     raise ExperimentError(f"executor must be 'cpu' or 'gpu', got {config.executor!r}")
   if config.runtime not in RUNTIMES:
@@ -206,20 +208,41 @@ def _validate_runtime(config: ExperimentConfig) -> None:
     )
   if runtime == IN_PROCESS and config.workers:
     raise ExperimentError('--runtime=in_process runs no remote workers; drop --workers')
-  if runtime == IN_PROCESS and config.intra_op_threads > 0:
-    raise ExperimentError(
-        '--intra_op_threads sets TFF\'s worker; the in-process runtime uses this process\'s'
-        ' TensorFlow threads (set TF_NUM_INTRAOP_THREADS in the environment instead)'
-    )
 
 
 def local_intra_op_threads(config: ExperimentConfig) -> int:
-  """The local worker's threads per TF op: the setting, or one for the clients at once."""
+  """Threads per TF op where the clients run on this machine's CPU (TFF's local worker,
+  or this process in-process): the setting, or cores // clients at once (at least 1)."""
   if config.intra_op_threads > 0:
     return config.intra_op_threads
+  concurrent = config.max_concurrent_clients
+  if resolved_runtime(config) == IN_PROCESS and concurrent <= 0:
+    concurrent = os.cpu_count() or 1  # InProcessContext's default: one client per core.
   return cpp_worker.intra_op_threads_for(
-      config.clients_per_round, max_concurrent_clients=config.max_concurrent_clients
+      config.clients_per_round, max_concurrent_clients=concurrent
   )
+
+
+def _set_in_process_threads(config: ExperimentConfig) -> Optional[int]:
+  """Sets this process's threads per TF op for an in-process CPU run (before any op runs).
+
+  Returns the threads in effect (0: TensorFlow's default, every core), or None for a GPU
+  run or TFF's worker. Where TensorFlow has already started in this process (a notebook,
+  a test) its pools stay as they are, unless --intra_op_threads asked for another value.
+  """
+  if resolved_runtime(config) != IN_PROCESS or config.executor == 'gpu':
+    return None
+  threads = local_intra_op_threads(config)
+  if in_process.set_intra_op_threads(threads):
+    return threads
+  running = tf.config.threading.get_intra_op_parallelism_threads()
+  if config.intra_op_threads > 0:
+    raise ExperimentError(
+        f'TensorFlow already runs with {running or "its default"} threads per op in this'
+        f' process and cannot switch to --intra_op_threads={threads}: run the experiment'
+        ' in a fresh process (python -m launch.train)'
+    )
+  return running
 
 
 def _check_workers_reachable(config: ExperimentConfig) -> None:
@@ -233,7 +256,7 @@ def _check_workers_reachable(config: ExperimentConfig) -> None:
 
 
 @contextlib.contextmanager
-def _execution_context(config: ExperimentConfig, progress: '_ProgressReleaseManager'):
+def _execution_context(config: ExperimentConfig, progress: '_RoundReleaseManager'):
   """The runtime's context: in-process, the local TFF worker, or the remote ones.
 
   Yields the `in_process.InProcessContext` (None for TFF's workers). A remote worker
@@ -344,26 +367,90 @@ def _check_resumable(config: ExperimentConfig) -> None:
     )
 
 
-class _ProgressReleaseManager(tff.program.ReleaseManager):
-  """Prints one line per round: metrics, rounds per second, ETA; stops on divergence."""
+def divergence(metrics: collections.abc.Mapping) -> Optional[str]:
+  """Why a round's flat metrics show that training diverged, or None.
+
+  A round diverged when its training loss, or its evaluation loss where it was
+  evaluated, is not finite; when the finalizer saw a non-finite update; or when more
+  than half of its clients' updates were not finite. The last matters for client works
+  that drop such an update (weight 0) and keep the client's old state (FedRKMGC, FedGPS):
+  their round's loss stays finite while the model learns from (almost) no one.
+  """
+  for name, label in (('client_work/train/loss', 'training loss'),
+                      ('evaluation/loss', 'evaluation loss')):
+    if name in metrics and not math.isfinite(float(metrics[name])):
+      return f'{label} {float(metrics[name])}'
+  if metrics.get('finalizer/update_non_finite', 0):
+    return 'the aggregated update is not finite'
+  clients = int(metrics.get('client_work/clients', 0))
+  dropped = int(metrics.get('client_work/non_finite_clients', 0))
+  if clients and 2 * dropped > clients:
+    return f'{dropped} of {clients} clients\' updates were not finite'
+  return None
+
+
+def non_finite_leaf(structure) -> Optional[str]:
+  """The path of the first float leaf of `structure` that holds a non-finite value."""
+  for path, leaf in tree.flatten_with_path(structure):  # dm-tree reads attrs classes too.
+    array = np.asarray(leaf)
+    if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+      return '/'.join(str(p) for p in path)
+  return None
+
+
+class _FiniteStateManager(tff.program.FileProgramStateManager):
+  """Saves a program state only if every float in it is finite.
+
+  So the kept checkpoint is always one a run can continue from: a state with an
+  infinite weight (a round without evaluation, whose loss did not show it yet) stops
+  the run before it is written.
+  """
+
+  async def save(self, program_state, version: int) -> None:
+    where = non_finite_leaf(program_state)
+    if where is not None:
+      raise DivergedError(
+          f'training diverged in round {version}: the state holds non-finite values'
+          f' ({where}). Nothing of round {version} was saved; the newest checkpoint is'
+          ' kept; try a smaller learning rate.'
+      )
+    await super().save(program_state, version)
+
+
+_EVALUATION_PREFIX = 'evaluation/'
+_EVALUATION_TIME = 'evaluation/evaluation_time_in_seconds'
+
+
+class _RoundReleaseManager(tff.program.ReleaseManager):
+  """Judges each round, then releases its metrics and prints one progress line.
+
+  A diverged round (`divergence`) raises `DivergedError` before anything of it is
+  written (metrics, TensorBoard, checkpoint: TFF's training loop releases a round's
+  metrics before it saves the round's state). Otherwise the metrics go to `managers`
+  in order, then one line: metrics, rounds per second, ETA.
+  """
 
   def __init__(self, total_rounds: int, stream=None):
     self._total_rounds = total_rounds
+    self.managers = []  # The run's CSV and TensorBoard managers, once it has made them.
     self._stream = stream
     self._start = None
     self._first_key = None
     self.last_key = None
 
   async def release(self, value, key):
+    evaluation = [k for k in value if k.startswith(_EVALUATION_PREFIX)]
+    if evaluation == [_EVALUATION_TIME]:  # A round `_evaluation_due` skipped.
+      value = collections.OrderedDict((k, v) for k, v in value.items() if k != _EVALUATION_TIME)
     flat = _flatten(value)
-    loss = flat.get('client_work/train/loss')
-    non_finite = flat.get('finalizer/update_non_finite', 0)
-    if loss is not None and (not math.isfinite(float(loss)) or non_finite):
+    reason = divergence(flat)
+    if reason is not None:
       raise DivergedError(
-          f'training diverged in round {key}: loss={loss}, non-finite update'
-          f' {bool(non_finite)}. The last good checkpoint is kept; try a smaller learning'
-          ' rate.'
+          f'training diverged in round {key}: {reason}. Nothing of round {key} was saved;'
+          ' the newest checkpoint is kept; try a smaller learning rate.'
       )
+    for manager in self.managers:
+      await manager.release(value, key)
     self.last_key = key
     now = time.monotonic()
     if self._start is None:
@@ -394,11 +481,19 @@ def _flatten(value, prefix='') -> dict:
   return {prefix[:-1]: value}
 
 
+def _evaluation_due(config: ExperimentConfig, round_num: int) -> bool:
+  """Round 0, every `rounds_per_eval`-th round, and the last: a finished run's final
+  accuracy is always that of its final weights."""
+  return round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds
+
+
 def _evaluation_fn(task, training_process):
   eval_process = tff.learning.algorithms.build_fed_eval(task.model_fn)
   eval_state = eval_process.initialize()
 
   def evaluate(state, data):
+    if data is None:  # Not a round to evaluate (see `run`).
+      return collections.OrderedDict()
     weights = training_process.get_model_weights(state)
     output = eval_process.next(eval_process.set_model_weights(eval_state, weights), data)
     return collections.OrderedDict(output.metrics['client_work']['eval']['current_round_metrics'])
@@ -420,8 +515,32 @@ def _check_checkpoint(config: ExperimentConfig, process) -> None:
     ) from e
 
 
-def _record_runtime(config: ExperimentConfig, runtime_context) -> dict:
-  """Writes `runtime.json`: the runtime and where the clients' computations ran.
+def _runtime_line(config: ExperimentConfig, runtime_context, in_process_threads) -> str:
+  """One line saying who runs the rounds, on which devices, with how many threads."""
+  if runtime_context is not None:
+    threads = _threads(in_process_threads) if in_process_threads else "TensorFlow's default"
+    return (
+        f'runtime: in this process on {", ".join(runtime_context.devices)}'
+        f' ({runtime_context.clients_per_device} clients at once per device,'
+        f' {threads} per TF op on the CPU)'
+    )
+  if config.workers:
+    return f'runtime: TFF workers at {", ".join(config.workers)}'
+  return (
+      "runtime: TFF's local worker_binary on the CPU"
+      f' ({_threads(local_intra_op_threads(config))} per TF op)'
+  )
+
+
+def _threads(count: int) -> str:
+  return f'{count} thread' + ('s' if count != 1 else '')
+
+
+def _record_runtime(
+    config: ExperimentConfig, runtime_context, in_process_threads: Optional[int]
+) -> dict:
+  """Writes `runtime.json`: the runtime, where the clients' computations ran, and the
+  threads per TF op on this machine's CPU (None: TensorFlow's default, or remote).
 
   In process, the devices are read from the tensors each client's computation returned
   (with how many client computations, training and evaluation, ran on each); TFF's
@@ -430,10 +549,14 @@ def _record_runtime(config: ExperimentConfig, runtime_context) -> dict:
   runtime = resolved_runtime(config)
   if runtime_context is not None:
     client_devices = dict(sorted(runtime_context.client_devices.items()))
+    threads = in_process_threads
   else:
     where = 'remote TFF workers' if config.workers else "TFF's local worker_binary"
     client_devices = {f'CPU of {where} (a build without CUDA)': None}
-  record = collections.OrderedDict(runtime=runtime, client_devices=client_devices)
+    threads = None if config.workers else local_intra_op_threads(config)
+  record = collections.OrderedDict(
+      runtime=runtime, client_devices=client_devices, intra_op_threads=threads
+  )
   with open(os.path.join(config.output_dir, RUNTIME_FILENAME), 'w') as f:
     json.dump(record, f, indent=2)
   return record
@@ -474,6 +597,7 @@ def run(config: ExperimentConfig) -> dict:
     ValueError: a hyperparameter out of its range.
   """
   _validate(config)
+  in_process_threads = _set_in_process_threads(config)  # Before any TF op runs.
   if not config.overwrite:
     _check_resumable(config)
   if config.executor == 'gpu' and not in_process.visible_gpus():
@@ -553,13 +677,14 @@ def run(config: ExperimentConfig) -> dict:
   ]
 
   start = time.monotonic()
-  progress = _ProgressReleaseManager(config.total_rounds)
+  progress = _RoundReleaseManager(config.total_rounds)
   with _execution_context(config, progress) as runtime_context:
+    print(_runtime_line(config, runtime_context, in_process_threads), flush=True)
     _check_checkpoint(config, process)
     os.makedirs(config.output_dir, exist_ok=True)
     with open(os.path.join(config.output_dir, FLAGS_FILENAME), 'w') as f:
       json.dump(config.recorded(), f, indent=2, sort_keys=True)
-    state_manager = tff.program.FileProgramStateManager(config.checkpoint_dir, keep_total=3)
+    state_manager = _FiniteStateManager(config.checkpoint_dir, keep_total=3)
     training_process = process
     if stateful:
       store = client_states.create_store(
@@ -571,8 +696,7 @@ def run(config: ExperimentConfig) -> dict:
           process, store, states_in_worker=not config.workers
       )
       state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
-    metrics_managers = [
-        progress,
+    progress.managers = [
         tff.program.CSVFileReleaseManager(config.metrics_csv),
         tff.program.TensorBoardReleaseManager(
             os.path.join(config.output_dir, TENSORBOARD_DIRNAME)
@@ -584,13 +708,15 @@ def run(config: ExperimentConfig) -> dict:
         training_selection_fn=training_selection_fn,
         total_rounds=config.total_rounds,
         evaluation_fn=_evaluation_fn(task, process),
-        evaluation_selection_fn=lambda round_num: eval_datasets,
-        rounds_per_evaluation=config.rounds_per_eval,
+        evaluation_selection_fn=lambda round_num: (
+            eval_datasets if _evaluation_due(config, round_num) else None
+        ),
+        rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
         program_state_manager=state_manager,
         rounds_per_saving_program_state=config.rounds_per_checkpoint,
-        metrics_managers=metrics_managers,
+        metrics_managers=[progress],
     )
-    runtime_record = _record_runtime(config, runtime_context)
+    runtime_record = _record_runtime(config, runtime_context, in_process_threads)
   wall = time.monotonic() - start
   eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
   train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')

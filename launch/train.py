@@ -155,7 +155,8 @@ _SEED = flags.DEFINE_integer(
     'seed', 0, 'Seed of the model initialization, client sampling and shuffling.'
 )
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
-    'rounds_per_eval', 1, 'Evaluate on the test clients every this many rounds.'
+    'rounds_per_eval', 1,
+    'Evaluate on the test clients every this many rounds, and after the last round.'
 )
 _NUM_EVAL_CLIENTS = flags.DEFINE_integer(
     'num_eval_clients', 100,
@@ -191,8 +192,9 @@ _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
 )
 _INTRA_OP_THREADS = flags.DEFINE_integer(
     'intra_op_threads', 0,
-    'Threads each TF op of the TFF worker may use; 0: cores // clients run at once (at'
-    ' least 1), the fast choice when a round\'s clients already keep every core busy.',
+    'Threads each TF op may use where clients run on this machine\'s CPU (TFF\'s local'
+    ' worker, or this process with --runtime=in_process); 0: cores // clients run at once'
+    ' (at least 1), the fast choice when a round\'s clients already keep every core busy.',
 )
 _CLIENT_STATE_STORE = flags.DEFINE_enum(
     'client_state_store', 'disk', ['disk', 'memory'],

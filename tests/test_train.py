@@ -1,8 +1,10 @@
 """The training program end to end, through its real `main`, on small synthetic data."""
 
 import asyncio
+import collections
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,7 +87,8 @@ def _assert_same_metrics(a, b):
         ('emnist', 'fedzmg', []),
         ('emnist', 'fedzmg', ['--runtime=in_process']),
         # FedRKMGC's stateful clients on the other two tasks (EMNIST: the resume test).
-        ('cifar100', 'fedrkmgc', []),
+        # Evaluating every 5 rounds still evaluates the last (round 2).
+        ('cifar100', 'fedrkmgc', ['--rounds_per_eval=5']),
         ('shakespeare', 'fedrkmgc',
          ['--max_elements_per_client=4', '--client_state_store=memory']),
     ],
@@ -103,7 +106,13 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
   assert [int(r['key']) for r in rows] == [0, 1, 2]  # Round 0 evaluates the start.
   for r in rows[1:]:
     assert np.isfinite(float(r['client_work/train/loss']))
-    assert 0.0 <= float(r['evaluation/sparse_categorical_accuracy']) <= 1.0
+  evaluated = [int(r['key']) for r in rows if r['evaluation/sparse_categorical_accuracy']]
+  assert evaluated == ([0, 2] if '--rounds_per_eval=5' in extra else [0, 1, 2])
+  for r in rows:
+    if r['evaluation/sparse_categorical_accuracy']:
+      assert 0.0 <= float(r['evaluation/sparse_categorical_accuracy']) <= 1.0
+  summary = __import__('json').loads(out.split('summary: ')[1])
+  assert summary['final_eval_accuracy'] == float(rows[2]['evaluation/sparse_categorical_accuracy'])
   assert os.listdir(exp / 'tensorboard')
   assert any(n.startswith('program_state_2') for n in os.listdir(exp / 'checkpoints'))
   assert 'round 2/2' in out and 'rounds/s' in out and 'summary:' in out
@@ -171,8 +180,10 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
          f'--root_output_dir={tmp_path / "killed"}', *_SMALL, *args]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
+  lines = []
   try:
     for line in proc.stdout:
+      lines.append(line)
       if line.startswith('round 3/4'):
         proc.send_signal(signal.SIGKILL)
         break
@@ -180,6 +191,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
   finally:
     if proc.poll() is None:
       proc.kill()
+  # Cores // clients at once threads per op in either runtime (in process set before
+  # TensorFlow started, which only a fresh process allows).
+  concurrent = os.cpu_count() if runtime == 'in_process' else -1
+  threads = cpp_worker.intra_op_threads_for(3, max_concurrent_clients=concurrent)
+  runtime_line, = [l for l in lines if l.startswith('runtime:')]
+  assert f'{threads} thread{"s" if threads > 1 else ""} per TF op' in runtime_line
   killed_dir = tmp_path / 'killed' / 'emnist_fedrkmgc_seed0'
   assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) < 4
   # Round 3 wrote its clients' states, but no checkpoint holds them.
@@ -200,17 +217,64 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
       np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=client)
 
 
-@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
-def test_absurd_learning_rate_stops_with_divergence_and_keeps_good_checkpoint(
-    run_main, tmp_path, runtime
+@pytest.mark.parametrize(
+    'algo, runtime, extra, reason',
+    [
+        # FedAvg's weights blow up while its training loss is still finite: its
+        # evaluation is what shows it first.
+        ('fedavg', 'tff_worker', [], 'evaluation loss nan'),
+        ('fedavg', 'in_process', [], 'evaluation loss nan'),
+        # FedRKMGC drops each non-finite update and keeps its loss finite: without an
+        # evaluation in that round, every client dropped is what shows it.
+        ('fedrkmgc', 'in_process', ['--rounds_per_eval=10'],
+         "3 of 3 clients' updates were not finite"),
+    ],
+)
+def test_absurd_learning_rate_stops_in_the_round_it_diverges_and_saves_nothing_of_it(
+    run_main, tmp_path, algo, runtime, extra, reason
 ):
-  rc, out, err = run_main('--task=emnist', '--algo=fedavg', '--total_rounds=3',
-                          '--client_learning_rate=1e9', f'--runtime={runtime}')
+  rc, out, err = run_main('--task=emnist', f'--algo={algo}', '--total_rounds=4',
+                          '--client_learning_rate=1e6', f'--runtime={runtime}', *extra)
   assert rc == 3
-  assert 'diverged in round' in err and 'smaller learning rate' in err
-  assert len(err.strip().splitlines()) == 1
-  checkpoints = os.listdir(tmp_path / 'emnist_fedavg_seed0' / 'checkpoints')
-  assert checkpoints and all(not n.startswith('program_state_3') for n in checkpoints)
+  assert len(err.strip().splitlines()) == 1 and 'smaller learning rate' in err
+  diverged = int(re.search(r'diverged in round (\d+): ', err).group(1))
+  assert f'diverged in round {diverged}: {reason}' in err
+  assert f'round {diverged}/4' not in out and 'summary:' not in out
+  # Nothing of the diverged round is written, and every round written was finite.
+  exp = tmp_path / f'emnist_{algo}_seed0'
+  rows = _rows(exp / 'metrics.csv')
+  assert [int(r['key']) for r in rows] == list(range(diverged))
+  assert all(np.isfinite(float(r['evaluation/loss'])) for r in rows if r['evaluation/loss'])
+  saved = sorted(int(n.split('_')[-1]) for n in os.listdir(exp / 'checkpoints')
+                 if n.startswith('program_state_'))
+  assert saved and saved[-1] == diverged - 1
+
+
+def test_divergence_is_judged_on_everything_a_round_reports():
+  finite = {'client_work/train/loss': 2.3, 'evaluation/loss': 2.4}
+  assert experiment.divergence(finite) is None
+  assert experiment.divergence({**finite, 'client_work/train/loss': float('inf')}) == (
+      'training loss inf'
+  )
+  assert experiment.divergence({**finite, 'evaluation/loss': float('nan')}) == (
+      'evaluation loss nan'
+  )
+  assert 'aggregated update' in experiment.divergence(
+      {**finite, 'finalizer/update_non_finite': 1}
+  )
+  # Client works that drop non-finite updates: half dropped is a round, more is divergence.
+  half = {**finite, 'client_work/clients': 4, 'client_work/non_finite_clients': 2}
+  assert experiment.divergence(half) is None
+  assert experiment.divergence({**half, 'client_work/non_finite_clients': 3}) == (
+      "3 of 4 clients' updates were not finite"
+  )
+  state = collections.OrderedDict(
+      global_model_weights=[np.ones(3, np.float32), np.array([1.0, np.inf])],
+      round_num=np.int32(1),
+  )
+  assert experiment.non_finite_leaf(state) == 'global_model_weights/1'
+  state['global_model_weights'][1][1] = 0.0
+  assert experiment.non_finite_leaf(state) is None
 
 
 @pytest.mark.parametrize(
@@ -221,8 +285,10 @@ def test_absurd_learning_rate_stops_with_divergence_and_keeps_good_checkpoint(
         (['--task=emnist', '--algo=fedavg', '--gc_lambda=0.5'], 'does not apply'),
         (['--task=emnist', '--algo=fedzmg', '--client_momentum=1.0'], 'momentum'),
         (['--task=emnist', '--algo=fedavg', '--intra_op_threads=-1'], 'intra_op_threads'),
-        (['--task=emnist', '--algo=fedavg', '--runtime=in_process', '--intra_op_threads=2'],
-         'TF_NUM_INTRAOP_THREADS'),
+        (['--task=emnist', '--algo=fedavg', '--max_elements_per_client=0'],
+         'max_elements_per_client'),
+        (['--task=emnist', '--algo=fedavg', '--max_elements_per_client=-3'],
+         'max_elements_per_client'),
         (['--task=emnist', '--algo=fedavg', '--runtime=in_process', '--workers=hostA:8000'],
          'drop --workers'),
         (['--task=emnist', '--algo=fedavg', '--executor=gpu', '--workers=hostA:8000'],
@@ -294,6 +360,10 @@ def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
         (dict(clients_per_round=10, max_concurrent_clients=1), cpp_worker.intra_op_threads_for(1)),
         (dict(clients_per_round=1, max_concurrent_clients=4), cpp_worker.intra_op_threads_for(1)),
         (dict(clients_per_round=10, intra_op_threads=3), 3),
+        # In process: by default one client per core at once.
+        (dict(clients_per_round=10, runtime='in_process'),
+         cpp_worker.intra_op_threads_for(10, max_concurrent_clients=os.cpu_count())),
+        (dict(clients_per_round=1, runtime='in_process'), cpp_worker.intra_op_threads_for(1)),
     ],
 )
 def test_the_local_worker_shares_the_cores_among_the_clients_it_runs_at_once(settings, threads):

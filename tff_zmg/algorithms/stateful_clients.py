@@ -176,7 +176,9 @@ def build_stateful_client_work(
   *uploads, local metrics>`, where `x` is the round index (or, with a `SharedState`, the
   broadcast `<round_num, shared>`). `next` returns `(ClientResult, new states, *uploads)`
   as its result and the clients' metrics, aggregated by `metrics_aggregation_fn` (e.g.
-  `tff.learning.metrics.sum_then_finalize`), as `measurements['train']`.
+  `tff.learning.metrics.sum_then_finalize`), as `measurements['train']`; beside them
+  `clients` (the round's) and `non_finite_clients` (those whose update was dropped as
+  not finite, which the run's divergence check reads).
   `build_local_update` builds the `tf.function` that `client_update` wraps (see
   `StatefulClientWork`).
   """
@@ -187,13 +189,26 @@ def build_stateful_client_work(
   def init_fn():
     return tff.federated_value((), tff.SERVER)
 
+  client_result_type = client_update.type_signature.result[0]
+
+  @tff.tensorflow.computation(client_result_type)
+  def counts(client_result):
+    # The client works give weight 0 exactly to an update that is not finite (dropped).
+    dropped = tf.cast(tf.equal(client_result.update_weight, 0.0), tf.int32)
+    return collections.OrderedDict(clients=tf.constant(1, tf.int32), non_finite_clients=dropped)
+
   @tff.federated_computation(init_fn.type_signature.result, *client_types)
   def next_fn(state, weights, data, client_states, round_input):
     *outputs, local_metrics = tff.federated_map(
         client_update, (weights, data, client_states, round_input)
     )
+    client_counts = tff.federated_sum(tff.federated_map(counts, outputs[0]))
     measurements = tff.federated_zip(
-        collections.OrderedDict(train=metrics_aggregation_fn(local_metrics))
+        collections.OrderedDict(
+            train=metrics_aggregation_fn(local_metrics),
+            clients=client_counts.clients,
+            non_finite_clients=client_counts.non_finite_clients,
+        )
     )
     return tff.templates.MeasuredProcessOutput(
         state=state, result=tuple(outputs), measurements=measurements
