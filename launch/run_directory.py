@@ -148,7 +148,8 @@ def check_environment(
       partitions), so that it must be writable.
     num_parameters: The model's parameter count, for the free-space check.
   """
-  _check_folder(root_output_dir, '--root_output_dir')
+  # A run folder that exists is written, not created: its root may then be read-only.
+  _check_folder(root_output_dir, '--root_output_dir', must_write=not os.path.isdir(output_dir))
   _check_folder(output_dir, 'the run folder')
   for sub in ('checkpoints', 'tensorboard', 'client_states'):
     path = os.path.join(output_dir, sub)
