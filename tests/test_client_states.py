@@ -88,7 +88,8 @@ def test_disk_store_refuses_a_missing_state_a_checkpoint_needs(tmp_path):
   reopened = client_states.DiskClientStateStore(str(tmp_path))
   with pytest.raises(
       client_states.CorruptClientStateError,
-      match=r"clients/a/00000002.tfstate is missing: checkpoint 2 needs client 'a'",
+      match=r"clients/a/00000002.tfstate is missing: checkpoint 2 needs it \(the state of"
+      r" client 'a' after round 2",
   ):
     reopened.restore(2)
   reopened.restore(1)  # Checkpoint 1 needs only states that are there.

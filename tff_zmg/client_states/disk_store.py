@@ -150,10 +150,10 @@ class DiskClientStateStore(store.ClientStateStore):
       state_path = self._path(client_id, needed_version)
       if not os.path.exists(state_path):
         raise store.CorruptClientStateError(
-            f'client state file {state_path} is missing: checkpoint {version} needs'
-            f' client {client_id!r}\'s state after round {needed_version} (its older'
-            ' states would give other results); restore the file, or start the run'
-            ' afresh with --overwrite'
+            f'client state file {state_path} is missing: checkpoint {version} needs it'
+            f' (the state of client {client_id!r} after round {needed_version}; an older'
+            ' one would give other results); restore the file, or start the run afresh'
+            ' with --overwrite'
         )
     self._latest = dict(needed)
 
