@@ -567,6 +567,9 @@ def run(config: ExperimentConfig) -> dict:
       checkpoint is kept).
     WorkerLostError: a remote worker stopped answering mid-run (an ExperimentError; the
       failed round wrote nothing and re-running resumes from the last checkpoint).
+    RunEnvironmentError: an output or cache folder that is a file or not writable, or too
+      little free space for a checkpoint (an ExperimentError; checked before any
+      computation, `run_directory.check_environment`).
     tasks.MissingDataError, tasks.CorruptDataError: the data is not usable.
     ValueError: a hyperparameter out of its range.
   """
