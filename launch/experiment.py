@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from typing import Optional
@@ -26,6 +25,7 @@ import tensorflow_federated as tff
 import tree
 
 import tasks
+from launch import run_directory
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
@@ -52,6 +52,9 @@ _RESUMABLE_CHANGES = frozenset(
         'intra_op_threads', 'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
     }
 )
+# Where a run and its data are, not what they are: a run folder may be copied or renamed
+# and the data moved (the data's identity is checked instead, `_identity`).
+_LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
 
 
 class ExperimentError(Exception):
@@ -141,6 +144,7 @@ def _validate(config: ExperimentConfig) -> None:
     raise ExperimentError(
         f'unknown task {config.task!r}; choose one of {list(tasks.TASK_NAMES)}'
     )
+  run_directory.check_name(config.experiment_name)
   for name in (
       'total_rounds', 'clients_per_round', 'client_epochs_per_round', 'rounds_per_eval',
       'rounds_per_checkpoint',
@@ -342,29 +346,100 @@ def _client_seed(seed: int, round_num: int, client_index: int) -> int:
   return int(np.random.SeedSequence([seed, round_num, client_index]).generate_state(1)[0])
 
 
-def _check_resumable(config: ExperimentConfig) -> None:
-  """Refuses to continue a run recorded with different settings."""
+def _check_resumable(config: ExperimentConfig) -> bool:
+  """Refuses to continue a run whose flags.json records different settings.
+
+  Returns:
+    Whether flags.json exists (and agrees).
+  """
   path = os.path.join(config.output_dir, FLAGS_FILENAME)
   if not os.path.exists(path):
-    return
+    return False
   try:
     with open(path) as f:
       recorded = json.load(f)
   except (OSError, ValueError) as e:
     raise ExperimentError(
-        f'{path} is unreadable ({e}); pass --overwrite to start this experiment afresh'
+        f'{path} is unreadable ({type(e).__name__}); delete it to resume by the record'
+        f' beside the checkpoints ({CHECKPOINT_DIRNAME}/{run_directory.IDENTITY_FILENAME}),'
+        ' or pass --overwrite to start this experiment afresh'
     ) from e
+  if not isinstance(recorded, dict):
+    kind = {list: 'list', type(None): 'null', str: 'string', bool: 'boolean'}.get(
+        type(recorded), 'number'
+    )
+    raise ExperimentError(
+        f'{path} holds a JSON {kind}, not a run\'s settings; delete it'
+        ' to resume by the record beside the checkpoints'
+        f' ({CHECKPOINT_DIRNAME}/{run_directory.IDENTITY_FILENAME}), or pass --overwrite'
+    )
   now = json.loads(json.dumps(config.recorded()))
-  changed = sorted(
-      k for k in set(recorded) | set(now)
-      if k not in _RESUMABLE_CHANGES and recorded.get(k) != now.get(k)
+  ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
+  changed = run_directory.differences(
+      {k: v for k, v in recorded.items() if k not in ignored},
+      {k: v for k, v in now.items() if k not in ignored},
   )
   if changed:
-    details = ', '.join(f'{k}: {recorded.get(k)!r} -> {now.get(k)!r}' for k in changed)
     raise ExperimentError(
-        f'{config.output_dir} holds a run with other settings ({details}); pass'
+        f'{config.output_dir} holds a run with other settings ({changed}); pass'
         ' --overwrite to replace it or choose another --experiment_name'
     )
+  return True
+
+
+def _identity(config: ExperimentConfig, task) -> dict:
+  """What a resumed run must share with the run that made its checkpoints.
+
+  The settings that change results (not the rounds to go, where it runs, or where its
+  files are) and the data's clients; no paths, so a copied run folder resumes.
+  """
+  settings = json.loads(json.dumps(config.recorded()))
+  for name in _RESUMABLE_CHANGES | _LOCATION_SETTINGS:
+    settings.pop(name, None)
+  return {
+      'settings': settings,
+      'data': run_directory.data_identity(
+          task.datasets.train_data.client_ids, task.datasets.test_data.client_ids
+      ),
+  }
+
+
+def _check_total_rounds(config: ExperimentConfig) -> None:
+  """Refuses a --total_rounds below the rounds a run's checkpoints already hold."""
+  versions = run_directory.checkpoint_versions(config.checkpoint_dir)
+  if versions and versions[-1] > config.total_rounds:
+    raise ExperimentError(
+        f'{config.output_dir} already trained {versions[-1]} rounds, more than'
+        f' --total_rounds={config.total_rounds}, and a run is never cut back (its'
+        f' {METRICS_FILENAME} holds every round): pass --total_rounds={versions[-1]} or'
+        ' more to continue it, or --overwrite to train afresh'
+    )
+
+
+def _cache_dir(config: ExperimentConfig) -> str:
+  if config.cache_dir:
+    return os.path.expanduser(config.cache_dir)
+  if config.task in tasks.CENTRALIZED_TASK_NAMES:
+    return os.path.expanduser('~/tensorflow_datasets')
+  return os.path.expanduser('~/.tff')
+
+
+def _check_run_directory(config: ExperimentConfig) -> None:
+  """Everything about the run's folder that can be refused before any computation."""
+  run_directory.check_environment(
+      config.root_output_dir, config.output_dir, _cache_dir(config),
+      # Derived data (synthetic, partitions, tfds copies) is built and locked there.
+      cache_must_be_writable=(
+          config.data_source == 'synthetic' or config.partition is not None
+          or config.task in tasks.CENTRALIZED_TASK_NAMES
+      ),
+      num_parameters=tasks.registry.spec_with_model(config.task, config.model).num_parameters,
+  )
+  if config.overwrite:
+    run_directory.check_deletable(config.root_output_dir, config.output_dir)
+  run_directory.check_not_locked(config.output_dir)
+  if not config.overwrite:
+    _check_total_rounds(config)
 
 
 def divergence(metrics: collections.abc.Mapping) -> Optional[str]:
@@ -501,18 +576,40 @@ def _evaluation_fn(task, training_process):
   return evaluate
 
 
-def _check_checkpoint(config: ExperimentConfig, process) -> None:
-  """Fails clearly if the latest checkpoint cannot be read into this process's state."""
+def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
+  """Resumes from the newest checkpoint that can be read into this process's state.
+
+  Newer ones that cannot (a save cut short, a damaged disk) are set aside as
+  `checkpoints/unreadable_program_state_N`, saying so; if none can, the run is refused.
+
+  Returns:
+    The round of the checkpoint the run resumes from (None: it starts afresh).
+  """
   if not os.path.isdir(config.checkpoint_dir):
-    return
+    return None
   manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
-  try:
-    _thread_event_loop().run_until_complete(manager.load_latest(process.initialize()))
-  except Exception as e:  # pylint: disable=broad-except
+  structure = process.initialize()
+  loop = _thread_event_loop()
+  version, refused = run_directory.find_intact_checkpoint(
+      config.checkpoint_dir,
+      lambda v: loop.run_until_complete(manager.load(v, structure)),
+  )
+  if refused and version is None:
+    newest, e = refused[0]
+    message = str(e).strip().splitlines()[0] if str(e).strip() else ''
     raise ExperimentError(
-        f'the checkpoint in {config.checkpoint_dir} cannot be restored into this'
-        f' experiment ({type(e).__name__}: {e}); pass --overwrite to start afresh'
-    ) from e
+        f'no checkpoint in {config.checkpoint_dir} can be restored into this experiment'
+        f' (round {newest}: {type(e).__name__}: {message[:200]}); pass --overwrite to start'
+        ' afresh'
+    )
+  for newer, e in refused:
+    aside = run_directory.set_aside_unreadable(config.checkpoint_dir, newer)
+    print(
+        f'checkpoint of round {newer} cannot be read ({type(e).__name__}); resuming from'
+        f' round {version}, the newest intact one (kept as'
+        f' {CHECKPOINT_DIRNAME}/{aside})', flush=True,
+    )
+  return version
 
 
 def _runtime_line(config: ExperimentConfig, runtime_context, in_process_threads) -> str:
@@ -593,19 +690,22 @@ def run(config: ExperimentConfig) -> dict:
       checkpoint is kept).
     WorkerLostError: a remote worker stopped answering mid-run (an ExperimentError; the
       failed round wrote nothing and re-running resumes from the last checkpoint).
+    RunEnvironmentError: an output or cache folder that is a file or not writable, or too
+      little free space for a checkpoint (an ExperimentError; checked before any
+      computation, `run_directory.check_environment`).
     tasks.MissingDataError, tasks.CorruptDataError: the data is not usable.
     ValueError: a hyperparameter out of its range.
   """
   _validate(config)
   in_process_threads = _set_in_process_threads(config)  # Before any TF op runs.
-  if not config.overwrite:
-    _check_resumable(config)
+  flags_agree = False if config.overwrite else _check_resumable(config)
   if config.executor == 'gpu' and not in_process.visible_gpus():
     raise ExperimentError(
         '--executor=gpu but TensorFlow sees no GPU in this process (CUDA build:'
         f' {tf.test.is_built_with_cuda()}, CUDA_VISIBLE_DEVICES='
         f'{os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}); use --executor=cpu'
     )
+  _check_run_directory(config)
   if config.workers:
     _check_workers_reachable(config)
   task = tasks.get(
@@ -625,6 +725,11 @@ def run(config: ExperimentConfig) -> dict:
       model=config.model,
       gpu_kernels=config.executor == 'gpu',
   )
+  identity = _identity(config, task)
+  if not config.overwrite:
+    run_directory.check_identity(
+        config.output_dir, config.checkpoint_dir, identity, legacy_flags_ok=flags_agree
+    )
   loop = (
       tff.learning.LoopImplementation.DATASET_ITERATOR
       if config.executor == 'gpu'
@@ -644,9 +749,6 @@ def run(config: ExperimentConfig) -> dict:
         ' (several --workers split rounds with TFF\'s mergeable context, which does'
         ' not return per-client outputs); pass one --workers address or none'
     )
-  if config.overwrite and os.path.exists(config.output_dir):
-    shutil.rmtree(config.output_dir)
-
   train_data = task.datasets.train_data
   clients_per_round = min(config.clients_per_round, len(train_data.client_ids))
   sample_clients = tff.simulation.build_uniform_sampling_fn(
@@ -678,45 +780,62 @@ def run(config: ExperimentConfig) -> dict:
 
   start = time.monotonic()
   progress = _RoundReleaseManager(config.total_rounds)
-  with _execution_context(config, progress) as runtime_context:
-    print(_runtime_line(config, runtime_context, in_process_threads), flush=True)
-    _check_checkpoint(config, process)
-    os.makedirs(config.output_dir, exist_ok=True)
-    with open(os.path.join(config.output_dir, FLAGS_FILENAME), 'w') as f:
-      json.dump(config.recorded(), f, indent=2, sort_keys=True)
-    state_manager = _FiniteStateManager(config.checkpoint_dir, keep_total=3)
-    training_process = process
-    if stateful:
-      store = client_states.create_store(
-          config.client_state_store,
-          os.path.join(config.output_dir, CLIENT_STATES_DIRNAME),
+  # One process per run from here on: checks made before are made again under the lock.
+  with run_directory.locked(config.output_dir):
+    if config.overwrite:
+      run_directory.clear(config.root_output_dir, config.output_dir)
+    else:
+      flags_agree = _check_resumable(config)
+      run_directory.check_identity(
+          config.output_dir, config.checkpoint_dir, identity, legacy_flags_ok=flags_agree
       )
-      # Remote workers may not see this machine's files: their states go in the call.
-      training_process = client_states.StatefulClientsTrainer(
-          process, store, states_in_worker=not config.workers
+      _check_total_rounds(config)
+    removed = run_directory.remove_interrupted_saves(config.output_dir, config.checkpoint_dir)
+    if removed:
+      print(f'removed what interrupted saves left: {", ".join(removed)}', flush=True)
+    with _execution_context(config, progress) as runtime_context:
+      print(_runtime_line(config, runtime_context, in_process_threads), flush=True)
+      resumed_from = _check_checkpoint(config, process)
+      repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)
+      if repaired:
+        print(repaired, flush=True)
+      run_directory.write_identity(config.checkpoint_dir, identity)
+      run_directory.write_json_atomically(
+          os.path.join(config.output_dir, FLAGS_FILENAME), config.recorded()
       )
-      state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
-    progress.managers = [
-        tff.program.CSVFileReleaseManager(config.metrics_csv),
-        tff.program.TensorBoardReleaseManager(
-            os.path.join(config.output_dir, TENSORBOARD_DIRNAME)
-        ),
-    ]
-    _thread_event_loop()  # run_training_process asks for it.
-    tff.simulation.run_training_process(
-        training_process=training_process,
-        training_selection_fn=training_selection_fn,
-        total_rounds=config.total_rounds,
-        evaluation_fn=_evaluation_fn(task, process),
-        evaluation_selection_fn=lambda round_num: (
-            eval_datasets if _evaluation_due(config, round_num) else None
-        ),
-        rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
-        program_state_manager=state_manager,
-        rounds_per_saving_program_state=config.rounds_per_checkpoint,
-        metrics_managers=[progress],
-    )
-    runtime_record = _record_runtime(config, runtime_context, in_process_threads)
+      state_manager = _FiniteStateManager(config.checkpoint_dir, keep_total=3)
+      training_process = process
+      if stateful:
+        store = client_states.create_store(
+            config.client_state_store,
+            os.path.join(config.output_dir, CLIENT_STATES_DIRNAME),
+        )
+        # Remote workers may not see this machine's files: their states go in the call.
+        training_process = client_states.StatefulClientsTrainer(
+            process, store, states_in_worker=not config.workers
+        )
+        state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
+      progress.managers = [
+          tff.program.CSVFileReleaseManager(config.metrics_csv),
+          tff.program.TensorBoardReleaseManager(
+              os.path.join(config.output_dir, TENSORBOARD_DIRNAME)
+          ),
+      ]
+      _thread_event_loop()  # run_training_process asks for it.
+      tff.simulation.run_training_process(
+          training_process=training_process,
+          training_selection_fn=training_selection_fn,
+          total_rounds=config.total_rounds,
+          evaluation_fn=_evaluation_fn(task, process),
+          evaluation_selection_fn=lambda round_num: (
+              eval_datasets if _evaluation_due(config, round_num) else None
+          ),
+          rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
+          program_state_manager=state_manager,
+          rounds_per_saving_program_state=config.rounds_per_checkpoint,
+          metrics_managers=[progress],
+      )
+      runtime_record = _record_runtime(config, runtime_context, in_process_threads)
   wall = time.monotonic() - start
   eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
   train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')

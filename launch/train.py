@@ -9,8 +9,11 @@ On TFF's published data (`<cache_dir>/emnist_all.sqlite` etc.):
   python -m launch.train --task=shakespeare --algo=fedzmg --total_rounds=1500
 
 Outputs go to `<root_output_dir>/<experiment_name>/`: flags.json, metrics.csv, tensorboard/
-and checkpoints/. Re-running the same command resumes from the last checkpoint;
---overwrite starts afresh. `--helpfull` lists every flag with its default.
+and checkpoints/ (with run_identity.json, the settings and data the checkpoints belong to).
+Re-running the same command resumes from the newest intact checkpoint (a copied or renamed
+run folder too); other settings, or a second process on the same run, are refused;
+--overwrite starts afresh. Before the first round the output and cache folders must be
+writable and the disk must have room for a checkpoint. `--helpfull` lists every flag.
 
 On several machines, each running `python -m launch.worker --port=8000`:
 
@@ -84,7 +87,12 @@ _SYNTHETIC_SEED = flags.DEFINE_integer(
     'Synthetic data: generator seed (separate from --seed, so that runs with different'
     ' seeds see the same data).',
 )
-_TOTAL_ROUNDS = flags.DEFINE_integer('total_rounds', 10, 'Number of training rounds.')
+_TOTAL_ROUNDS = flags.DEFINE_integer(
+    'total_rounds', 10,
+    'Number of training rounds. Raising it continues a finished run; a value below the'
+    ' rounds a run already trained is refused (a run is never cut back: read the earlier'
+    ' rounds in its metrics.csv).',
+)
 _CLIENTS_PER_ROUND = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
 _EPOCHS = flags.DEFINE_integer('client_epochs_per_round', 1, 'Local epochs per round.')
 _BATCH_SIZE = flags.DEFINE_integer(
@@ -169,7 +177,10 @@ _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', 'runs', 'Directory under which each experiment gets its own.'
 )
 _EXPERIMENT_NAME = flags.DEFINE_string(
-    'experiment_name', None, 'Experiment directory name (default <task>_<algo>_seed<seed>).'
+    'experiment_name', None,
+    'Experiment directory name inside --root_output_dir (default'
+    ' <task>_<algo>_seed<seed>); names may nest (a/b), but no component may be empty,'
+    ' "." or "..", or longer than 255 bytes.',
 )
 _EXECUTOR = flags.DEFINE_enum(
     'executor', 'cpu', ['cpu', 'gpu'],
@@ -214,7 +225,9 @@ _WORKER_TIMEOUT = flags.DEFINE_float(
     ' the run stops (it resumes from its last checkpoint when re-run).',
 )
 _OVERWRITE = flags.DEFINE_bool(
-    'overwrite', False, 'Delete an existing experiment of the same name and start afresh.'
+    'overwrite', False,
+    'Delete an existing experiment of the same name and start afresh; a folder holding'
+    ' files a run does not write, or a symbolic link, is refused, never deleted.',
 )
 _PARTITION = flags.DEFINE_enum(
     'partition', None, ['dirichlet'],

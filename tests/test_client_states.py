@@ -76,6 +76,26 @@ def test_disk_store_keeps_exactly_the_versions_kept_checkpoints_need(tmp_path):
   assert _value(store.read('a')) == 3 and _value(store.read('b')) == 20
 
 
+def test_disk_store_refuses_a_missing_state_a_checkpoint_needs(tmp_path):
+  # Falling back to the client's older state would silently change the results.
+  store = client_states.DiskClientStateStore(str(tmp_path))
+  store.write(1, {'a': _state(1), 'b': _state(10)})
+  store.prepare_commit(1)  # As the checkpoint manager calls it, before the save.
+  store.commit(1, [1])
+  store.write(2, {'a': _state(2)})
+  store.commit(2, [1, 2])  # Without `prepare_commit`: the list is written here.
+  os.remove(tmp_path / 'clients' / 'a' / '00000002.tfstate')
+  reopened = client_states.DiskClientStateStore(str(tmp_path))
+  with pytest.raises(
+      client_states.CorruptClientStateError,
+      match=r"clients/a/00000002.tfstate is missing: checkpoint 2 needs it \(the state of"
+      r" client 'a' after round 2",
+  ):
+    reopened.restore(2)
+  reopened.restore(1)  # Checkpoint 1 needs only states that are there.
+  assert _value(reopened.read('a')) == 1 and _value(reopened.read('b')) == 10
+
+
 def test_disk_store_takes_any_client_id(tmp_path):
   store = client_states.DiskClientStateStore(str(tmp_path))
   ids = ['THE TRAGEDY/OF_KING LEAR', "o'brien%20", '..', 'a' * 100]

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.parse
 
 from absl import flags
 import numpy as np
@@ -215,6 +216,21 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     assert resumed_version == version, client
     for a, b in zip(arrays, resumed_arrays):
       np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=client)
+  # Each kept checkpoint lists the state versions it needs: the last one, every client's
+  # latest.
+  index_dir = killed_dir / 'client_states' / 'index'
+  assert sorted(os.listdir(index_dir)) == ['00000000.json', '00000002.json', '00000004.json']
+  needed = __import__('json').loads((index_dir / '00000004.json').read_text())
+  assert needed == {urllib.parse.unquote(c): int(v[:8]) for c, (v, _) in resumed_states.items()}
+  if runtime == 'tff_worker':
+    # A state file that checkpoint 4 needs, deleted: resuming names it, never falls back
+    # to that client's older state.
+    client, (version, _) = sorted(resumed_states.items())[0]
+    os.remove(killed_dir / 'client_states' / 'clients' / client / version)
+    rc, out, err = run_main(*args[:2], '--total_rounds=5', *args[3:], root=tmp_path / 'killed')
+    assert rc == 2 and 'round 5/5' not in out
+    assert f'{client}/{version} is missing: checkpoint 4 needs' in err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

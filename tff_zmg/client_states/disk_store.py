@@ -8,7 +8,10 @@ Layout: `<directory>/clients/<quoted client id (also '.')>/<round, 8 digits>.tfs
 (format: `state_file`) and `<directory>/initial.tfstate`, the state of a client that
 never took part. A client's version `v` is kept as long as some kept checkpoint `k`
 needs it (`v` is the client's latest version <= `k`); restoring to checkpoint `k`
-deletes every version after `k`.
+deletes every version after `k`. `<directory>/index/<k, 8 digits>.json` lists the
+version of every client that checkpoint `k` needs, written before the checkpoint, so
+that restoring to `k` refuses a missing file instead of falling back to the client's
+older version.
 
 States arrive two ways. `write` writes them from Python, each file atomically. With
 `state_file_paths` and `adopt_state_files`, TFF's worker reads each sampled client's
@@ -20,6 +23,7 @@ no checkpoint holds is dropped on resume anyway.
 """
 
 import collections
+import json
 import os
 from typing import Optional
 import urllib.parse
@@ -50,6 +54,9 @@ class DiskClientStateStore(store.ClientStateStore):
   def __init__(self, directory: str):
     self._root = os.path.join(directory, 'clients')
     os.makedirs(self._root, exist_ok=True)
+    self._index_dir = os.path.join(directory, 'index')
+    # client id -> its latest version (None: not read from the disk yet).
+    self._latest: Optional[dict[str, int]] = None
     # Clients that may hold versions no kept checkpoint needs any more.
     self._unpruned: set[str] = set()
     # Files written since the last `sync`.
@@ -88,9 +95,67 @@ class DiskClientStateStore(store.ClientStateStore):
     versions = self._versions(client_id)
     return self._path(client_id, versions[-1]) if versions else None
 
-  def _written(self, client_id: str, path: str) -> None:
+  def _written(self, client_id: str, version: int, path: str) -> None:
     self._unsynced.add(path)
     self._unpruned.add(client_id)
+    if self._latest is not None:
+      self._latest[client_id] = max(version, self._latest.get(client_id, version))
+
+  def _latest_versions(self) -> dict[str, int]:
+    if self._latest is None:
+      self._latest = {}
+      for name in os.listdir(self._root):
+        versions = self._versions(urllib.parse.unquote(name))
+        if versions:
+          self._latest[urllib.parse.unquote(name)] = versions[-1]
+    return self._latest
+
+  def _index_path(self, version: int) -> str:
+    return os.path.join(self._index_dir, f'{version:08d}.json')
+
+  def _index_versions(self) -> list[int]:
+    try:
+      names = os.listdir(self._index_dir)
+    except FileNotFoundError:
+      return []
+    return sorted(int(n[:-5]) for n in names if n.endswith('.json') and n[:-5].isdigit())
+
+  def _write_index(self, version: int) -> None:
+    """Records the version of each client's state that checkpoint `version` needs."""
+    needed = {}
+    for client_id, latest in self._latest_versions().items():
+      if latest > version:  # Written after `version`: the checkpoint needs an older one.
+        latest = max((v for v in self._versions(client_id) if v <= version), default=None)
+      if latest is not None:
+        needed[client_id] = latest
+    os.makedirs(self._index_dir, exist_ok=True)
+    data = json.dumps(needed, sort_keys=True).encode('utf-8')
+    path = self._index_path(version)
+    store.replace_atomically(path, lambda f: f.write(data), sync=False)
+    self._unsynced.add(path)
+
+  def _check_index(self, version: int) -> None:
+    """Raises `CorruptClientStateError` naming a state file checkpoint `version` needs
+    but that is missing (older runs have no index and are not checked)."""
+    path = self._index_path(version)
+    try:
+      with open(path, 'rb') as f:
+        needed = json.loads(f.read().decode('utf-8'))
+    except FileNotFoundError:
+      self._latest = None
+      return
+    except (OSError, ValueError) as e:
+      raise store.corrupt_state_error(path, e) from e
+    for client_id, needed_version in sorted(needed.items()):
+      state_path = self._path(client_id, needed_version)
+      if not os.path.exists(state_path):
+        raise store.CorruptClientStateError(
+            f'client state file {state_path} is missing: checkpoint {version} needs it'
+            f' (the state of client {client_id!r} after round {needed_version}; an older'
+            ' one would give other results); restore the file, or start the run afresh'
+            ' with --overwrite'
+        )
+    self._latest = dict(needed)
 
   def read(self, client_id: str) -> Optional[store.State]:
     path = self._latest_path(client_id)
@@ -102,7 +167,7 @@ class DiskClientStateStore(store.ClientStateStore):
       data = state_file.encode(state)
       path = self._path(client_id, version)
       store.replace_atomically(path, lambda f, data=data: f.write(data), sync=False)
-      self._written(client_id, path)
+      self._written(client_id, version, path)
 
   def state_file_paths(self, version: int, client_ids, initial_state: store.State):
     """Where TFF's worker reads and writes the clients' states in round `version`.
@@ -146,7 +211,7 @@ class DiskClientStateStore(store.ClientStateStore):
     for client_id, path_written in zip(client_ids, written):
       path = self._path(client_id, version)
       os.replace(path_written, path)
-      self._written(client_id, path)
+      self._written(client_id, version, path)
 
   def check_readable(self, client_ids) -> None:
     """Raises `CorruptClientStateError` naming the first unreadable latest state."""
@@ -160,9 +225,18 @@ class DiskClientStateStore(store.ClientStateStore):
     store.fsync_files(sorted(p for p in self._unsynced if os.path.exists(p)))
     self._unsynced.clear()
 
+  def prepare_commit(self, version: int) -> None:
+    self._write_index(version)
+    self.sync()
+
   def commit(self, version: int, kept_versions) -> None:
+    if not os.path.exists(self._index_path(version)):  # No `prepare_commit` call.
+      self._write_index(version)
     self.sync()
     kept = sorted(set(kept_versions) | {version})
+    for v in self._index_versions():
+      if v not in kept:
+        os.remove(self._index_path(v))
     for client_id in sorted(self._unpruned):
       versions = self._versions(client_id)
       needed = {max((v for v in versions if v <= k), default=None) for k in kept}
@@ -187,6 +261,13 @@ class DiskClientStateStore(store.ClientStateStore):
         os.rmdir(client_dir)
       elif len(remaining) > 1:
         self._unpruned.add(urllib.parse.unquote(name))
+    for v in self._index_versions():
+      if version is None or v > version:
+        os.remove(self._index_path(v))
+    if version is None:
+      self._latest = {}
+    else:
+      self._check_index(version)
 
   def _refuse_legacy_files(self) -> None:
     # Deleting them as strays would silently restart those clients from zero.

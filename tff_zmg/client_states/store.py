@@ -5,8 +5,9 @@ training loop flattens and packs them; stores do not know their structure). Writ
 are versioned by round, so that a store can be checkpointed with the run:
 
     write(v, states)       the sampled clients' states after round v
-    sync()                 every write so far is on the disk (called before a
-                           checkpoint that needs them is saved)
+    sync()                 every write so far is on the disk
+    prepare_commit(v)      before checkpoint v is saved: `sync`, and record what the
+                           checkpoint needs, so that `restore(v)` can check it is there
     commit(v, kept)        checkpoint v was saved; `kept` are the checkpoint versions
                            still on disk (states no kept version needs may go)
     restore(v)             back to the states of checkpoint v (None: no states at all),
@@ -45,6 +46,14 @@ class ClientStateStore(abc.ABC):
 
   def sync(self) -> None:
     """Makes every write so far survive a crash of the machine (default: nothing to do)."""
+
+  def prepare_commit(self, version: int) -> None:
+    """Called before checkpoint `version` is saved: the states it needs reach the disk.
+
+    A store may also record which states the checkpoint needs (default: only `sync`).
+    """
+    del version
+    self.sync()
 
   @abc.abstractmethod
   def commit(self, version: int, kept_versions: Sequence[int]) -> None:

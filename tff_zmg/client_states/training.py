@@ -152,6 +152,7 @@ class ClientStateCheckpointManager(tff.program.ProgramStateManager):
     return program_state, version
 
   async def save(self, program_state, version: int) -> None:
-    self._store.sync()  # The states this checkpoint needs are on the disk before it is.
+    # The states this checkpoint needs (and their list) are on the disk before it is.
+    self._store.prepare_commit(version)
     await self._manager.save(program_state, version)
     self._store.commit(version, await self._manager.get_versions() or [])

@@ -1,0 +1,492 @@
+"""A run's directory: where it may be, what it may delete, who may write it, what made it.
+
+`launch.experiment.run` calls these before and around training:
+
+- `check_name`: an experiment name is a relative path of ordinary names inside
+  `<root_output_dir>` (no '.', '..', empty or over-long components), so nothing a run
+  writes or `--overwrite` deletes is outside the root.
+- `check_environment`: the root, the run's folder and the data cache are folders this
+  process can write, with room for a checkpoint, before anything is computed
+  (`RunEnvironmentError`: the machine, not the settings, stops the run).
+- `check_deletable` / `clear`: `--overwrite` deletes only a folder that holds nothing but
+  a run's own files, and keeps its lock file.
+- `locked`: one process per run (an `fcntl.flock` on `<run>/.lock`, held while the run is
+  trained and dropped by the kernel when the process dies, kill -9 included).
+- `check_identity` / `write_identity`: the settings that make a run what it is and the
+  identity of its data, kept beside the checkpoints in `checkpoints/run_identity.json`,
+  so that a lost or edited flags.json cannot let other settings continue a run. Nothing
+  in it is a path, so a copied or renamed run folder resumes.
+- `remove_interrupted_saves`, `repair_metrics_csv`: what a killed process leaves behind.
+
+The errors are `experiment.ExperimentError`s (bad input) and `RunEnvironmentError`s; each
+message is one line saying what is wrong and what to do.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+from typing import Callable, Iterable, Iterator, Optional
+
+LOCK_FILENAME = '.lock'
+IDENTITY_FILENAME = 'run_identity.json'
+UNREADABLE_PREFIX = 'unreadable_'
+# What `launch.train` and the programs around it write at the top of a run's folder; a
+# folder holding anything else is not deleted by --overwrite.
+RUN_ENTRIES = frozenset({
+    'flags.json', 'metrics.csv', 'checkpoints', 'tensorboard', 'client_states',
+    'runtime.json', 'diverged.txt', LOCK_FILENAME,
+})
+# Temporary files of interrupted writes: TFF's CSV manager (`metrics.csv_temp1234`) and
+# ours (`.name.tmp`).
+_TEMP_ENTRY = re.compile(r'^(metrics\.csv_temp\d+|\..*\.tmp)$')
+_CHECKPOINT_TEMP = re.compile(r'^program_state_\d+_temp\d+$')
+_NAME_MAX = 255  # Bytes per file name on Linux file systems.
+# Longest path a run writes below its folder, with room to spare:
+# checkpoints/program_state_<round>_temp<n>/variables/variables.data-00000-of-00001.
+_LONGEST_INSIDE = 120
+_PATH_MAX = 4096
+# One checkpoint of a model with P float32 parameters takes about 4 * P bytes for the
+# weights; the factor covers the server optimizer's slots (Adam keeps two more) and the
+# temporary copy TFF writes before renaming it into place.
+CHECKPOINT_SIZE_FACTOR = 4
+BYTES_PER_PARAMETER = 4
+
+
+def _errors():
+  # Imported here: `experiment` imports this module.
+  from launch import experiment  # pylint: disable=g-import-not-at-top
+  return experiment.ExperimentError, experiment.RunEnvironmentError
+
+
+def check_name(name: str) -> None:
+  """Refuses an experiment name that is not a relative path of ordinary names.
+
+  Nested names (`sweep1/fedavg`) are allowed; each component is checked.
+  """
+  error, _ = _errors()
+  shown = name if len(name) <= 60 else name[:57] + '...'
+  if not name:
+    raise error('--experiment_name is empty; give the run a name')
+  if '\0' in name:
+    raise error(f'--experiment_name {shown!r} holds a NUL character; choose another name')
+  if os.path.isabs(name):
+    raise error(
+        f'--experiment_name {shown!r} is an absolute path; give a name (the run goes to'
+        ' <root_output_dir>/<name>) and set --root_output_dir for the folder'
+    )
+  for part in name.split(os.sep):
+    if part in ('', '.', '..'):
+      what = f'a {part!r}' if part else 'an empty'
+      raise error(
+          f'--experiment_name {shown!r} has {what} component; a name must stay inside'
+          ' --root_output_dir (letters, digits, ._- and / between names)'
+      )
+    if len(part.encode('utf-8')) > _NAME_MAX:
+      raise error(
+          f'--experiment_name is {len(part.encode("utf-8"))} bytes long (starting'
+          f' {part[:20]!r}); a file name holds at most {_NAME_MAX}: choose a shorter one'
+      )
+
+
+def _nearest_existing(path: str) -> str:
+  path = os.path.abspath(path)
+  while not os.path.lexists(path):
+    path = os.path.dirname(path)
+  return path
+
+
+def _check_folder(path: str, what: str, must_write: bool = True) -> None:
+  """`path` (or, while it does not exist, its nearest existing parent) is a writable folder."""
+  _, environment_error = _errors()
+  existing = _nearest_existing(path)
+  if not os.path.isdir(existing):
+    raise environment_error(
+        f'{what} {path} cannot be created: {existing} is a file, not a folder; move it or'
+        ' choose another path'
+    )
+  if must_write and not os.access(existing, os.W_OK | os.X_OK):
+    where = '' if existing == os.path.abspath(path) else f' (its parent {existing})'
+    raise environment_error(
+        f'{what} {path}{where} is not writable by this user (or the disk is mounted'
+        ' read-only); fix its permissions or choose another path'
+    )
+
+
+def checkpoint_bytes(num_parameters: int) -> int:
+  """The free space a run asks for before it starts: one checkpoint, with margin."""
+  return num_parameters * BYTES_PER_PARAMETER * CHECKPOINT_SIZE_FACTOR
+
+
+def check_free_space(path: str, needed: int, num_parameters: int) -> None:
+  """Refuses to start when the disk of `path` has less than `needed` bytes free."""
+  _, environment_error = _errors()
+  free = shutil.disk_usage(_nearest_existing(path)).free
+  if free < needed:
+    raise environment_error(
+        f'the disk of {path} has {free / 2**20:.1f} MiB free, less than one checkpoint of'
+        f' this model needs ({num_parameters:,} parameters x {BYTES_PER_PARAMETER} bytes x'
+        f' {CHECKPOINT_SIZE_FACTOR} = {needed / 2**20:.1f} MiB); free some space or choose'
+        ' another --root_output_dir'
+    )
+
+
+def check_environment(
+    root_output_dir: str, output_dir: str, cache_dir: Optional[str],
+    cache_must_be_writable: bool, num_parameters: int,
+) -> None:
+  """Checks, writing nothing, that the run can write its folders and has room to start.
+
+  Args:
+    root_output_dir: `--root_output_dir`.
+    output_dir: The run's folder (inside the root).
+    cache_dir: The data folder, expanded (None: not checked).
+    cache_must_be_writable: Whether data is derived into the cache (synthetic data,
+      partitions), so that it must be writable.
+    num_parameters: The model's parameter count, for the free-space check.
+  """
+  # A run folder that exists is written, not created: its root may then be read-only.
+  _check_folder(root_output_dir, '--root_output_dir', must_write=not os.path.isdir(output_dir))
+  _check_folder(output_dir, 'the run folder')
+  for sub in ('checkpoints', 'tensorboard', 'client_states'):
+    path = os.path.join(output_dir, sub)
+    if os.path.lexists(path):
+      _check_folder(path, 'the run folder')
+  if cache_dir is not None:
+    _check_folder(cache_dir, '--cache_dir', must_write=cache_must_be_writable)
+  check_free_space(output_dir, checkpoint_bytes(num_parameters), num_parameters)
+  if len(os.path.abspath(output_dir)) + _LONGEST_INSIDE > _PATH_MAX:
+    error, _ = _errors()
+    raise error(
+        f'the run folder {output_dir[:40]}... is {len(os.path.abspath(output_dir))}'
+        f' characters long; files inside it would pass the {_PATH_MAX}-character limit of'
+        ' a path: choose a shorter --root_output_dir or --experiment_name'
+    )
+
+
+def foreign_entries(output_dir: str) -> list[str]:
+  """The entries at the top of `output_dir` that no run writes (sorted)."""
+  return sorted(
+      n for n in os.listdir(output_dir)
+      if n not in RUN_ENTRIES and not _TEMP_ENTRY.match(n)
+  )
+
+
+def check_deletable(root_output_dir: str, output_dir: str) -> None:
+  """Refuses --overwrite of anything but a folder inside the root holding only a run."""
+  error, _ = _errors()
+  if not os.path.lexists(output_dir):
+    return
+  if os.path.islink(output_dir):
+    raise error(
+        f'{output_dir} is a symbolic link (to {os.path.realpath(output_dir)});'
+        ' --overwrite deletes only a run folder inside --root_output_dir: remove the link'
+        ' yourself or choose another --experiment_name'
+    )
+  root = os.path.realpath(root_output_dir)
+  real = os.path.realpath(output_dir)
+  if os.path.commonpath([root, real]) != root or real == root:
+    raise error(
+        f'{output_dir} is not inside --root_output_dir {root_output_dir}; --overwrite'
+        ' deletes only a run folder inside it'
+    )
+  if not os.path.isdir(output_dir):
+    return  # `check_environment` says it is a file.
+  foreign = foreign_entries(output_dir)
+  if foreign:
+    more = f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''
+    raise error(
+        f'--overwrite would delete {output_dir}, which holds files no run writes'
+        f' ({foreign[0]!r}{more}); it deletes only a run\'s own files: move them, or'
+        ' choose another --experiment_name'
+    )
+
+
+def clear(root_output_dir: str, output_dir: str) -> None:
+  """Deletes a run's files for --overwrite (checked again), keeping the lock file."""
+  check_deletable(root_output_dir, output_dir)
+  for name in os.listdir(output_dir):
+    if name == LOCK_FILENAME:  # Held by this process: a new file would not be locked.
+      continue
+    path = os.path.join(output_dir, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path)
+    else:
+      os.remove(path)
+
+
+def _busy_error(output_dir: str, lock_path: str):
+  error, _ = _errors()
+  try:
+    with open(lock_path) as f:
+      holder = f.read().strip()
+  except OSError:
+    holder = ''
+  who = f' (pid {holder})' if holder.isdigit() else ''
+  return error(
+      f'{output_dir} is being trained by another process{who}; wait for it to end, or'
+      ' choose another --experiment_name'
+  )
+
+
+def check_not_locked(output_dir: str) -> None:
+  """Fails early, writing nothing, if another process holds the run's lock."""
+  lock_path = os.path.join(output_dir, LOCK_FILENAME)
+  try:
+    fd = os.open(lock_path, os.O_RDONLY)
+  except OSError:
+    return  # No lock file yet, or unreadable: `locked` decides.
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    raise _busy_error(output_dir, lock_path) from None
+  finally:
+    os.close(fd)  # Releases the probe's lock too.
+
+
+@contextlib.contextmanager
+def locked(output_dir: str) -> Iterator[None]:
+  """Holds the run's lock (creating its folder) while the block runs.
+
+  The lock is an `flock` on `<output_dir>/.lock`, which holds the owner's pid for the
+  message other processes print. The kernel drops it when the process ends, however it
+  ends. The descriptor is not inherited by child processes (TFF's workers).
+  """
+  _, environment_error = _errors()
+  lock_path = os.path.join(output_dir, LOCK_FILENAME)
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+  except OSError as e:
+    raise environment_error(
+        f'cannot create {lock_path} ({e.strerror}); check the folder\'s permissions and'
+        ' free space'
+    ) from e
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise _busy_error(output_dir, lock_path) from None
+    with contextlib.suppress(OSError):  # Only for the message; the lock is what counts.
+      os.ftruncate(fd, 0)
+      os.write(fd, f'{os.getpid()}\n'.encode())
+    yield
+  finally:
+    os.close(fd)
+
+
+def data_identity(train_client_ids: Iterable[str], test_client_ids: Iterable[str]) -> dict:
+  """What identifies a run's data without reading it: its clients (counts and a digest)."""
+  train, test = sorted(train_client_ids), sorted(test_client_ids)
+  digest = hashlib.sha256(json.dumps([train, test]).encode('utf-8')).hexdigest()[:16]
+  return {'train_clients': len(train), 'test_clients': len(test), 'client_ids_sha256': digest}
+
+
+def _identity_path(checkpoint_dir: str) -> str:
+  return os.path.join(checkpoint_dir, IDENTITY_FILENAME)
+
+
+def read_identity(checkpoint_dir: str) -> Optional[dict]:
+  """The recorded identity, or None if the run has none (new, or older than this file)."""
+  error, _ = _errors()
+  path = _identity_path(checkpoint_dir)
+  try:
+    with open(path) as f:
+      identity = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    raise error(
+        f'{path} is unreadable ({type(e).__name__}); it records the settings that made'
+        ' the checkpoints: restore it, or pass --overwrite to start afresh'
+    ) from e
+  if not isinstance(identity, dict) or not isinstance(identity.get('settings'), dict):
+    raise error(
+        f'{path} does not hold a run\'s identity; restore it, or pass --overwrite to'
+        ' start afresh'
+    )
+  return identity
+
+
+def differences(recorded: dict, now: dict) -> str:
+  """`key: old -> new, ...` over the keys whose values differ ('' if none)."""
+  changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+  return ', '.join(f'{k}: {recorded.get(k)!r} -> {now.get(k)!r}' for k in changed)
+
+
+def has_checkpoints(checkpoint_dir: str) -> bool:
+  return bool(checkpoint_versions(checkpoint_dir))
+
+
+def checkpoint_versions(checkpoint_dir: str) -> list[int]:
+  """The rounds with a checkpoint folder, as TFF's file manager lists them (sorted)."""
+  try:
+    names = os.listdir(checkpoint_dir)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  prefix = 'program_state_'
+  return sorted(
+      int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()
+  )
+
+
+def check_identity(
+    output_dir: str, checkpoint_dir: str, identity: dict, legacy_flags_ok: bool
+) -> None:
+  """Refuses to continue a run whose recorded identity differs from `identity`.
+
+  Args:
+    output_dir: The run's folder (for messages).
+    checkpoint_dir: Where the identity is recorded.
+    identity: `{'settings': ..., 'data': ...}` of the run about to start.
+    legacy_flags_ok: Whether flags.json exists and agrees with the settings: a run from
+      before identity files may then continue (and gets one).
+  """
+  error, _ = _errors()
+  recorded = read_identity(checkpoint_dir)
+  if recorded is None:
+    if has_checkpoints(checkpoint_dir) and not legacy_flags_ok:
+      raise error(
+          f'{checkpoint_dir} holds checkpoints, but neither {IDENTITY_FILENAME} there nor'
+          f' flags.json in {output_dir} says which settings made them; pass --overwrite to'
+          ' start afresh'
+      )
+    return
+  changed = differences(recorded['settings'], identity['settings'])
+  if changed:
+    raise error(
+        f'{output_dir} holds a run with other settings ({changed}; recorded in'
+        f' {os.path.join(os.path.basename(checkpoint_dir), IDENTITY_FILENAME)}); pass'
+        ' --overwrite to replace it or choose another --experiment_name'
+    )
+  changed = differences(recorded.get('data') or {}, identity['data'])
+  if changed:
+    raise error(
+        f'{output_dir} was trained on other data ({changed}); point --cache_dir at that'
+        ' data, or pass --overwrite to start afresh on this one'
+    )
+
+
+def write_identity(checkpoint_dir: str, identity: dict) -> None:
+  """Records `identity` beside the checkpoints (atomically; kept if already there)."""
+  path = _identity_path(checkpoint_dir)
+  os.makedirs(checkpoint_dir, exist_ok=True)
+  write_json_atomically(path, identity)
+
+
+def write_json_atomically(path: str, value) -> None:
+  """Writes `value` as JSON to `path` via a temporary file renamed into place."""
+  tmp = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+    f.write('\n')
+  os.replace(tmp, path)
+
+
+def remove_interrupted_saves(output_dir: str, checkpoint_dir: str) -> list[str]:
+  """Deletes temporaries of saves a killed process left; returns their names."""
+  removed = []
+  for directory, pattern in ((checkpoint_dir, _CHECKPOINT_TEMP), (output_dir, _TEMP_ENTRY)):
+    try:
+      names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+      continue
+    for name in sorted(names):
+      if not pattern.match(name):
+        continue
+      path = os.path.join(directory, name)
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      else:
+        os.remove(path)
+      removed.append(os.path.relpath(path, output_dir))
+  return removed
+
+
+def set_aside_unreadable(checkpoint_dir: str, version: int) -> str:
+  """Renames checkpoint `version` out of TFF's sight; returns its new name."""
+  source = os.path.join(checkpoint_dir, f'program_state_{version}')
+  name = f'{UNREADABLE_PREFIX}program_state_{version}'
+  n = 1
+  while os.path.lexists(os.path.join(checkpoint_dir, name)):
+    n += 1
+    name = f'{UNREADABLE_PREFIX}program_state_{version}_{n}'
+  os.rename(source, os.path.join(checkpoint_dir, name))
+  return name
+
+
+def repair_metrics_csv(path: str, newest_checkpoint: Optional[int]) -> Optional[str]:
+  """Drops a torn last row of metrics.csv (a write a kill cut short); refuses worse damage.
+
+  TFF's CSV manager appends one row per round, each ending in a line break. A last line
+  without one is a row cut short; its round had no checkpoint (the checkpoint is saved
+  after the row), so it is dropped and trained again. The rows left must reach the
+  newest checkpoint, or the file is missing rounds that no resumed run writes again.
+
+  Returns:
+    A sentence saying what was repaired, or None.
+  """
+  error, _ = _errors()
+  if not os.path.exists(path):
+    if newest_checkpoint:
+      raise error(
+          f'{path} is missing but checkpoints up to round {newest_checkpoint} exist; its'
+          ' rounds cannot be written again: restore it, or pass --overwrite to start afresh'
+      )
+    return None
+  with open(path, 'rb') as f:
+    data = f.read()
+  repaired = None
+  if data and not data.endswith(b'\n'):
+    cut = data.rfind(b'\n') + 1
+    torn = data[cut:].decode('utf-8', 'replace')
+    data = data[:cut]
+    repaired = (
+        f'{os.path.basename(path)}: dropped a torn last row ({torn[:30]!r}...), cut short'
+        ' by an interrupted run; its round is trained again'
+    )
+  lines = data.decode('utf-8', 'replace').splitlines()
+  header = lines[0].split(',') if lines else []
+  keys = []
+  for number, line in enumerate(lines[1:], start=2):
+    key = line.split(',', 1)[0]
+    if not key.isdigit() or line.count(',') < len(header) - 1:
+      raise error(
+          f'{path} line {number} is damaged ({line[:30]!r}); repair or remove that line,'
+          ' or pass --overwrite to start afresh'
+      )
+    keys.append(int(key))
+  if newest_checkpoint is not None and max(keys, default=-1) < newest_checkpoint:
+    raise error(
+        f'{path} ends at round {max(keys, default=-1)} but checkpoints go up to round'
+        f' {newest_checkpoint}; the missing rows would never be written again: restore'
+        ' the file, or pass --overwrite to start afresh'
+    )
+  if repaired:
+    tmp = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.tmp')
+    with open(tmp, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+  return repaired
+
+
+def find_intact_checkpoint(
+    checkpoint_dir: str, load: Callable[[int], None]
+) -> tuple[Optional[int], list[tuple[int, Exception]]]:
+  """The newest checkpoint `load(version)` accepts, and the newer ones it refused.
+
+  Returns:
+    (version or None, [(refused version, its error), ...] newest first).
+  """
+  refused = []
+  for version in reversed(checkpoint_versions(checkpoint_dir)):
+    try:
+      load(version)
+    except Exception as e:  # pylint: disable=broad-except
+      refused.append((version, e))
+      continue
+    return version, refused
+  return None, refused

@@ -1,0 +1,241 @@
+"""A run's folder: names stay inside the root, --overwrite deletes only runs, one process
+per run, the run's identity beside its checkpoints, and resuming from what kills leave.
+
+Most cases fail before any computation and run `launch.train.main` in this process; the
+concurrent-run and `..` cases run real `python -m launch.train` processes.
+"""
+
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+from absl import flags
+import pytest
+
+from launch import experiment
+from launch import run_directory
+from launch import train
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SMALL = [
+    '--data_source=synthetic', '--synthetic_train_clients=6', '--synthetic_test_clients=2',
+    '--synthetic_examples_per_client=12', '--clients_per_round=3', '--num_eval_clients=2',
+]
+_BASE = ['--task=emnist', '--algo=fedavg']
+_FINISHED = {}  # The two-round run of the concurrency test, reused by the resume test.
+
+
+@pytest.fixture
+def run_main(synthetic_cache_dir, capsys):
+  """Runs `launch.train.main` in-process with the given flags; returns (rc, out, err)."""
+
+  def run(root, *args):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['train', f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={root}',
+                 *_SMALL, *args])
+    rc = train.main(['train'])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
+def _command(cache_dir, root, *args):
+  return [sys.executable, '-m', 'launch.train', f'--cache_dir={cache_dir}',
+          f'--root_output_dir={root}', *_SMALL, *_BASE, *args]
+
+
+# TF's C++ start-up lines (cuDNN/cuFFT/cuBLAS factories) are logged at ERROR level, above
+# TF_CPP_MIN_LOG_LEVEL=2; the programs' own log level is a separate fix of issue 21.
+_TF_CPP_LOG = re.compile(
+    r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EWI] \S+\.cc:\d+\] .*$\n?', re.M
+)
+
+
+def _one_line(err, *parts):
+  err = _TF_CPP_LOG.sub('', err)
+  assert 'Traceback' not in err
+  assert len(err.strip().splitlines()) == 1, err
+  for part in parts:
+    assert part in err, err
+
+
+def _tree(path):
+  """Every file and folder under `path` (relative), to show nothing else was touched."""
+  found = set()
+  for root, dirs, files in os.walk(path):
+    for name in dirs + files:
+      found.add(os.path.relpath(os.path.join(root, name), path))
+  return found
+
+
+def _keys(csv_path):
+  with open(csv_path, newline='') as f:
+    return [int(r['key']) for r in csv.DictReader(f)]
+
+
+def test_names_outside_the_root_are_refused_and_overwrite_deletes_only_runs(
+    run_main, tmp_path, synthetic_cache_dir
+):
+  root = tmp_path / 'root'
+  (root / 'other_run').mkdir(parents=True)
+  (root / 'other_run' / 'flags.json').write_text('{}')
+  (tmp_path / 'beside.txt').write_text('keep')
+  (tmp_path / 'elsewhere').mkdir()
+  (tmp_path / 'elsewhere' / 'flags.json').write_text('{}')
+  # A folder with a run's files and one of the user's; a link to a run outside the root.
+  (root / 'mixed').mkdir()
+  (root / 'mixed' / 'flags.json').write_text('{}')
+  (root / 'mixed' / 'notes.txt').write_text('mine')
+  (root / 'link').symlink_to(tmp_path / 'elsewhere')
+  before = _tree(tmp_path)
+  for name, message in [
+      ('.', "'.' component"),
+      ('a/../..', "'..' component"),
+      ('a//b', 'an empty component'),
+      (str(tmp_path / 'elsewhere'), 'absolute path'),
+      ('x' * 300, '300 bytes long'),
+  ]:
+    rc, out, err = run_main(root, *_BASE, f'--experiment_name={name}', '--overwrite')
+    assert rc == 2 and not out, name
+    _one_line(err, message)
+  rc, _, err = run_main(root, *_BASE, '--experiment_name=mixed', '--overwrite')
+  assert rc == 2
+  _one_line(err, "holds files no run writes ('notes.txt')")
+  rc, _, err = run_main(root, *_BASE, '--experiment_name=link', '--overwrite')
+  assert rc == 2
+  _one_line(err, 'is a symbolic link')
+  # `..` with --overwrite in a real process: the root's parent and siblings survive.
+  proc = subprocess.run(
+      _command(synthetic_cache_dir, root, '--experiment_name=..', '--overwrite'),
+      capture_output=True, text=True, timeout=300, cwd=_REPO,
+  )
+  assert proc.returncode == 2 and not proc.stdout
+  _one_line(proc.stderr, "'..' component")
+  assert _tree(tmp_path) == before
+
+
+def test_unusable_folders_and_flags_files_end_in_one_line(run_main, tmp_path):
+  (tmp_path / 'a_file').write_text('not a folder')
+  cases = [
+      # --root_output_dir, a run folder and --cache_dir that are files (a file inside the
+      # path, too): RunEnvironmentError, the machine's fault, not the settings'.
+      ([f'--root_output_dir={tmp_path / "a_file"}'], 'is a file, not a folder'),
+      ([f'--root_output_dir={tmp_path / "a_file" / "deeper"}'], 'is a file, not a folder'),
+      (['--experiment_name=a_file'], 'the run folder'),
+      ([f'--cache_dir={tmp_path / "a_file"}'], '--cache_dir'),
+  ]
+  if os.geteuid() != 0:  # root writes into read-only folders.
+    (tmp_path / 'read_only').mkdir(mode=0o555)
+    cases.append(([f'--root_output_dir={tmp_path / "read_only"}'], 'not writable'))
+  before = _tree(tmp_path)
+  for args, message in cases:
+    rc, out, err = run_main(tmp_path, *_BASE, *args)
+    assert rc not in (0, 1) and not out, args  # 2 for now; its own code in main (#21).
+    _one_line(err, message)
+  for content, kind in (('[]', 'JSON list'), ('null', 'JSON null'), ('{"task": "em', 'unreadable')):
+    (tmp_path / 'run').mkdir(exist_ok=True)
+    (tmp_path / 'run' / 'flags.json').write_text(content)
+    rc, _, err = run_main(tmp_path, *_BASE, '--experiment_name=run')
+    assert rc == 2
+    _one_line(err, 'flags.json', kind, '--overwrite')
+    assert (tmp_path / 'run' / 'flags.json').read_text() == content
+  assert _tree(tmp_path) == before | {'run', 'run/flags.json'}
+
+
+def test_free_space_below_one_checkpoint_is_refused(tmp_path):
+  free = shutil.disk_usage(tmp_path).free
+  parameters = free // (run_directory.BYTES_PER_PARAMETER
+                        * run_directory.CHECKPOINT_SIZE_FACTOR) + 1
+  needed = run_directory.checkpoint_bytes(parameters)
+  with pytest.raises(experiment.RunEnvironmentError) as e:
+    run_directory.check_free_space(str(tmp_path / 'run'), needed, parameters)
+  assert '\n' not in str(e.value)
+  assert f'{parameters:,} parameters x 4 bytes x 4' in str(e.value) and 'MiB free' in str(e.value)
+  run_directory.check_free_space(str(tmp_path / 'run'), free // 2, parameters)  # Room enough.
+
+
+def test_a_second_training_of_the_same_run_is_refused_while_the_first_trains(
+    tmp_path, synthetic_cache_dir
+):
+  root = tmp_path / 'root'
+  first = subprocess.Popen(
+      _command(synthetic_cache_dir, root, '--total_rounds=2'),
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=_REPO,
+  )
+  try:
+    for line in first.stdout:
+      if line.startswith('round 1/2'):
+        # Stopped mid-run, it holds the run's lock until it is continued and ends.
+        first.send_signal(signal.SIGSTOP)
+        break
+    second = subprocess.run(
+        _command(synthetic_cache_dir, root, '--total_rounds=2'),
+        capture_output=True, text=True, timeout=300, cwd=_REPO,
+    )
+  finally:
+    first.send_signal(signal.SIGCONT)
+  out, _ = first.communicate(timeout=300)
+  assert second.returncode == 2 and not second.stdout
+  _one_line(second.stderr, 'is being trained by another process', f'(pid {first.pid})')
+  assert first.returncode == 0 and 'summary:' in out
+  run = root / 'emnist_fedavg_seed0'
+  assert _keys(run / 'metrics.csv') == [0, 1, 2]  # Each round once.
+  assert len(os.listdir(run / 'tensorboard')) == 1
+  _FINISHED['dir'] = run
+
+
+def _finished_run(tmp_path_factory, synthetic_cache_dir):
+  if 'dir' not in _FINISHED:  # This test alone: train the run here.
+    root = tmp_path_factory.mktemp('finished')
+    subprocess.run(_command(synthetic_cache_dir, root, '--total_rounds=2'), check=True,
+                   capture_output=True, timeout=600, cwd=_REPO)
+    _FINISHED['dir'] = root / 'emnist_fedavg_seed0'
+  return _FINISHED['dir']
+
+
+def test_the_identity_beside_the_checkpoints_guards_a_copied_run_that_resumes_past_damage(
+    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir
+):
+  # A copy under another name, without flags.json: the checkpoints' own record decides.
+  run = tmp_path / 'renamed'
+  shutil.copytree(_finished_run(tmp_path_factory, synthetic_cache_dir), run)
+  os.remove(run / 'flags.json')
+  identity = json.loads((run / 'checkpoints' / 'run_identity.json').read_text())
+  assert identity['settings']['seed'] == 0 and 'root_output_dir' not in identity['settings']
+  name = '--experiment_name=renamed'
+  rc, _, err = run_main(tmp_path, *_BASE, name, '--seed=7', '--client_learning_rate=0.5')
+  assert rc == 2
+  _one_line(err, 'other settings', 'seed: 0 -> 7', 'client_learning_rate', 'run_identity.json')
+  # Fewer rounds than it trained: refused, and nothing rewritten to claim otherwise.
+  rc, _, err = run_main(tmp_path, *_BASE, name, '--total_rounds=1')
+  assert rc == 2
+  _one_line(err, 'already trained 2 rounds', '--total_rounds=2 or more')
+  assert not (run / 'flags.json').exists()
+  # What a kill leaves: a torn last row, a checkpoint save cut short (a temporary folder,
+  # and a newest checkpoint that cannot be read).
+  data = (run / 'metrics.csv').read_bytes()
+  (run / 'metrics.csv').write_bytes(data[:data.rstrip().rfind(b'\n') + 8])
+  (run / 'checkpoints' / 'program_state_3_temp1234' / 'variables').mkdir(parents=True)
+  for folder, _, files in os.walk(run / 'checkpoints' / 'program_state_2'):
+    for f in files:
+      with open(os.path.join(folder, f), 'wb') as out:
+        out.write(b'garbage')
+  rc, out, err = run_main(tmp_path, *_BASE, name, '--total_rounds=2')
+  assert rc == 0, err
+  assert 'removed what interrupted saves left: checkpoints/program_state_3_temp1234' in out
+  assert 'checkpoint of round 2 cannot be read' in out and 'resuming from round 1' in out
+  assert 'dropped a torn last row' in out
+  assert 'round 2/2' in out and 'round 1/2' not in out
+  assert _keys(run / 'metrics.csv') == [0, 1, 2]
+  names = sorted(os.listdir(run / 'checkpoints'))
+  assert 'program_state_2' in names and 'unreadable_program_state_2' in names
+  assert not any('_temp' in n for n in names)
+  recorded = json.loads((run / 'flags.json').read_text())
+  assert recorded['experiment_name'] == 'renamed' and recorded['seed'] == 0
