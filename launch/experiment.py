@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -25,6 +26,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
+from launch import failures
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
@@ -344,6 +346,55 @@ def _check_resumable(config: ExperimentConfig) -> None:
     )
 
 
+def _newest_checkpoint(config: ExperimentConfig) -> Optional[int]:
+  """The round of the newest complete checkpoint (what a re-run resumes from), or None.
+
+  TFF writes a checkpoint under a temporary name and renames it when complete, so only
+  `program_state_<round>` directories count.
+  """
+  try:
+    names = os.listdir(config.checkpoint_dir)
+  except OSError:
+    return None
+  rounds = [int(m.group(1)) for m in map(re.compile(r'program_state_(\d+)').fullmatch, names) if m]
+  return max(rounds, default=None)
+
+
+@contextlib.contextmanager
+def _stops_say_what_is_kept(config: ExperimentConfig):
+  """A stop signal, or the machine refusing a write, ends a run saying what it resumes from.
+
+  Raises:
+    failures.Interrupted: Ctrl-C, SIGTERM or SIGHUP (a `KeyboardInterrupt`).
+    RunEnvironmentError: a write failed for want of space or permission (an `OSError`,
+      TensorFlow's error from saving a checkpoint, or the TFF worker's gRPC error).
+  """
+  try:
+    yield
+  except KeyboardInterrupt as e:
+    kept = _newest_checkpoint(config)
+    if kept is None:
+      message = 'interrupted before the first checkpoint; re-run the same command to start'
+    else:
+      message = f'interrupted after round {kept}; re-run the same command to resume'
+    raise failures.Interrupted(message) from e
+  except ExperimentError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    cause = failures.environment_cause(e)
+    if cause is None:
+      raise
+    kept = _newest_checkpoint(config)
+    kept_text = (
+        'no checkpoint was saved yet' if kept is None
+        else f'the checkpoint of round {kept} is kept'
+    )
+    raise RunEnvironmentError(
+        f'the machine refused a write ({cause}); {kept_text}. Free some space (or fix the'
+        ' permissions) and re-run the same command to resume'
+    ) from e
+
+
 class _ProgressReleaseManager(tff.program.ReleaseManager):
   """Prints one line per round: metrics, rounds per second, ETA; stops on divergence."""
 
@@ -554,7 +605,7 @@ def run(config: ExperimentConfig) -> dict:
 
   start = time.monotonic()
   progress = _ProgressReleaseManager(config.total_rounds)
-  with _execution_context(config, progress) as runtime_context:
+  with _stops_say_what_is_kept(config), _execution_context(config, progress) as runtime_context:
     _check_checkpoint(config, process)
     os.makedirs(config.output_dir, exist_ok=True)
     with open(os.path.join(config.output_dir, FLAGS_FILENAME), 'w') as f:
