@@ -27,6 +27,7 @@ otherwise passes on its own status. Every failure is one line `compare: error: .
 
 import json
 import os
+import sys
 
 from absl import flags
 
