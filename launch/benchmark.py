@@ -34,6 +34,11 @@ floor, `ratio_tff_fedavg` to TFF's FedAvg (ratios of medians); `paired_bound`,
 worker while it ran. Then how a round's time scales with the clients per round
 (`--scaling_clients`) and with the number of client computations TFF's worker runs at
 once (`--concurrency`); an empty list skips either table.
+
+Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
+data, 4 the TFF worker lost, 5 the machine refused (disk full, permissions), 130
+interrupted. Every failure is one line `benchmark: error: ...` on stderr; --verbose adds
+the traceback.
 """
 
 import collections
@@ -41,20 +46,17 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from typing import Optional
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
+from launch import failures
 from launch import resources
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
@@ -418,6 +420,7 @@ def _algorithms(names) -> list[str]:
   return list(names)
 
 
+@failures.one_line_errors('benchmark')
 def main(argv) -> int:
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -538,4 +541,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('benchmark', main)

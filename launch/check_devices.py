@@ -19,20 +19,19 @@ One labelled line each:
 - the same round in TFF's C++ worker, and `weights`: the largest absolute difference of the
   two rounds' model weights, PASS within `--tolerance`, else FAIL.
 
-Exit status 0 when the weights agree and every device of `--devices` ran model ops, else 1.
+Exit status: 0 when the weights agree and every device of `--devices` ran model ops, 1 when
+they do not (or an unexpected failure); as every program (launch/failures.py): 2 bad flags, 5
+the machine refused, 130 interrupted, each a one-line `check_devices: error: ...` on stderr
+(--verbose adds the traceback).
 """
 
 import collections
 import contextlib
 import os
 import re
-import sys
 import tempfile
 import time
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 import numpy as np
@@ -42,6 +41,7 @@ import tensorflow_federated as tff
 from tensorflow.python.eager import context as eager_context
 
 import tasks
+from launch import failures
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
@@ -130,12 +130,11 @@ def client_datasets(task, count: int) -> list[tf.data.Dataset]:
   return [task.datasets.train_preprocess_fn(train.create_tf_dataset_for_client(i)) for i in ids]
 
 
+@failures.one_line_errors('check_devices')
 def main(argv) -> int:
+  del argv
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    print(f'check_devices: error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
   info = tf.sysconfig.get_build_info()
   print(
       f'tf_build: version={tf.__version__} is_cuda_build={info.get("is_cuda_build", False)}'
@@ -243,4 +242,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('check_devices', main)

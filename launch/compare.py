@@ -17,17 +17,23 @@ interrupted comparison resumes. Every flag of `launch.train` is passed on to eve
 --collect_only trains nothing and reports on the runs that exist. Reports go to
 --report_dir (default `<root_output_dir>/compare`): runs.csv, summary.csv, ttests.csv,
 report.md and <task>_accuracy.png; each run's training output to logs/ there.
+
+Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+settings or data, 4 a TFF worker lost, 5 the machine refused (disk full, permissions),
+130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to resume); a run failing
+otherwise passes on its own status. Every failure is one line `compare: error: ...` on stderr;
+--verbose adds the traceback.
 """
 
 import json
 import os
 import sys
 
-from absl import app
 from absl import flags
 
 import tasks
 from launch import experiment
+from launch import failures
 from launch import runner
 from launch import train
 from tff_zmg import analysis
@@ -248,45 +254,39 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None) 
   return text
 
 
+@failures.one_line_errors('compare')
 def main(argv) -> int:
+  del argv
   train.quiet_libraries()
-  if len(argv) > 1:
-    print(f'compare: error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
-  try:
-    task_names, algos, seeds, hparams, thresholds = _parse_settings()
-    root = flags.FLAGS.root_output_dir
-    report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
-    if not _COLLECT_ONLY.value:
-      runs = [
-          runner.train_run(run_name(t, a, s), {
-              'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
-              **hparams.get(a, {}),
-          })
-          for t in task_names for a in algos for s in seeds
-      ]
-      print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
-      try:
-        runner.run_all(
-            runs, parallel=runner.PARALLEL.value, log_dir=os.path.join(report_dir, 'logs')
-        )
-      except experiment.ExperimentError as e:
-        raise ValueError(
-            f'{e} (in a comparison the run names are fixed, <task>_<algo>_seed<seed>: to compare'
-            ' runs made with other settings, add --collect_only; for new runs, choose another'
-            ' --root_output_dir)'
-        ) from e
-    text = report(root, report_dir, task_names, algos, seeds, thresholds)
-  except (ValueError, experiment.ExperimentError, runner.RunFailed) as e:
-    print(f'compare: error: {e}', file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print('compare: interrupted; the same command resumes', file=sys.stderr)
-    return 130
+  task_names, algos, seeds, hparams, thresholds = _parse_settings()
+  root = flags.FLAGS.root_output_dir
+  report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
+  if not _COLLECT_ONLY.value:
+    runs = [
+        runner.train_run(run_name(t, a, s), {
+            'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
+            **hparams.get(a, {}),
+        })
+        for t in task_names for a in algos for s in seeds
+    ]
+    print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
+    try:
+      runner.run_all(
+          runs, parallel=runner.PARALLEL.value, log_dir=os.path.join(report_dir, 'logs')
+      )
+    except experiment.RunEnvironmentError:
+      raise
+    except experiment.ExperimentError as e:
+      raise ValueError(
+          f'{e} (in a comparison the run names are fixed, <task>_<algo>_seed<seed>: to compare'
+          ' runs made with other settings, add --collect_only; for new runs, choose another'
+          ' --root_output_dir)'
+      ) from e
+  text = report(root, report_dir, task_names, algos, seeds, thresholds)
   print(text)
   print(f'tables and figures: {report_dir}', flush=True)
   return 0
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('compare', main)

@@ -13,17 +13,23 @@ the sampled clients). Any data `launch.train` can train on, with the same flags:
 
 Writes <task>_clients.{csv,md} and <task>_summary.{csv,md} to --output_dir. Shakespeare's
 labels are characters (see `tasks.labels`).
+
+Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
+data (missing, corrupt), 5 the machine refused (--output_dir not a writable directory, disk
+full), 130 interrupted. Every failure is one line `data_stats: error: ...` on stderr;
+--verbose adds the traceback.
 """
 
 import os
 import sys
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
 import tasks
+from launch import experiment
+from launch import failures
 from launch import train
 from tasks import labels
 from tff_zmg import analysis
@@ -88,28 +94,42 @@ def data_statistics(task_name: str, client_data, sampled_ids, stream=None):
   return rows, summary
 
 
-def main(argv) -> int:
-  train.quiet_libraries()
-  if len(argv) > 1:
-    print(f'data_stats: error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
-  task_name = flags.FLAGS.task
+def _check_output_dir(path: str) -> None:
+  """Fails before anything is computed unless the tables can be written to `path`."""
   try:
-    if task_name is None:
-      raise ValueError('--task is required')
-    task = tasks.get(
-        task_name, data_source=flags.FLAGS.data_source, cache_dir=flags.FLAGS.cache_dir,
-        synthetic_settings=train.synthetic_settings_from_flags(),
-        **train.partition_settings_from_flags(),
+    os.makedirs(path, exist_ok=True)
+  except FileExistsError as e:
+    raise experiment.RunEnvironmentError(
+        f'--output_dir={path} is a file, not a directory; choose another --output_dir'
+    ) from e
+  except OSError as e:
+    raise experiment.RunEnvironmentError(
+        f'--output_dir={path} cannot be created ({e.strerror}); choose another --output_dir'
+    ) from e
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise experiment.RunEnvironmentError(
+        f'--output_dir={path} is not writable; choose another --output_dir'
     )
-    client_data = (
-        task.datasets.train_data if _SPLIT.value == 'train' else task.datasets.test_data
-    )
-    sampled = sample_clients(client_data.client_ids, _NUM_SAMPLED.value, _SAMPLE_SEED.value)
-    rows, summary = data_statistics(task_name, client_data, sampled)
-  except (ValueError, tasks.MissingDataError, tasks.CorruptDataError) as e:
-    print(f'data_stats: error: {e}', file=sys.stderr)
-    return 2
+
+
+@failures.one_line_errors('data_stats')
+def main(argv) -> int:
+  del argv
+  train.quiet_libraries()
+  task_name = flags.FLAGS.task
+  if task_name is None:
+    raise ValueError('--task is required')
+  _check_output_dir(_OUTPUT_DIR.value)
+  task = tasks.get(
+      task_name, data_source=flags.FLAGS.data_source, cache_dir=flags.FLAGS.cache_dir,
+      synthetic_settings=train.synthetic_settings_from_flags(),
+      **train.partition_settings_from_flags(),
+  )
+  client_data = (
+      task.datasets.train_data if _SPLIT.value == 'train' else task.datasets.test_data
+  )
+  sampled = sample_clients(client_data.client_ids, _NUM_SAMPLED.value, _SAMPLE_SEED.value)
+  rows, summary = data_statistics(task_name, client_data, sampled)
   summary = {'split': _SPLIT.value, **summary}
   summary = {**{k: summary[k] for k in _SUMMARY_COLUMNS}, **summary}
   out = _OUTPUT_DIR.value
@@ -135,4 +155,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('data_stats', main)

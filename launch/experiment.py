@@ -25,6 +25,7 @@ import tensorflow_federated as tff
 import tree
 
 import tasks
+from launch import failures
 from launch import run_directory
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
@@ -416,6 +417,50 @@ def _check_total_rounds(config: ExperimentConfig) -> None:
     )
 
 
+def _newest_checkpoint(config: ExperimentConfig) -> Optional[int]:
+  """The round of the newest complete checkpoint (what a re-run resumes from), or None.
+
+  TFF writes a checkpoint under a temporary name and renames it when complete, so only
+  `program_state_<round>` directories count.
+  """
+  return max(run_directory.checkpoint_versions(config.checkpoint_dir), default=None)
+
+
+@contextlib.contextmanager
+def _stops_say_what_is_kept(config: ExperimentConfig):
+  """A stop signal, or the machine refusing a write, ends a run saying what it resumes from.
+
+  Raises:
+    failures.Interrupted: Ctrl-C, SIGTERM or SIGHUP (a `KeyboardInterrupt`).
+    RunEnvironmentError: a write failed for want of space or permission (an `OSError`,
+      TensorFlow's error from saving a checkpoint, or the TFF worker's gRPC error).
+  """
+  try:
+    yield
+  except KeyboardInterrupt as e:
+    kept = _newest_checkpoint(config)
+    if kept is None:
+      message = 'interrupted before the first checkpoint; re-run the same command to start'
+    else:
+      message = f'interrupted after round {kept}; re-run the same command to resume'
+    raise failures.Interrupted(message) from e
+  except ExperimentError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    cause = failures.environment_cause(e)
+    if cause is None:
+      raise
+    kept = _newest_checkpoint(config)
+    kept_text = (
+        'no checkpoint was saved yet' if kept is None
+        else f'the checkpoint of round {kept} is kept'
+    )
+    raise RunEnvironmentError(
+        f'the machine refused a write ({cause}); {kept_text}. Free some space (or fix the'
+        ' permissions) and re-run the same command to resume'
+    ) from e
+
+
 def _cache_dir(config: ExperimentConfig) -> str:
   if config.cache_dir:
     return os.path.expanduser(config.cache_dir)
@@ -793,7 +838,9 @@ def run(config: ExperimentConfig) -> dict:
     removed = run_directory.remove_interrupted_saves(config.output_dir, config.checkpoint_dir)
     if removed:
       print(f'removed what interrupted saves left: {", ".join(removed)}', flush=True)
-    with _execution_context(config, progress) as runtime_context:
+    with _stops_say_what_is_kept(config), _execution_context(
+        config, progress
+    ) as runtime_context:
       print(_runtime_line(config, runtime_context, in_process_threads), flush=True)
       resumed_from = _check_checkpoint(config, process)
       repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)

@@ -19,6 +19,12 @@ Re-running the same command resumes an interrupted search: finished cells are no
 again, unfinished ones resume from their checkpoints. A diverging cell is recorded as
 diverged (score NaN); --overwrite retrains every cell from scratch. Outputs, next to the
 cells: grid.csv, grid.md, grid_heatmap.png and best.json (the best pair).
+
+Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+settings or data, 3 every cell diverged, 4 a TFF worker lost, 5 the machine refused (disk
+full, permissions), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to
+resume); a cell failing otherwise passes on its own status.
+Every failure is one line `grid_search: error: ...` on stderr; --verbose adds the traceback.
 """
 
 import json
@@ -26,11 +32,10 @@ import math
 import os
 import sys
 
-from absl import app
 from absl import flags
 import numpy as np
 
-from launch import experiment
+from launch import failures
 from launch import runner
 from launch import train
 from tff_zmg import analysis
@@ -161,47 +166,40 @@ def write_results(
   return best, heatmap_path
 
 
+@failures.one_line_errors('grid_search')
 def main(argv) -> int:
+  del argv
   train.quiet_libraries()
-  if len(argv) > 1:
-    print(f'grid_search: error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
-  try:
-    _check_flags()
-    client_lrs = parse_learning_rates('client_learning_rates', _CLIENT_LRS.value)
-    server_lrs = parse_learning_rates('server_learning_rates', _SERVER_LRS.value)
-    total_rounds = (
-        flags.FLAGS.total_rounds if flags.FLAGS['total_rounds'].present
-        else DEFAULT_TOTAL_ROUNDS
-    )
-    grid_dir = os.path.join(
-        flags.FLAGS.root_output_dir,
-        flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
-    )
-    cells = grid_runs(grid_dir, client_lrs, server_lrs, total_rounds)
-    print(
-        f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
-        f' {len(server_lrs)} server learning rates, {total_rounds} rounds per'
-        f' cell, {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
-    )
-    score_rounds = _SCORE_ROUNDS.value
-    states = runner.run_all(
-        list(cells.values()), parallel=runner.PARALLEL.value, log_dir=os.path.join(grid_dir, 'logs'),
-        describe=lambda run, state: f'score={cell_score(run, state, score_rounds):.4f}',
-    )
-  except (ValueError, experiment.ExperimentError, runner.RunFailed) as e:
-    print(f'grid_search: error: {e}', file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print('grid_search: interrupted; the same command resumes', file=sys.stderr)
-    return 130
-
+  _check_flags()
+  client_lrs = parse_learning_rates('client_learning_rates', _CLIENT_LRS.value)
+  server_lrs = parse_learning_rates('server_learning_rates', _SERVER_LRS.value)
+  total_rounds = (
+      flags.FLAGS.total_rounds if flags.FLAGS['total_rounds'].present
+      else DEFAULT_TOTAL_ROUNDS
+  )
+  grid_dir = os.path.join(
+      flags.FLAGS.root_output_dir,
+      flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
+  )
+  cells = grid_runs(grid_dir, client_lrs, server_lrs, total_rounds)
+  print(
+      f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
+      f' {len(server_lrs)} server learning rates, {total_rounds} rounds per'
+      f' cell, {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
+  )
+  score_rounds = _SCORE_ROUNDS.value
+  states = runner.run_all(
+      list(cells.values()), parallel=runner.PARALLEL.value, log_dir=os.path.join(grid_dir, 'logs'),
+      describe=lambda run, state: f'score={cell_score(run, state, score_rounds):.4f}',
+  )
   best, heatmap_path = write_results(
       grid_dir, cells, states, client_lrs, server_lrs, score_rounds)
   print(f'table: {os.path.join(grid_dir, "grid.csv")}\nheatmap: {heatmap_path}')
   if best is None:
-    print('best: none (every cell diverged)')
-    return 1
+    print('best: none (every cell diverged)', flush=True)
+    print('grid_search: error: every cell diverged; try smaller learning rates',
+          file=sys.stderr, flush=True)
+    return failures.EXIT_DIVERGED
   print(
       f'best: --client_learning_rate={best["client_learning_rate"]!r}'
       f' --server_learning_rate={best["server_learning_rate"]!r}'
@@ -211,4 +209,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('grid_search', main)

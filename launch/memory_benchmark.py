@@ -12,6 +12,9 @@ store with the ratio of the largest population's peak to the smallest's:
 
   store=disk population=30 ... peak_rss_mib=2311 clients_with_state=29
   store=disk peak_rss_ratio=1.01 (population x10)
+
+Exit status: 0 done, 1 a run failed (see its log) or an unexpected failure, 2 bad flags,
+5 the machine refused, 130 interrupted (launch/failures.py).
 """
 
 import json
@@ -21,8 +24,9 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
+
+from launch import failures
 
 _POPULATIONS = flags.DEFINE_list(
     'populations', ['30', '300'], 'Numbers of training clients to compare.'
@@ -87,6 +91,7 @@ def _child(settings: dict) -> None:
   )
 
 
+@failures.one_line_errors('memory_benchmark')
 def main(argv) -> int:
   del argv
   if _CHILD.value:
@@ -137,4 +142,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('memory_benchmark', main)

@@ -25,6 +25,12 @@ flags of `launch.train` (--cache_dir, --executor, --data_source, ...) pass on to
 the ones the protocol sets cannot be given. With --data_source=synthetic the tfds tasks
 (CIFAR-10, the tfds CIFAR-100) are stood in for by synthetic data in TFF's CIFAR-100
 format, split by the same Dirichlet protocol.
+
+Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+settings or data, 4 a TFF worker lost, 5 the machine refused (disk full, permissions),
+130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to resume); a run failing
+otherwise passes on its own status. Every failure is one line `reproduce: error: ...` on
+stderr; --verbose adds the traceback.
 """
 
 import dataclasses
@@ -37,7 +43,6 @@ import sys
 import time
 from typing import Optional
 
-from absl import app
 from absl import flags
 import numpy as np
 import scipy.stats
@@ -45,6 +50,7 @@ import scipy.stats
 import tasks
 from launch import compare
 from launch import experiment
+from launch import failures
 from launch import grid_search
 from launch import papers
 from launch import protocols
@@ -676,29 +682,20 @@ def reproduce(plan: Plan, stream=None) -> str:
   return path
 
 
+@failures.one_line_errors('reproduce')
 def main(argv) -> int:
+  del argv
   train.quiet_libraries()
-  if len(argv) > 1:
-    print(f'reproduce: error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
-  try:
-    plan = make_plan()
-    if _DRY_RUN.value:
-      dry_run(plan)
-      return 0
-    check_data(plan)
-    path = reproduce(plan)
-  except (ValueError, experiment.ExperimentError, runner.RunFailed,
-          tasks.MissingDataError, tasks.CorruptDataError) as e:
-    print(f'reproduce: error: {e}', file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print('reproduce: interrupted; the same command resumes', file=sys.stderr)
-    return 130
+  plan = make_plan()
+  if _DRY_RUN.value:
+    dry_run(plan)
+    return 0
+  check_data(plan)
+  path = reproduce(plan)
   with open(path) as f:
     print(f.read())
   return 0
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('reproduce', main)

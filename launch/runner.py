@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from launch import experiment
+from launch import failures
 from launch import protocols
 from launch import train
 
@@ -41,7 +42,15 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class RunFailed(Exception):
-  """A training run ended with an error other than divergence."""
+  """A training run ended with an error other than divergence.
+
+  `exit_code` is the status this program passes on (launch/failures.py): the run's own
+  when it is one of the documented ones, else 1.
+  """
+
+  def __init__(self, message: str, exit_code: int = failures.EXIT_UNEXPECTED):
+    super().__init__(message)
+    self.exit_code = exit_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +124,9 @@ def _tail(path: str) -> str:
     return ''.join(f.readlines()[-_LOG_TAIL_LINES:])
 
 
-def _last_error_line(path: str) -> str:
+def _last_error_line(path: str, default: str = 'training diverged') -> str:
   lines = [l.strip() for l in _tail(path).splitlines() if 'error:' in l]
-  return lines[-1] if lines else 'training diverged'
+  return lines[-1] if lines else default
 
 
 def run_all(
@@ -195,9 +204,14 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
     with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
       f.write(_last_error_line(log_path) + '\n')
     return DIVERGED
+  documented = (
+      failures.EXIT_UNEXPECTED, failures.EXIT_BAD_INPUT, failures.EXIT_WORKER_LOST,
+      failures.EXIT_ENVIRONMENT, failures.EXIT_INTERRUPTED,
+  )
   raise RunFailed(
-      f'{run.name} failed (exit {returncode}) after {seconds:.0f} s; the end of'
-      f' {log_path}:\n{_tail(log_path)}'
+      f'{run.name} failed (exit {returncode}) after {seconds:.0f} s:'
+      f' {_last_error_line(log_path, "no error line")} (its log: {log_path})',
+      returncode if returncode in documented else failures.EXIT_UNEXPECTED,
   )
 
 
@@ -215,7 +229,7 @@ def _deferred_stop_signals():
     return
   previous = {
       s: signal.signal(s, lambda signum, frame: received.append(signum))
-      for s in (signal.SIGTERM, signal.SIGINT)
+      for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
   }
   try:
     yield received
@@ -225,11 +239,12 @@ def _deferred_stop_signals():
 
 
 def _check_stop(stop_requested) -> None:
-  """Leaves like the default handlers would: KeyboardInterrupt, or exit 128 + SIGTERM."""
+  """Leaves as the program's own handlers would (launch/failures.py): `Interrupted`."""
   if stop_requested:
-    if stop_requested[0] == signal.SIGINT:
-      raise KeyboardInterrupt
-    raise SystemExit(128 + stop_requested[0])
+    raise failures.Interrupted(
+        f'interrupted by {signal.Signals(stop_requested[0]).name}; the runs still going'
+        ' were stopped; re-run the same command to resume'
+    )
 
 
 def _stop(running) -> None:

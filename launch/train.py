@@ -19,25 +19,25 @@ On several machines, each running `python -m launch.worker --port=8000`:
 
   python -m launch.train --task=emnist --algo=fedzmg --workers=hostA:8000,hostB:8000
 
-Exit status: 0 done, 2 bad settings or data or an unreachable worker, 3 divergence, 4 a
-worker lost mid-run (re-run the same command to resume from the last checkpoint).
+Ctrl-C, SIGTERM or SIGHUP stops a run after saying which round's checkpoint it resumes
+from: `train: error: interrupted after round K; re-run the same command to resume`.
+
+Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+settings or data, or an unreachable worker, 3 divergence, 4 a worker lost mid-run, 5 the
+machine refused (disk full, permissions), 130 interrupted; for 4, 5 and 130, re-run the same
+command to resume from the last checkpoint. Every failure is one line on stderr;
+--verbose adds the traceback.
 """
 
 import json
-import os
-import sys
 
-# TF's C++ start-up and grappler INFO lines would bury the progress output; --verbosity
-# does not reach them. Set before TensorFlow is imported.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 import tensorflow as tf
 
 import tasks
 from launch import experiment
+from launch import failures
 from launch import protocols
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import registry
@@ -359,29 +359,15 @@ def quiet_libraries() -> None:
   tf.get_logger().setLevel('ERROR')
 
 
+@failures.one_line_errors('train')
 def main(argv) -> int:
+  del argv
   quiet_libraries()
-  if len(argv) > 1:
-    print(f'train: error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
-  try:
-    applied = apply_protocol_from_flags()
-    if applied:
-      print(f'protocol {_PROTOCOL.value}: {json.dumps(applied)}', flush=True)
-    config = config_from_flags()
-    summary = experiment.run(config)
-  except experiment.DivergedError as e:
-    print(f'train: error: {e}', file=sys.stderr)
-    return 3
-  except experiment.WorkerLostError as e:
-    print(f'train: error: {e}', file=sys.stderr)
-    return 4
-  except (
-      ValueError, experiment.ExperimentError, tasks.MissingDataError,
-      tasks.CorruptDataError,
-  ) as e:
-    print(f'train: error: {e}', file=sys.stderr)
-    return 2
+  applied = apply_protocol_from_flags()
+  if applied:
+    print(f'protocol {_PROTOCOL.value}: {json.dumps(applied)}', flush=True)
+  config = config_from_flags()
+  summary = experiment.run(config)
   print('summary: ' + json.dumps(summary), flush=True)
   return 0
 
@@ -390,4 +376,4 @@ if __name__ == '__main__':
   # Required only here, so that the grid search and comparison programs can import these
   # flags and pass them through (they set --algo themselves, or take --algos).
   flags.mark_flags_as_required(['task', 'algo'])
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('train', main)

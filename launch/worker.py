@@ -9,21 +9,22 @@ Training programs on other machines then spread their rounds' clients over such 
 Every worker must run the same TFF version as the training program (this prints its
 own). The service has no authentication or encryption: run it on a trusted network only.
 
-Exit status: 0 when stopped with Ctrl-C, 128+15 on SIGTERM, 1 if the worker could not start
-or ended by itself, 2 for a bad flag or a port already in use.
+Exit status (launch/failures.py): 0 when stopped (Ctrl-C, SIGTERM or SIGHUP: a server's
+normal end), 1 an unexpected failure (a bug), 2 a bad flag or a port already in use, 4 the
+worker ended by itself, 5 the worker could not start. Every failure is one line
+`worker: error: ...` on stderr; --verbose adds the traceback.
 """
 
-import signal
 import socket
 import sys
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 import portpicker
 import tensorflow_federated as tff
 
+from launch import failures
 from tff_zmg.runtime import cpp_worker
 
 _PORT = flags.DEFINE_integer('port', None, 'TCP port to serve on (all interfaces).')
@@ -50,31 +51,21 @@ def _tail(path: str, lines: int = 20) -> str:
     return ''
 
 
+@failures.one_line_errors('worker')
 def main(argv) -> int:
+  del argv
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    print(f'worker: error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
   port = _PORT.value
   # Checked here rather than marked required, so that importing this module next to
   # another program's flags (tests, a launcher of launchers) does not make --port theirs.
   if port is None:
-    print('worker: error: --port is required, e.g. --port=8000', file=sys.stderr)
-    return 2
+    raise ValueError('--port is required, e.g. --port=8000')
   if not 1 <= port <= 65535:
-    print(f'worker: error: --port must be in 1..65535, got {port}', file=sys.stderr)
-    return 2
+    raise ValueError(f'--port must be in 1..65535, got {port}')
   if not portpicker.is_port_free(port):
-    print(
-        f'worker: error: port {port} is already in use on this machine; choose another'
-        ' --port',
-        file=sys.stderr,
-    )
-    return 2
-  # Ctrl-C must stop the worker even when a shell started this in the background (which
-  # ignores SIGINT); worker_binary itself ignores SIGINT, so it is stopped with SIGTERM.
-  signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise ValueError(f'port {port} is already in use on this machine; choose another --port')
+  # worker_binary ignores SIGINT, so it is stopped with SIGTERM (`LocalWorker.stop`).
   worker = cpp_worker.LocalWorker(
       _MAX_CONCURRENT.value, port=port, intra_op_threads=_INTRA_OP_THREADS.value
   )
@@ -82,10 +73,9 @@ def main(argv) -> int:
   try:
     try:
       worker.stub()
-    except cpp_worker.WorkerStartError as e:
+    except cpp_worker.WorkerStartError:
       keep_log = True  # The message names it.
-      print(f'worker: error: {e}', file=sys.stderr)
-      return 1
+      raise
     print(
         f'TFF {tff.__version__} worker (pid {worker.pid}) serving on'
         f' {socket.gethostname()}:{port}; its log is {worker.log_path}.'
@@ -95,19 +85,19 @@ def main(argv) -> int:
     while worker.poll() is None:
       time.sleep(_POLL_S)
     log_path, status, keep_log = worker.log_path, worker.poll(), True
+    last = _tail(log_path, 1).strip() or 'empty'
     print(
         f'worker: error: the TFF worker ended by itself (status {status}); its log'
-        f' {log_path} ends with:\n{_tail(log_path)}',
+        f' {log_path} ends with: {last}',
         file=sys.stderr,
     )
-    return 1
-  except KeyboardInterrupt:
+    return failures.EXIT_WORKER_LOST
+  except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (launch/failures.py).
     print('worker: stopped', flush=True)
     return 0
   finally:
-    # On SIGTERM, tff_zmg.runtime.cpp_worker's handler stops the worker and exits through here.
     worker.stop(keep_log=keep_log)
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  failures.run_program('worker', main, own_tempdir=False)

@@ -11,6 +11,8 @@ import os
 import sqlite3
 from typing import Callable, Optional
 
+from google.protobuf import message as protobuf_message
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import partition as partition_lib
@@ -37,8 +39,33 @@ class CorruptDataError(ValueError):
   """The task's data file exists but is not a TFF federated SQLite database."""
 
 
+def _first_examples(con: sqlite3.Connection, path: str, splits) -> None:
+  """Reads and parses one example of each split: garbage pages fail here, not in a round.
+
+  Only the pages read are checked (a whole-file check would read gigabytes at every start);
+  a bad page met later fails the run with TensorFlow's `DataLossError` (exit 2 too).
+  """
+  for split in splits:
+    row = con.execute(
+        'SELECT serialized_example_proto FROM examples WHERE split_name = ? LIMIT 1', (split,)
+    ).fetchone()
+    if row is None:
+      raise CorruptDataError(
+          f'{path} lists clients of the split {split!r} but holds none of its examples;'
+          ' delete it and fetch it again.'
+      )
+    try:
+      tf.train.Example.FromString(row[0])
+    except (protobuf_message.DecodeError, TypeError) as e:
+      raise CorruptDataError(
+          f'{path} holds an example of the split {split!r} that is not a tf.train.Example'
+          f' ({e}); the file is damaged: delete it and fetch it again.'
+      ) from e
+
+
 def _check_database(path: str, splits: tuple[str, ...]) -> None:
-  """Fails with one clear message unless `path` holds TFF's tables and the splits."""
+  """Fails with one clear message unless `path` holds TFF's tables, the splits, and a
+  readable first example of each."""
   try:
     with contextlib.closing(sqlite3.connect(f'file:{path}?mode=ro', uri=True)) as con:
       tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -46,6 +73,8 @@ def _check_database(path: str, splits: tuple[str, ...]) -> None:
       found = set()
       if not missing:
         found = {r[0] for r in con.execute('SELECT DISTINCT split_name FROM client_metadata')}
+      if not missing and set(splits) <= found:
+        _first_examples(con, path, splits)
   except sqlite3.DatabaseError as e:
     raise CorruptDataError(
         f'{path} is not a readable SQLite database ({e}). Delete it and fetch it again.'

@@ -47,6 +47,8 @@ from collections.abc import Mapping, Sequence
 import functools
 import json
 import os
+import sys
+import time
 from typing import Any, Callable, Optional
 import zlib
 
@@ -87,6 +89,8 @@ DEFAULT_SETTINGS = {
 }
 
 # Bump when the generator changes, so cached directories are not reused.
+# How often (at most) generating a large synthetic dataset prints its progress.
+PROGRESS_INTERVAL_S = 5.0
 _GENERATOR_VERSION = 1
 
 _PURPOSE_PROTOTYPES = 1
@@ -640,6 +644,8 @@ def write_synthetic_sqlite(
     mean_examples_per_client: int,
     dirichlet_alpha: float = 0.5,
     seed: int = 0,
+    progress_interval_s: float = PROGRESS_INTERVAL_S,
+    progress_stream=None,
 ) -> None:
   """Writes a synthetic federated dataset for `task_name` at `database_path`.
 
@@ -659,10 +665,25 @@ def write_synthetic_sqlite(
     dirichlet_alpha: Concentration of the per-client Dirichlet label skew
       (source-snippet skew for Shakespeare), > 0; smaller is more skewed.
     seed: Non-negative integer; equal arguments give identical examples.
+    progress_interval_s: Large datasets take minutes: a progress line (clients done,
+      seconds) goes to `progress_stream` (default stdout) at most this often, the first
+      after this long, so small ones print nothing.
+    progress_stream: Where the progress lines go.
 
   Raises:
     ValueError: If an argument is invalid.
   """
+  start = last_progress = time.monotonic()
+  total_clients = None
+
+  def report_progress(done: int, what: str = 'clients generated') -> None:
+    nonlocal last_progress
+    now = time.monotonic()
+    if now - last_progress >= progress_interval_s:
+      last_progress = now
+      print(f'synthetic {task_name} data: {done}/{total_clients} {what} ({now - start:.0f} s)',
+            file=progress_stream or sys.stdout, flush=True)
+
   settings = _validated_settings(
       task_name,
       num_train_clients,
@@ -675,6 +696,7 @@ def write_synthetic_sqlite(
   examples_by_id = {}
   split_by_id = {}
   counts = (settings['num_train_clients'], settings['num_test_clients'])
+  total_clients = sum(counts)
   for split, (prefix, split_name, count) in enumerate(
       zip(('train', 'test'), SPLIT_NAMES[task_name], counts)
   ):
@@ -687,8 +709,14 @@ def write_synthetic_sqlite(
           settings['dirichlet_alpha'],
       )
       split_by_id[client_id] = split_name
+      report_progress(len(examples_by_id))
+
+  written = 0
 
   def dataset_fn(client_id: str) -> tf.data.Dataset:
+    nonlocal written
+    report_progress(written, 'clients written')
+    written += 1
     return tf.data.Dataset.from_tensor_slices(examples_by_id[client_id])
 
   database_path = os.fspath(database_path)

@@ -16,7 +16,9 @@ import tensorflow_federated as tff
 from tff_zmg.runtime import cpp_worker
 
 # A program that runs one federated computation on a managed context, prints its worker's
-# pid, then ends as argv[1] says.
+# pid once it has checked that the worker still runs, waits for the test's go-ahead on
+# stdin (so that the worker is alive while the test looks at it, however loaded the
+# machine), then ends as argv[1] says.
 _PROGRAM = textwrap.dedent("""
     import signal, sys, time
     import numpy as np
@@ -30,8 +32,11 @@ _PROGRAM = textwrap.dedent("""
 
     worker = tff_zmg.runtime.cpp_worker.set_default_execution_context()
     assert mean([1.0, 3.0]) == 2.0
+    assert worker.poll() is None
     print('WORKER', worker.pid, flush=True)
     how = sys.argv[1]
+    if how != 'wait':
+      sys.stdin.readline()
     if how == 'raise':
       raise RuntimeError('the program failed')
     if how == 'wait':
@@ -65,7 +70,7 @@ def _worker_is_gone(pid: int, timeout: float = 10.0) -> bool:
 def test_no_worker_outlives_the_program(how, signum):
   program = subprocess.Popen(
       [sys.executable, '-c', _PROGRAM, how],
-      stdin=subprocess.DEVNULL,
+      stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL,
       text=True,
@@ -74,10 +79,14 @@ def test_no_worker_outlives_the_program(how, signum):
     line = program.stdout.readline()
     assert line.startswith('WORKER '), f'program did not report its worker: {line!r}'
     worker_pid = int(line.split()[1])
-    assert psutil.pid_exists(worker_pid)
+    # The program waits (on stdin, or in its sleep) until told to end: its worker runs.
+    worker = psutil.Process(worker_pid)
+    assert worker.status() != psutil.STATUS_ZOMBIE
+    assert worker.ppid() == program.pid and 'worker_binary' in ' '.join(worker.cmdline())
     if signum is not None:
       program.send_signal(signum)
-    # The pipe closes only when every process holding it is gone: a leaked worker that
+    # communicate() closes stdin: the go-ahead (EOF) for the programs that wait on it. The
+    # stdout pipe closes only when every process holding it is gone: a leaked worker that
     # inherited stdout would make this time out, which is exactly the CI hang.
     rest, _ = program.communicate(timeout=60)
     assert rest == ''

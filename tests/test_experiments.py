@@ -219,7 +219,8 @@ def test_compare_refuses_runs_on_different_data_splits(run_main, tmp_path):
   _fake_run(root, 'emnist', 'fedavg', 0, [0.5] * 4, partition='dirichlet')
   rc, _, err = run_main(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
                         f'--root_output_dir={root}', '--collect_only')
-  assert rc == 2 and 'do not share one data split' in err and "partition='dirichlet'" in err
+  assert rc == 2, err
+  assert 'do not share one data split' in err and "partition='dirichlet'" in err
 
 
 def test_compare_builds_one_training_run_per_algorithm_and_seed(tmp_path):

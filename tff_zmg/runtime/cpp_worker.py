@@ -61,6 +61,9 @@ WORKER_HELP = (
 _lock = threading.Lock()
 _live_workers: set['LocalWorker'] = set()
 _started_pids: list[int] = []
+# Set once the program is ending (`stop_all_workers(final=True)`, at exit): no worker starts
+# after that, e.g. for a computation that a finalizer or a `finally` runs during shutdown.
+_final = False
 
 
 def worker_binary_path() -> str:
@@ -114,6 +117,7 @@ class LocalWorker:
     self._stub: Optional[tff.framework.RemoteExecutorGrpcStub] = None
     self._log_path: Optional[str] = None
     self._start_lock = threading.Lock()
+    self._closed = False
 
   @property
   def pid(self) -> Optional[int]:
@@ -178,12 +182,28 @@ class LocalWorker:
     logging.info('Started TFF worker pid %d on port %d', self._process.pid, port)
 
   def stub(self) -> tff.framework.RemoteExecutorGrpcStub:
-    """The worker's stub, (re)starting the worker if it is not serving."""
+    """The worker's stub, (re)starting the worker if it is not serving.
+
+    Raises:
+      WorkerStartError: it did not start, or it was closed (`close()`) or the program is
+        ending (`stop_all_workers(final=True)`): a computation run then, say by cleanup
+        code after Ctrl-C, fails instead of starting a worker that nothing would stop.
+    """
     with self._start_lock:
       if self._stub is None or not self._stub.is_ready:
         self.stop()
+        if self._closed or _final:
+          raise WorkerStartError(
+              'the TFF worker was stopped for good ('
+              + ('closed' if self._closed else 'the program is ending') + ')'
+          )
         self._start()
       return self._stub
+
+  def close(self) -> None:
+    """Stops the worker for good: `stub()` then fails instead of starting a new one."""
+    self._closed = True
+    self.stop()
 
   def stop(self, keep_log: bool = False) -> None:
     """Ends the worker: SIGTERM (it ignores SIGINT), then SIGKILL after a grace period."""
@@ -239,9 +259,14 @@ def started_worker_pids() -> list[int]:
     return list(_started_pids)
 
 
-def stop_all_workers() -> None:
-  """Stops every worker this process started. Safe to call any number of times."""
+def stop_all_workers(final: bool = False) -> None:
+  """Stops every worker this process started. Safe to call any number of times.
+
+  `final`: the program is ending; no worker may start any more (at exit).
+  """
+  global _final
   with _lock:
+    _final = _final or final
     workers = list(_live_workers)
   for worker in workers:
     worker.stop()
@@ -525,7 +550,7 @@ def execution_context(
     with tff.framework.get_context_stack().install(context):
       yield worker
   finally:
-    worker.stop()
+    worker.close()
 
 
 def set_default_execution_context(
@@ -546,13 +571,13 @@ def set_default_execution_context(
 
 def _stop_on_sigterm(signum, frame):
   del frame
-  stop_all_workers()
+  stop_all_workers(final=True)
   # Leave through the normal exit path, so `finally` blocks and atexit handlers run.
   raise SystemExit(128 + signum)
 
 
 def _install_exit_handlers() -> None:
-  atexit.register(stop_all_workers)
+  atexit.register(stop_all_workers, final=True)
   if (
       threading.current_thread() is threading.main_thread()
       and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -1,0 +1,299 @@
+"""How every program of `launch` ends: one line on stderr and a documented exit status.
+
+Each program's `__main__` calls `run_program('<program>', main)`. Whatever stops it, the user
+sees one line `<program>: error: <message>` (never a traceback; `--verbose` adds it) and the
+program exits with
+
+  0    done;
+  1    an unexpected failure, a bug (the line names the exception; --verbose shows where);
+  2    bad input: a flag (unknown, malformed, missing, out of range), settings or data
+       (missing, corrupt) that the program refuses, an unreachable remote worker;
+  3    training diverged (`experiment.DivergedError`; the last good checkpoint is kept);
+  4    a TFF worker was lost mid-run (`experiment.WorkerLostError`; re-run to resume);
+  5    the machine refused: a full disk, a folder that cannot be written, a file where a
+       folder belongs (`experiment.RunEnvironmentError`, and the `OSError`s, TensorFlow
+       and gRPC errors that carry such a cause); re-run once it is fixed;
+  130  interrupted by Ctrl-C (SIGINT), SIGTERM or SIGHUP (training says after which round
+       and resumes when re-run).
+
+The stop signals raise `Interrupted` (a `KeyboardInterrupt`), so cleanup code (`finally`,
+context managers) runs and no TFF worker outlives the program. Besides, each program gets
+a temporary directory of its own for TensorFlow's autograph files and TFF's worker logs
+(`TMPDIR` and `tempfile.tempdir`), removed when it ends; the ones of programs killed with
+SIGKILL are removed by the next program that starts.
+
+Nothing here imports TensorFlow: importing `launch` sets `TF_CPP_MIN_LOG_LEVEL` first.
+"""
+
+import contextlib
+import errno
+import functools
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import traceback
+from typing import Callable, Optional
+
+from absl import app
+from absl import flags
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+EXIT_WORKER_LOST = 4
+EXIT_ENVIRONMENT = 5
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES_HELP = (
+    'Exit status: 0 done, 1 an unexpected failure (a bug; --verbose shows the traceback),'
+    ' 2 bad input (flags, settings, data), 3 divergence, 4 a TFF worker lost mid-run,'
+    ' 5 the machine refused (disk full, permissions, a file where a folder belongs),'
+    ' 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). Every failure ends in one line'
+    ' "<program>: error: <message>" on stderr.'
+)
+
+VERBOSE = flags.DEFINE_bool(
+    'verbose', False, 'On failure, print the traceback before the one-line error.'
+)
+
+# errno values that mean the machine, not the user's settings, refused an operation.
+_ENVIRONMENT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
+        errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EIO, errno.EMFILE, errno.ENFILE,
+        errno.ENOTEMPTY, errno.EXDEV,
+    }
+)
+# The same causes as TensorFlow's and gRPC's messages spell them (strerror texts): those
+# errors carry a status code, not the errno.
+_ENVIRONMENT_TEXTS = tuple(
+    os.strerror(e)
+    for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS,
+              errno.ENOTDIR, errno.EISDIR)
+)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_TMP_PREFIX = 'tff_zmg-tmp-'
+
+
+class Interrupted(KeyboardInterrupt):
+  """A stop signal (Ctrl-C, SIGTERM, SIGHUP); the message says what is kept, if known."""
+
+
+def environment_cause(error: BaseException) -> Optional[str]:
+  """The machine's refusal carried by `error` ('No space left on device: <path>'), else None.
+
+  Looks at `OSError.errno` and, for TensorFlow and gRPC errors (which carry a status code,
+  not the errno), at the strerror text in their message; follows `__cause__` chains.
+  """
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
+      where = error.filename or ''
+      return f'{error.strerror or os.strerror(error.errno)}{": " + str(where) if where else ""}'
+    text = _error_text(error)
+    for cause in _ENVIRONMENT_TEXTS:
+      if cause in text:
+        return _one_line(text)
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def _error_text(error: BaseException) -> str:
+  details = getattr(error, 'details', None)  # grpc.RpcError
+  if callable(details):
+    with contextlib.suppress(Exception):
+      return str(details() or '')
+  message = getattr(error, 'message', None)  # tf.errors.OpError
+  return str(message if isinstance(message, str) else error)
+
+
+def _one_line(text: str) -> str:
+  # TensorFlow wraps an op's error in "{{function_node ...}} ... [Op:SaveV2]": only noise.
+  text = re.sub(r'\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?', '', str(text))
+  lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+  # TensorFlow appends op and node lines ("[[{{node SaveV2}}]]"); the cause is first.
+  lines = [l for l in lines if not l.startswith(('[[', '{{'))] or lines
+  return re.sub(r'\s+', ' ', '; '.join(lines[:3]))
+
+
+def classify(error: BaseException) -> tuple[int, str]:
+  """(exit status, one-line message) for an exception that ended a program."""
+  # Imported here: they import TensorFlow, and flag errors must not wait for it.
+  from launch import experiment  # pylint: disable=g-import-not-at-top
+  import tasks  # pylint: disable=g-import-not-at-top
+
+  if isinstance(error, KeyboardInterrupt):
+    message = str(error) if isinstance(error, Interrupted) and str(error) else ''
+    return EXIT_INTERRUPTED, message or 'interrupted; re-run the same command to resume'
+  if isinstance(error, flags.Error):
+    return EXIT_BAD_INPUT, _one_line(error)
+  if isinstance(error, experiment.DivergedError):
+    return EXIT_DIVERGED, _one_line(error)
+  if isinstance(error, experiment.WorkerLostError):
+    return EXIT_WORKER_LOST, _one_line(error)
+  if isinstance(error, experiment.RunEnvironmentError):
+    return EXIT_ENVIRONMENT, _one_line(error)
+  if isinstance(error, (tasks.MissingDataError, tasks.CorruptDataError)):
+    return EXIT_BAD_INPUT, _one_line(error)
+  if type(error).__name__ == 'DataLossError':  # tf.errors: a damaged data file, read late.
+    return EXIT_BAD_INPUT, (
+        f'a data file is damaged ({_one_line(error)}); delete it and fetch it again'
+    )
+  cause = environment_cause(error)
+  if cause is not None:
+    return EXIT_ENVIRONMENT, (
+        f'the machine refused: {cause}. Free some space or fix the permissions, then re-run'
+        ' the same command'
+    )
+  if isinstance(error, (experiment.ExperimentError, ValueError)):
+    return EXIT_BAD_INPUT, _one_line(error)
+  if isinstance(error, FileNotFoundError):
+    return EXIT_BAD_INPUT, _one_line(error)
+  tff_worker = sys.modules.get('tff_zmg.runtime.cpp_worker')
+  if tff_worker is not None and isinstance(error, tff_worker.WorkerStartError):
+    return EXIT_ENVIRONMENT, _one_line(error)
+  runner = sys.modules.get('launch.runner')
+  if runner is not None and isinstance(error, runner.RunFailed):
+    return error.exit_code, _one_line(error)
+  if isinstance(error, OSError):
+    return EXIT_ENVIRONMENT, _one_line(error)
+  return EXIT_UNEXPECTED, (
+      f'unexpected {type(error).__name__}: {_one_line(error)} (a bug: --verbose shows the'
+      ' traceback)'
+  )
+
+
+def _raise_interrupted(signum, frame) -> None:
+  del frame
+  raise Interrupted(f'interrupted by {signal.Signals(signum).name}')
+
+
+def install_stop_signals() -> None:
+  """Ctrl-C, SIGTERM and SIGHUP raise `Interrupted` in the main thread.
+
+  SIGINT too, as a shell that starts a program in the background makes it ignore SIGINT.
+  """
+  for signum in _STOP_SIGNALS:
+    signal.signal(signum, _raise_interrupted)
+
+
+def _process_start_time(pid: int) -> Optional[str]:
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[19]  # Field 22: start time since boot.
+  except (OSError, IndexError):
+    return None
+
+
+def _remove_stale_temp_dirs(parent: str) -> None:
+  """Removes the temporary directories of programs that are gone (killed with SIGKILL)."""
+  with contextlib.suppress(OSError):
+    for name in os.listdir(parent):
+      match = re.fullmatch(re.escape(_TMP_PREFIX) + r'(\d+)-(\d+)', name)
+      if match and _process_start_time(int(match.group(1))) != match.group(2):
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_tempdir():
+  """This process's own temporary directory (TMPDIR, `tempfile.tempdir`), removed at the end.
+
+  TensorFlow's autograph writes a file per converted function and TFF's worker a log;
+  a program killed with SIGKILL leaves them, so its directory (named by pid and start
+  time) is removed by the next program that starts. The workers this process started are
+  stopped before their logs go.
+  """
+  parent = tempfile.gettempdir()
+  _remove_stale_temp_dirs(parent)
+  start = _process_start_time(os.getpid())
+  if start is None:  # Not Linux: no way to tell a dead owner; the system's temp dir.
+    yield parent
+    return
+  path = os.path.join(parent, f'{_TMP_PREFIX}{os.getpid()}-{start}')
+  os.makedirs(path, exist_ok=True)
+  saved = tempfile.tempdir, os.environ.get('TMPDIR')
+  tempfile.tempdir = path
+  os.environ['TMPDIR'] = path  # The TFF worker and other children.
+  try:
+    yield path
+  finally:
+    tff_worker = sys.modules.get('tff_zmg.runtime.cpp_worker')
+    if tff_worker is not None:
+      tff_worker.stop_all_workers(final=True)
+    tempfile.tempdir = saved[0]
+    if saved[1] is None:
+      os.environ.pop('TMPDIR', None)
+    else:
+      os.environ['TMPDIR'] = saved[1]
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def report(program: str, error: BaseException, stream=None) -> int:
+  """Prints the one line (after the traceback with --verbose); returns the exit status."""
+  stream = stream or sys.stderr
+  code, message = classify(error)
+  verbose = flags.FLAGS.is_parsed() and VERBOSE.value
+  if verbose:
+    traceback.print_exception(error, file=stream)
+  print(f'{program}: error: {message}', file=stream, flush=True)
+  return code
+
+
+def guarded_main(program: str, main: Callable[[list], Optional[int]], argv: list) -> int:
+  """Runs `main(argv)`; any exception becomes one line and its exit status."""
+  try:
+    if len(argv) > 1:
+      raise ValueError(f'unexpected arguments {argv[1:]}')
+    return main(argv) or EXIT_OK
+  except SystemExit:
+    raise
+  except BaseException as e:  # pylint: disable=broad-except
+    return report(program, e)
+
+
+def one_line_errors(program: str):
+  """Decorates a program's `main(argv)`: exceptions become one line and an exit status.
+
+  Programs call their decorated `main` through `run_program`; tests call it directly.
+  """
+
+  def decorate(main):
+    @functools.wraps(main)
+    def guarded(argv):
+      return guarded_main(program, main, argv)
+
+    return guarded
+
+  return decorate
+
+
+def _parse_flags(program: str, argv: list) -> list:
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'{program}: error: {_one_line(e)} (--helpfull lists the flags)', file=sys.stderr,
+          flush=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def run_program(
+    program: str, main: Callable[[list], Optional[int]], own_tempdir: bool = True
+) -> None:
+  """`absl.app.run` for `main`, with this module's flag errors, signals and exit statuses.
+
+  `own_tempdir`: run in `private_tempdir()` (False for a program whose temporary files,
+  such as a worker's log it names on failure, must outlive it).
+  """
+  install_stop_signals()
+
+  def run(argv):
+    with private_tempdir() if own_tempdir else contextlib.nullcontext():
+      code = guarded_main(program, main, argv)
+    sys.exit(code)
+
+  app.run(run, flags_parser=lambda argv: _parse_flags(program, argv))

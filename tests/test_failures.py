@@ -1,0 +1,306 @@
+"""Every failure a user causes ends in one line and a documented exit status (issue 21).
+
+Real subprocesses of the programs (launch/failures.py maps the failures); cheap cases that
+fail before the first round run side by side.
+"""
+
+import glob
+import io
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+import tensorflow as tf
+
+from launch import failures
+from launch import train
+from tasks import synthetic
+from tff_zmg.runtime import cpp_worker
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SMALL = [
+    '--data_source=synthetic',
+    '--synthetic_train_clients=6',
+    '--synthetic_test_clients=2',
+    '--synthetic_examples_per_client=12',
+    '--clients_per_round=3',
+    '--num_eval_clients=2',
+]
+
+
+def _environment(tmpdir):
+  """The programs' environment: TMPDIR a folder of the test's, TF's log level unset (the
+  programs' own default must keep stderr clean)."""
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  os.makedirs(tmpdir, exist_ok=True)
+  env['TMPDIR'] = str(tmpdir)
+  return env
+
+
+def _start(program, *args, tmpdir, **kwargs):
+  return subprocess.Popen(
+      [sys.executable, '-m', f'launch.{program}', *args], cwd=_REPO, text=True,
+      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env=_environment(tmpdir), **kwargs,
+  )
+
+
+def _workers_of(pid):
+  """TFF workers whose parent is `pid` or that name it (none may be left)."""
+  return [
+      p.pid for p in psutil.process_iter(['ppid', 'cmdline'])
+      if p.info['ppid'] == pid and 'worker_binary' in ' '.join(p.info['cmdline'] or [])
+  ]
+
+
+def _one_error_line(err, program):
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, err
+  assert lines[0].startswith(f'{program}: error: ') and 'Traceback' not in err, err
+  return lines[0]
+
+
+def _garble_examples(path):
+  """Random bytes over every page of the examples table; the metadata stays intact."""
+  with sqlite3.connect(path) as con:
+    pages = [r[0] for r in con.execute("SELECT pageno FROM dbstat WHERE name = 'examples'")]
+    page_size = con.execute('PRAGMA page_size').fetchone()[0]
+  rng = random.Random(0)
+  with open(path, 'r+b') as f:
+    for page in pages:
+      f.seek((page - 1) * page_size)
+      f.write(bytes(rng.getrandbits(8) for _ in range(page_size)))
+
+
+@pytest.fixture(scope='module')
+def small_data(tmp_path_factory):
+  """The small synthetic EMNIST data of `_SMALL` (cache dir) and a copy with garbage pages."""
+  cache_dir = str(tmp_path_factory.mktemp('failures_cache'))
+  directory = synthetic.ensure_synthetic_cache_dir(
+      'emnist', cache_dir, num_train_clients=6, num_test_clients=2,
+      mean_examples_per_client=12,
+  )
+  corrupt_dir = str(tmp_path_factory.mktemp('corrupt'))
+  corrupt = os.path.join(corrupt_dir, 'emnist_all.sqlite')
+  shutil.copy(os.path.join(directory, 'emnist_all.sqlite'), corrupt)
+  _garble_examples(corrupt)
+  return cache_dir, corrupt_dir
+
+
+def test_bad_input_ends_in_one_line_before_anything_runs(small_data, tmp_path):
+  """Flag errors (absl's exit 1 before), data and output paths, in every kind of program."""
+  cache_dir, corrupt_dir = small_data
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('not a directory')
+  stale = tmp_path / 'tmp' / 'tff_zmg-tmp-999999999-1'  # A program killed with SIGKILL.
+  stale.mkdir(parents=True)
+  (stale / '__autograph_generated_filex.py').write_text('')
+  cases = [
+      ('train', ['--task=mnist', '--algo=fedavg'], 2, 'value should be one of'),
+      ('train', ['--task=emnist', '--algo=fedavg', '--data_source=tff',
+                 f'--cache_dir={corrupt_dir}', f'--root_output_dir={tmp_path / "runs"}'],
+       2, 'database disk image is malformed'),
+      ('grid_search', ['--task=emnist', '--algo=fedavg', '--no_such_flag'], 2,
+       "Unknown command line flag 'no_such_flag'"),
+      ('data_stats', ['--task=emnist', '--data_source=tff', f'--cache_dir={corrupt_dir}',
+                      f'--output_dir={tmp_path / "stats"}'], 2,
+       'database disk image is malformed'),
+      ('data_stats', ['--task=emnist', *_SMALL[:4], f'--cache_dir={cache_dir}',
+                      f'--output_dir={a_file}'], 5, 'is a file, not a directory'),
+      ('worker', ['--port=0'], 2, 'must be in 1..65535'),
+  ]
+  procs = [_start(p, *args, tmpdir=tmp_path / 'tmp') for p, args, _, _ in cases]
+  for proc, (program, _, code, message) in zip(procs, cases):
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == code, (program, err)
+    assert message in _one_error_line(err, program), err
+    assert 'round' not in out and 'counting' not in out  # Nothing was computed.
+  assert not (tmp_path / 'runs').exists()
+  # Each program's temporary directory is gone, and so is the killed program's.
+  assert os.listdir(tmp_path / 'tmp') == []
+
+
+def test_another_program_succeeds_with_nothing_on_stderr(small_data, tmp_path):
+  """TensorFlow's C++ start-up lines stay off stderr in every program (not only train)."""
+  cache_dir, _ = small_data
+  proc = _start('data_stats', '--task=emnist', *_SMALL[:4], f'--cache_dir={cache_dir}',
+                f'--output_dir={tmp_path / "stats"}', tmpdir=tmp_path / 'tmp')
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0 and err == '', err
+  assert 'emnist_summary' in out or 'tables:' in out
+  assert os.listdir(tmp_path / 'tmp') == []
+
+
+def _checkpoints(run_dir):
+  return sorted(int(n.rsplit('_', 1)[1]) for n in os.listdir(run_dir / 'checkpoints')
+                if n.rsplit('_', 1)[1].isdigit())
+
+
+@pytest.fixture
+def run_train(small_data, tmp_path, capsys):
+  """`launch.train.main` in this process (a resume without another TensorFlow start-up)."""
+  cache_dir, _ = small_data
+
+  def run(*args):
+    flags = train.flags.FLAGS
+    flags.unparse_flags()
+    flags(['train', f'--cache_dir={cache_dir}', f'--root_output_dir={tmp_path / "runs"}',
+           *_SMALL, *args])
+    rc = train.main(['train'])
+    return (rc, *capsys.readouterr())
+
+  yield run
+  train.flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize(
+    'algo, signum, after, resume',
+    [
+        ('fedavg', signal.SIGINT, 'round 1/', True),
+        # FedRKMGC, where a second worker once started during the shutdown; the same
+        # handler for the others: stopped early and not resumed, to keep the suite short
+        # (tests/test_train.py resumes a killed FedRKMGC run).
+        ('fedrkmgc', signal.SIGINT, 'round 0/', False),
+        ('fedavg', signal.SIGTERM, 'round 0/', False),
+        ('fedavg', signal.SIGHUP, 'round 0/', False),
+    ],
+    ids=['ctrl_c', 'ctrl_c_fedrkmgc', 'sigterm', 'sighup'],
+)
+def test_a_stop_signal_mid_run_says_which_round_resumes_and_it_does(
+    small_data, tmp_path, run_train, algo, signum, after, resume
+):
+  """The line names the newest checkpoint on disk, whatever moment the signal lands in:
+  after a round's progress line its checkpoint may or may not be saved yet."""
+  cache_dir, _ = small_data
+  args = ['--task=emnist', f'--algo={algo}', '--total_rounds=2']
+  # --verbosity=0 logs each worker start: exactly one, none during the shutdown.
+  verbosity = ['--verbosity=0'] if algo == 'fedrkmgc' else []
+  proc = _start('train', f'--cache_dir={cache_dir}', f'--root_output_dir={tmp_path / "runs"}',
+                *_SMALL, *args, *verbosity, tmpdir=tmp_path / 'tmp')
+  try:
+    for line in proc.stdout:  # Synchronised on the program's output, not on time.
+      if line.startswith(after):
+        proc.send_signal(signum)
+        break
+    _, err = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == failures.EXIT_INTERRUPTED, err
+  assert not _workers_of(proc.pid)
+  run_dir = tmp_path / 'runs' / f'emnist_{algo}_seed0'
+  kept = _checkpoints(run_dir) or [None]
+  # The round named is the newest checkpoint on disk: what the re-run resumes from.
+  expected = (f'train: error: interrupted after round {kept[-1]}; re-run the same command'
+              ' to resume')
+  if kept[-1] is None:
+    expected = ('train: error: interrupted before the first checkpoint; re-run the same'
+                ' command to start')
+  if verbosity:
+    assert 'Traceback' not in err and err.count('Started TFF worker') == 1, err
+    # (TFF logs at INFO that the closed worker no longer answers its value disposals.)
+    assert [l for l in err.splitlines() if l.startswith('train: ')] == [expected], err
+  else:
+    assert _one_error_line(err, 'train') == expected
+  assert os.listdir(tmp_path / 'tmp') == []  # Autograph files and worker log: gone.
+  if not resume:
+    return
+  rc, out, err = run_train(*args)
+  assert rc == 0, err
+  if kept[-1] is not None:
+    assert f'round {kept[-1] + 1}/2' in out and f'round {kept[-1]}/2' not in out
+  assert 'round 2/2' in out and _checkpoints(run_dir)[-1] == 2
+
+
+@pytest.mark.skipif(shutil.which('unshare') is None, reason='needs unshare (util-linux)')
+@pytest.mark.parametrize('algo, resume', [('fedavg', True), ('fedrkmgc', False)])
+def test_a_full_disk_while_saving_is_one_line_and_the_kept_checkpoint_resumes(
+    small_data, tmp_path, run_train, algo, resume
+):
+  """The run's root is a 10 MiB tmpfs (a user namespace mounts it without root): round 0's
+  checkpoint fits; round 1's does not (TF's SaveV2 in this process for fedavg; the TFF
+  worker writing FedRKMGC's client states, a gRPC error). The tmpfs is then copied back
+  where it was mounted, so that the same command resumes from what it kept."""
+  cache_dir, _ = small_data
+  root = tmp_path / 'runs'
+  stash = tmp_path / 'stash'
+  root.mkdir()
+  probe = subprocess.run(['unshare', '-rm', 'true'], capture_output=True)
+  if probe.returncode != 0:
+    pytest.skip(f'user namespaces are not available: {probe.stderr!r}')
+  train_cmd = ' '.join([
+      sys.executable, '-m', 'launch.train', f'--cache_dir={cache_dir}',
+      f'--root_output_dir={root}', *_SMALL, '--task=emnist', f'--algo={algo}',
+      '--total_rounds=2',
+  ])
+  script = (
+      f'mount -t tmpfs -o size=10m tmpfs {root} && {{ {train_cmd}; rc=$?; '
+      f'cp -a {root} {stash}; umount {root}; cp -a {stash}/. {root}; exit $rc; }}'
+  )
+  proc = subprocess.run(
+      ['unshare', '-rm', 'sh', '-c', script], cwd=_REPO, text=True, capture_output=True,
+      env=_environment(tmp_path / 'tmp'), timeout=300,
+  )
+  assert proc.returncode == failures.EXIT_ENVIRONMENT, proc.stderr
+  line = _one_error_line(proc.stderr, 'train')
+  assert 'No space left on device' in line and 'the checkpoint of round 0 is kept' in line
+  assert 'round 0/2' in proc.stdout and 'round 2/2' not in proc.stdout
+  run_dir = root / f'emnist_{algo}_seed0'
+  assert _checkpoints(run_dir) == [0]
+  for path in glob.glob(str(run_dir / 'checkpoints' / 'program_state_0' / '**'),
+                        recursive=True):
+    if 'variables.data' in path:
+      values = tf.train.load_checkpoint(path.rsplit('.data', 1)[0])
+      for name in values.get_variable_to_shape_map():
+        value = values.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+          assert np.isfinite(value).all(), name
+  assert not cpp_worker.live_worker_pids()
+  if not resume:
+    return
+  rc, out, err = run_train('--task=emnist', f'--algo={algo}', '--total_rounds=2')
+  assert rc == 0, err
+  assert 'round 1/2' in out and 'round 0/2' not in out and 'round 2/2' in out
+
+
+def test_large_synthetic_data_reports_progress(tmp_path):
+  stream = io.StringIO()
+  synthetic.write_synthetic_sqlite(
+      'emnist', str(tmp_path / 'emnist_all.sqlite'), num_train_clients=3, num_test_clients=1,
+      mean_examples_per_client=2, progress_interval_s=0, progress_stream=stream,
+  )
+  lines = stream.getvalue().splitlines()
+  assert 'synthetic emnist data: 4/4 clients generated' in lines[3]
+  assert any('clients written' in l for l in lines)
+
+
+def test_environment_causes_are_recognised_in_oserrors_tf_and_grpc_messages():
+  import errno
+
+  code, message = failures.classify(OSError(errno.ENOSPC, 'No space left on device', '/x'))
+  assert code == failures.EXIT_ENVIRONMENT and '/x' in message
+  error = tf.errors.ResourceExhaustedError(
+      None, None, '{{function_node __wrapped__SaveV2}} /r/c/variables.data; No space left on'
+      ' device [Op:SaveV2]')
+  code, message = failures.classify(error)
+  assert code == failures.EXIT_ENVIRONMENT
+  assert '/r/c/variables.data; No space left on device' in message and 'Op:' not in message
+  assert failures.classify(KeyboardInterrupt())[0] == failures.EXIT_INTERRUPTED
+  assert failures.classify(ValueError('bad\nvalue'))[1] == 'bad; value'
+  code, message = failures.classify(ZeroDivisionError('x'))
+  assert code == failures.EXIT_UNEXPECTED and 'ZeroDivisionError' in message
+
+
+def test_a_closed_worker_is_never_started_again():
+  with cpp_worker.execution_context() as worker:
+    pass
+  with pytest.raises(cpp_worker.WorkerStartError, match='stopped for good'):
+    worker.stub()
+  assert worker.pid is None
