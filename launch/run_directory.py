@@ -205,17 +205,21 @@ def check_deletable(root_output_dir: str, output_dir: str) -> None:
     )
 
 
+def _remove(path: str) -> None:
+  """Deletes a file, a link (not what it points to) or a folder with its contents."""
+  if os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path)
+  else:
+    os.remove(path)
+
+
 def clear(root_output_dir: str, output_dir: str) -> None:
   """Deletes a run's files for --overwrite (checked again), keeping the lock file."""
   check_deletable(root_output_dir, output_dir)
   for name in os.listdir(output_dir):
     if name == LOCK_FILENAME:  # Held by this process: a new file would not be locked.
       continue
-    path = os.path.join(output_dir, name)
-    if os.path.isdir(path) and not os.path.islink(path):
-      shutil.rmtree(path)
-    else:
-      os.remove(path)
+    _remove(os.path.join(output_dir, name))
 
 
 def _busy_error(output_dir: str, lock_path: str):
@@ -398,10 +402,7 @@ def remove_interrupted_saves(output_dir: str, checkpoint_dir: str) -> list[str]:
       if not pattern.match(name):
         continue
       path = os.path.join(directory, name)
-      if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-      else:
-        os.remove(path)
+      _remove(path)
       removed.append(os.path.relpath(path, output_dir))
   return removed
 

@@ -23,16 +23,10 @@ from launch import failures
 from launch import train
 from tasks import synthetic
 from tff_zmg.runtime import cpp_worker
+import small_runs
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SMALL = [
-    '--data_source=synthetic',
-    '--synthetic_train_clients=6',
-    '--synthetic_test_clients=2',
-    '--synthetic_examples_per_client=12',
-    '--clients_per_round=3',
-    '--num_eval_clients=2',
-]
+_SMALL = small_runs.FLAGS
 
 
 def _environment(tmpdir):

@@ -19,12 +19,10 @@ import pytest
 from launch import experiment
 from launch import run_directory
 from launch import train
+import small_runs
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SMALL = [
-    '--data_source=synthetic', '--synthetic_train_clients=6', '--synthetic_test_clients=2',
-    '--synthetic_examples_per_client=12', '--clients_per_round=3', '--num_eval_clients=2',
-]
+_SMALL = small_runs.FLAGS
 _BASE = ['--task=emnist', '--algo=fedavg']
 _FINISHED = {}  # The two-round run of the concurrency test, reused by the resume test.
 

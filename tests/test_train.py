@@ -19,15 +19,9 @@ from launch import experiment
 from launch import train
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.client_states import state_file
+import small_runs
 
-_SMALL = [
-    '--data_source=synthetic',
-    '--synthetic_train_clients=6',
-    '--synthetic_test_clients=2',
-    '--synthetic_examples_per_client=12',
-    '--clients_per_round=3',
-    '--num_eval_clients=2',
-]
+_SMALL = small_runs.FLAGS
 _TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
 
 
