@@ -52,7 +52,6 @@ _PATH_MAX = 4096
 # One checkpoint of a model with P float32 parameters takes about 4 * P bytes for the
 # weights; the factor covers the server optimizer's slots (Adam keeps two more) and the
 # temporary copy TFF writes before renaming it into place.
-CHECKPOINT_SIZE_FACTOR = 4
 BYTES_PER_PARAMETER = 4
 
 
@@ -117,8 +116,9 @@ def _check_folder(path: str, what: str, must_write: bool = True) -> None:
 
 
 def checkpoint_bytes(num_parameters: int) -> int:
-  """The free space a run asks for before it starts: one checkpoint, with margin."""
-  return num_parameters * BYTES_PER_PARAMETER * CHECKPOINT_SIZE_FACTOR
+  """The free space a run asks for before it starts: the model's float32 weights, which
+  every checkpoint holds (with the optimizers' states, where they have any)."""
+  return num_parameters * BYTES_PER_PARAMETER
 
 
 def check_free_space(path: str, needed: int, num_parameters: int) -> None:
@@ -127,10 +127,10 @@ def check_free_space(path: str, needed: int, num_parameters: int) -> None:
   free = shutil.disk_usage(_nearest_existing(path)).free
   if free < needed:
     raise environment_error(
-        f'the disk of {path} has {free / 2**20:.1f} MiB free, less than one checkpoint of'
-        f' this model needs ({num_parameters:,} parameters x {BYTES_PER_PARAMETER} bytes x'
-        f' {CHECKPOINT_SIZE_FACTOR} = {needed / 2**20:.1f} MiB); free some space or choose'
-        ' another --root_output_dir'
+        f'the disk of {path} has {free / 2**20:.1f} MiB free, less than the model\'s weights'
+        f' that every checkpoint holds ({num_parameters:,} parameters x'
+        f' {BYTES_PER_PARAMETER} bytes = {needed / 2**20:.1f} MiB); free some space or'
+        ' choose another --root_output_dir'
     )
 
 

@@ -3,7 +3,8 @@
 import functools
 import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # Keep TF's C++ start-up chatter out of test logs.
+# TF's C++ start-up lines off the test logs and the programs' stderr, as `launch` does.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import psutil
 import pytest
@@ -63,3 +64,28 @@ def no_worker_outlives_the_session():
   ]
   assert not leaked, f'TFF worker processes outlived the tests: {leaked}'
   assert not cpp_worker.live_worker_pids()
+
+
+# Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
+# files (--dist loadfile) to its two workers in order of their number of tests; handing out
+# the longest first instead keeps one worker from starting a long file as the other ends.
+_FILE_SECONDS = {}
+
+
+def pytest_xdist_make_scheduler(config, log):
+  if config.getvalue('dist') != 'loadfile':
+    return None
+  from xdist.scheduler import LoadFileScheduling  # pylint: disable=g-import-not-at-top
+
+  class LongestFileFirst(LoadFileScheduling):
+
+    def _assign_work_unit(self, node):
+      for scope in sorted(self.workqueue, key=_seconds, reverse=True):
+        self.workqueue.move_to_end(scope)
+      super()._assign_work_unit(node)
+
+  return LongestFileFirst(config, log)
+
+
+def _seconds(scope: str) -> float:
+  return _FILE_SECONDS.get(os.path.basename(scope), 0.0)

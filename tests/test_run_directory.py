@@ -140,13 +140,12 @@ def test_unusable_folders_and_flags_files_end_in_one_line(run_main, tmp_path):
 
 def test_free_space_below_one_checkpoint_is_refused(tmp_path):
   free = shutil.disk_usage(tmp_path).free
-  parameters = free // (run_directory.BYTES_PER_PARAMETER
-                        * run_directory.CHECKPOINT_SIZE_FACTOR) + 1
+  parameters = free // run_directory.BYTES_PER_PARAMETER + 1
   needed = run_directory.checkpoint_bytes(parameters)
   with pytest.raises(experiment.RunEnvironmentError) as e:
     run_directory.check_free_space(str(tmp_path / 'run'), needed, parameters)
   assert '\n' not in str(e.value)
-  assert f'{parameters:,} parameters x 4 bytes x 4' in str(e.value) and 'MiB free' in str(e.value)
+  assert f'{parameters:,} parameters x 4 bytes =' in str(e.value) and 'MiB free' in str(e.value)
   run_directory.check_free_space(str(tmp_path / 'run'), free // 2, parameters)  # Room enough.
 
 
