@@ -40,7 +40,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --no-deps -c requirements/constraints.txt tensorflow-federated google-vizier
 "${pip[@]}" install -c requirements/constraints.txt -r requirements/requirements.txt
 "${pip[@]}" install --no-deps --no-build-isolation -e .
-"$venv/bin/python" -c 'import tensorflow_federated, tff_zmg, tasks, launch' \
+TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}" "$venv/bin/python" -c 'import tensorflow_federated, tff_zmg, tasks, launch' \
   || { echo "bootstrap: the installed set does not import; see the error above." >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "bootstrap: done ($venv)" >&2
