@@ -243,12 +243,24 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     ],
 )
 def test_absurd_learning_rate_stops_in_the_round_it_diverges_and_saves_nothing_of_it(
-    run_main, tmp_path, algo, runtime, extra, reason
+    synthetic_cache_dir, tmp_path, algo, runtime, extra, reason
 ):
-  rc, out, err = run_main('--task=emnist', f'--algo={algo}', '--total_rounds=4',
-                          '--client_learning_rate=1e6', f'--runtime={runtime}', *extra)
-  assert rc == 3
-  assert len(err.strip().splitlines()) == 1 and 'smaller learning rate' in err
+  command = [
+      sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
+      f'--root_output_dir={tmp_path}', *_SMALL, '--task=emnist', f'--algo={algo}',
+      '--total_rounds=4', '--client_learning_rate=1e6', f'--runtime={runtime}', *extra,
+  ]
+
+  def train():
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=small_runs.REPO,
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert proc.returncode == 3, proc.stderr
+    err = proc.stderr
+    assert len(err.strip().splitlines()) == 1 and 'Traceback' not in err, err
+    assert err.startswith('train: error: training diverged in round ') and 'smaller' in err
+    return proc.stdout, err
+
+  out, err = train()
   diverged = int(re.search(r'diverged in round (\d+): ', err).group(1))
   assert f'diverged in round {diverged}: {reason}' in err
   assert f'round {diverged}/4' not in out and 'summary:' not in out
@@ -260,6 +272,12 @@ def test_absurd_learning_rate_stops_in_the_round_it_diverges_and_saves_nothing_o
   saved = sorted(int(n.split('_')[-1]) for n in os.listdir(exp / 'checkpoints')
                  if n.startswith('program_state_'))
   assert saved and saved[-1] == diverged - 1
+  if runtime == 'in_process' and algo == 'fedavg':
+    # The kept checkpoint resumes: the same command goes on from it (and, deterministic,
+    # diverges in the same round again).
+    out, err = train()
+    assert f'round {diverged - 1}/4' not in out
+    assert f'diverged in round {diverged}: {reason}' in err
 
 
 def test_divergence_is_judged_on_everything_a_round_reports():
