@@ -25,6 +25,8 @@ import tensorflow_federated as tff
 import tree
 
 import tasks
+from tasks import sources
+from tasks import tfds_source
 from launch import failures
 from launch import run_directory
 from tff_zmg import client_states
@@ -374,11 +376,8 @@ def _check_resumable(config: ExperimentConfig) -> bool:
         ' to resume by the record beside the checkpoints'
         f' ({CHECKPOINT_DIRNAME}/{run_directory.IDENTITY_FILENAME}), or pass --overwrite'
     )
-  now = json.loads(json.dumps(config.recorded()))
-  ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
   changed = run_directory.differences(
-      {k: v for k, v in recorded.items() if k not in ignored},
-      {k: v for k, v in now.items() if k not in ignored},
+      _lasting_settings(recorded), _lasting_settings(config.recorded())
   )
   if changed:
     raise ExperimentError(
@@ -388,17 +387,21 @@ def _check_resumable(config: ExperimentConfig) -> bool:
   return True
 
 
+def _lasting_settings(recorded: dict) -> dict:
+  """The settings a resumed run must share with its start, as JSON reads them back:
+  without the rounds to go, where it runs, and where its files are."""
+  ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
+  return {k: v for k, v in json.loads(json.dumps(recorded)).items() if k not in ignored}
+
+
 def _identity(config: ExperimentConfig, task) -> dict:
   """What a resumed run must share with the run that made its checkpoints.
 
   The settings that change results (not the rounds to go, where it runs, or where its
   files are) and the data's clients; no paths, so a copied run folder resumes.
   """
-  settings = json.loads(json.dumps(config.recorded()))
-  for name in _RESUMABLE_CHANGES | _LOCATION_SETTINGS:
-    settings.pop(name, None)
   return {
-      'settings': settings,
+      'settings': _lasting_settings(config.recorded()),
       'data': run_directory.data_identity(
           task.datasets.train_data.client_ids, task.datasets.test_data.client_ids
       ),
@@ -462,11 +465,12 @@ def _stops_say_what_is_kept(config: ExperimentConfig):
 
 
 def _cache_dir(config: ExperimentConfig) -> str:
+  """The folder the task's loader reads: the setting, or the loader's own default."""
   if config.cache_dir:
     return os.path.expanduser(config.cache_dir)
   if config.task in tasks.CENTRALIZED_TASK_NAMES:
-    return os.path.expanduser('~/tensorflow_datasets')
-  return os.path.expanduser('~/.tff')
+    return tfds_source.DEFAULT_DATA_DIR
+  return sources.DEFAULT_CACHE_DIR
 
 
 def _check_run_directory(config: ExperimentConfig) -> None:
