@@ -35,6 +35,7 @@ import signal
 import sys
 import tempfile
 import traceback
+import warnings
 from typing import Callable, Optional
 
 from absl import app
@@ -170,6 +171,12 @@ def classify(error: BaseException) -> tuple[int, str]:
 
 def _raise_interrupted(signum, frame) -> None:
   del frame
+  # A signal landing between a coroutine's creation and its first step (TFF's training
+  # loop makes `state_manager.save(...)` and then runs it) leaves that coroutine never
+  # awaited: nothing of it ran, so Python's warning about it would only be noise beside
+  # the one line.
+  warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
+                          category=RuntimeWarning)
   raise Interrupted(f'interrupted by {signal.Signals(signum).name}')
 
 
