@@ -46,6 +46,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from typing import Optional
@@ -532,7 +533,9 @@ def main(argv) -> int:
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(
-          dict(contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
+          # command, date and cpus: what scripts/benchmark_table.py prints above the table.
+          dict(command=sys.argv[1:], date=time.strftime('%Y-%m-%d'), cpus=os.cpu_count(),
+               contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
                worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
                in_process_client_devices=in_process_devices),
           f, indent=2,

@@ -1,0 +1,83 @@
+"""Renders launch.benchmark's JSON (its --output) as the tables of docs/performance.md.
+
+  .venv/bin/python -m launch.benchmark --algos=all --repeats=7 --output=bench.json
+  .venv/bin/python scripts/benchmark_table.py bench.json                  # prints them
+  .venv/bin/python scripts/benchmark_table.py bench.json --write=docs/performance.md
+
+`--write` replaces what lies between the lines `<!-- benchmark-table: begin -->` and
+`<!-- benchmark-table: end -->` of that file, so the published figures are the measured ones,
+never copied by hand. Pure Python: reading the JSON needs neither TensorFlow nor TFF.
+"""
+
+import argparse
+import json
+import sys
+
+BEGIN = '<!-- benchmark-table: begin -->'
+END = '<!-- benchmark-table: end -->'
+
+
+def _ratio(value) -> str:
+  return '' if value is None else f'{value:.2f}'
+
+
+def render(report: dict) -> str:
+  """The Markdown tables of one benchmark report (the dict its --output holds)."""
+  lines = []
+  if report.get('command'):
+    lines.append(
+        f"Measured {report.get('date', '(date not recorded)')} on {report.get('cpus', '?')}"
+        f" CPUs: `python -m launch.benchmark {' '.join(report['command'])}`."
+    )
+    lines.append('')
+  lines += [
+      '| contender | median round | to the floor (paired) | to own bound (paired)'
+      ' | to our fedavg (paired) | peak RSS |',
+      '|---|---|---|---|---|---|',
+  ]
+  for name, result in report['contenders'].items():
+    paired = result['paired']
+    lines.append(
+        f"| {name} | {result['median_s']:.2f} s | {_ratio(paired.get('plain_sgd'))}"
+        f" | {_ratio(paired.get('bound'))} (`{result['bound']}`)"
+        f" | {_ratio(paired.get('fedavg'))} | {result['peak_rss_mib']:,.0f} MiB |"
+    )
+  if report.get('scaling'):
+    lines += ['', '| clients per round | median round | per client |', '|---|---|---|']
+    lines += [f'| {c} | {s:.2f} s | {s / c:.3f} s |' for c, s in report['scaling']]
+  if report.get('concurrency'):
+    lines += ['', '| `--max_concurrent_clients` | median round |', '|---|---|']
+    lines += [
+        f"| {'unlimited' if c < 0 else c} | {s:.2f} s |" for c, s in report['concurrency']
+    ]
+  return '\n'.join(lines) + '\n'
+
+
+def replace_between_markers(text: str, table: str) -> str:
+  """`text` with the lines between its BEGIN and END markers replaced by `table`."""
+  begin, end = text.find(BEGIN), text.find(END)
+  if begin < 0 or end < begin:
+    raise ValueError(f'the file needs the lines {BEGIN} and {END}, in that order')
+  head = text[:begin + len(BEGIN)]
+  return f'{head}\n{table}{text[end:]}'
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('report', help='the JSON file launch.benchmark --output wrote')
+  parser.add_argument('--write', help='a Markdown file whose marked section to replace')
+  args = parser.parse_args(argv)
+  with open(args.report) as f:
+    table = render(json.load(f))
+  if not args.write:
+    sys.stdout.write(table)
+    return 0
+  with open(args.write) as f:
+    text = replace_between_markers(f.read(), table)
+  with open(args.write, 'w') as f:
+    f.write(text)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
