@@ -45,7 +45,7 @@ RUNTIME_FILENAME = 'runtime.json'
 IN_PROCESS, TFF_WORKER = 'in_process', 'tff_worker'
 RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
 # `--executor=cpu --runtime=auto` runs in TFF's worker: on this 2-core CPU it ran FedAvg's
-# EMNIST round faster than the in-process runtime (README "Runtimes"; launch.benchmark's
+# EMNIST round faster than the in-process runtime (docs/performance.md; launch.benchmark's
 # `in_process` contender re-measures it).
 CPU_RUNTIME = TFF_WORKER
 # Settings that may change between a run and its resumption without changing its results.

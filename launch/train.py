@@ -192,8 +192,8 @@ _RUNTIME = flags.DEFINE_enum(
     'Who runs the rounds: in_process (this process\'s TensorFlow), tff_worker (TFF\'s C++'
     f' worker_binary, CPU only: its pip build has no CUDA), or auto: in_process for'
     f' --executor=gpu, tff_worker with --workers, and {experiment.CPU_RUNTIME} for'
-    ' --executor=cpu, the faster of the two on the CPU in launch.benchmark (README'
-    ' "Runtimes"). The devices each client ran on are written to runtime.json.',
+    ' --executor=cpu, the faster of the two on the CPU in launch.benchmark (docs/'
+    'performance.md). The devices each client ran on are written to runtime.json.',
 )
 _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
     'max_concurrent_clients', -1,

@@ -234,7 +234,7 @@ def intra_op_threads_for(
   The worker runs a round's clients side by side, so with at least as many clients as
   cores the cores are already busy and ops split across threads only contend: on the
   2-core machine, EMNIST with 10 clients, one thread per op made FedAvg's round 10%
-  faster (paired A/B, README "Speed"). With fewer clients than cores, each client's ops
+  faster (paired A/B, docs/performance.md). With fewer clients than cores, each client's ops
   get the idle cores. A thread count may reorder a kernel's float sums;
   `tests/test_speed_settings.py` checks that the weights agree to 1e-6 either way.
   """

@@ -199,7 +199,7 @@ class InProcessContext(tff.framework.SyncContext):
     clients_per_device: How many clients each device runs at once; None: one per core
       on the host CPU (a client's small ops keep one core busy better than two: FedAvg's
       EMNIST round went from 1.50x to 1.15x the plain-TF floor with two at once on two
-      cores, README "Runtimes"), one per GPU.
+      cores, docs/performance.md), one per GPU.
   """
 
   def __init__(
