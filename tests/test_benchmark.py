@@ -32,6 +32,13 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
   assert rc == 0, text
   report = json.loads(output.read_text())
   results = report['contenders']
+  # docs/performance.md's tables are rendered from this JSON, by this command.
+  assert report['command'][-1] == f'--output={output}' and report['cpus'] == os.cpu_count()
+  table = subprocess.run(
+      [sys.executable, 'scripts/benchmark_table.py', str(output)],
+      cwd=_REPO, capture_output=True, text=True, check=True,
+  ).stdout
+  assert all(f'\n| {name} | ' in table for name in results), table
   assert list(results) == [
       'plain_tf', 'plain_tf_keras', 'tff_fedavg', 'tff_fedavg_stock', 'in_process/tff_fedavg',
       *(name for algo in _ALGOS
