@@ -51,6 +51,7 @@ import tempfile
 import time
 from typing import Optional
 
+from absl import app
 from absl import flags
 from absl import logging
 import tensorflow as tf
