@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 venv=.venv
 stamp="$venv/.tff_zmg-installed"
-want=$(cat requirements/constraints.txt requirements/requirements.txt setup.py | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/constraints.txt requirements/overrides.txt requirements/requirements.txt setup.py | sha256sum | cut -d' ' -f1)
 if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
 fi
@@ -39,6 +39,8 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # requirements and give them the rest, with jax 0.4.13, from the constraints file.
 "${pip[@]}" install --no-deps -c requirements/constraints.txt tensorflow-federated google-vizier
 "${pip[@]}" install -c requirements/constraints.txt -r requirements/requirements.txt
+# Then the versions the resolver cannot pick, each with its reason (overrides.txt).
+"${pip[@]}" install --no-deps -r requirements/overrides.txt
 "${pip[@]}" install --no-deps --no-build-isolation -e .
 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}" "$venv/bin/python" -c 'import tensorflow_federated, tff_zmg, tasks, launch' \
   || { echo "bootstrap: the installed set does not import; see the error above." >&2; exit 1; }

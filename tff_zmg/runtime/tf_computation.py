@@ -7,7 +7,9 @@ feeds. `ImportedComputation` does the same with TensorFlow's own functions: the 
 is imported into a `tf.compat.v1.wrap_function` and pruned twice, once to the initialize
 op and once to the results; both read the graph's resources by their shared names, which
 each import makes unique, so two imports of one computation (two devices, or two clients
-on one device) never share a variable.
+on one device) never share a variable. The GraphDef's library functions are renamed per
+import too: TensorFlow registers them process-wide by name and refuses a second,
+different definition under a name it has (the same loop body placed on another device).
 
 Placement is written into the GraphDef's nodes, not taken from a `tf.device` scope: a
 dataset variant cannot be copied to an accelerator, so everything that touches tf.data
@@ -106,6 +108,40 @@ def place_nodes(graph_def: tf.compat.v1.GraphDef, device: str) -> tf.compat.v1.G
   return graph_def
 
 
+def _rename_in_attr(attr_value, names: dict) -> None:
+  """Renames the functions an `AttrValue` names (`func`, `list.func`, nested attrs)."""
+  kind = attr_value.WhichOneof('value')
+  if kind == 'func':
+    funcs = [attr_value.func]
+  elif kind == 'list':
+    funcs = list(attr_value.list.func)
+  else:
+    return
+  for func in funcs:
+    func.name = names.get(func.name, func.name)
+    for nested in func.attr.values():
+      _rename_in_attr(nested, names)
+
+
+def rename_functions(graph_def: tf.compat.v1.GraphDef, suffix: str) -> tf.compat.v1.GraphDef:
+  """Appends `suffix` to every function of the library, and to every use of one."""
+  library = graph_def.library
+  names = {f.signature.name: f'{f.signature.name}_{suffix}' for f in library.function}
+  if not names:
+    return graph_def
+  for function in library.function:
+    function.signature.name = names[function.signature.name]
+  for gradient in library.gradient:
+    gradient.function_name = names.get(gradient.function_name, gradient.function_name)
+    gradient.gradient_func = names.get(gradient.gradient_func, gradient.gradient_func)
+  for nodes in (graph_def.node, *(f.node_def for f in library.function)):
+    for node in nodes:
+      node.op = names.get(node.op, node.op)  # A function called as an op.
+      for attr_value in node.attr.values():
+        _rename_in_attr(attr_value, names)
+  return graph_def
+
+
 class ImportedComputation:
   """A TF computation imported into this process, callable on flat values.
 
@@ -123,9 +159,9 @@ class ImportedComputation:
     tf_proto = proto.tensorflow
     graph_def = serialization_utils.unpack_graph_def(tf_proto.graph_def)
     # pylint: disable-next=protected-access
-    graph_def = tensorflow_utils._uniquify_shared_names_with_suffix(
-        graph_def, f'tff_zmg_{next(_import_counter)}'
-    )
+    suffix = f'tff_zmg_{next(_import_counter)}'
+    graph_def = tensorflow_utils._uniquify_shared_names_with_suffix(graph_def, suffix)
+    graph_def = rename_functions(graph_def, suffix)
     if device is not None:
       place_nodes(graph_def, device)
     parameter_names = []
