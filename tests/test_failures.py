@@ -4,6 +4,7 @@ Real subprocesses of the programs (launch/failures.py maps the failures); cheap 
 fail before the first round run side by side.
 """
 
+import contextlib
 import glob
 import io
 import os
@@ -47,11 +48,24 @@ def _start(program, *args, tmpdir, **kwargs):
 
 
 def _workers_of(pid):
-  """TFF workers whose parent is `pid` or that name it (none may be left)."""
+  """TFF workers whose parent is `pid` (none may be left)."""
   return [
       p.pid for p in psutil.process_iter(['ppid', 'cmdline'])
       if p.info['ppid'] == pid and 'worker_binary' in ' '.join(p.info['cmdline'] or [])
   ]
+
+
+def _workers_in(tmpdir):
+  """TFF workers started by programs that ran with `TMPDIR=tmpdir` (alive now, reparented
+  or not): each program's own temp folder, which its workers inherit, is inside it."""
+  found = []
+  for p in psutil.process_iter(['cmdline']):
+    if 'worker_binary' not in ' '.join(p.info['cmdline'] or []):
+      continue
+    with contextlib.suppress(psutil.Error):
+      if p.environ().get('TMPDIR', '').startswith(str(tmpdir)):
+        found.append(p.pid)
+  return found
 
 
 def _one_error_line(err, program):
@@ -256,7 +270,9 @@ def test_a_full_disk_while_saving_is_one_line_and_the_kept_checkpoint_resumes(
         value = values.get_tensor(name)
         if np.issubdtype(np.asarray(value).dtype, np.floating):
           assert np.isfinite(value).all(), name
-  assert not cpp_worker.live_worker_pids()
+  # The program's, not this process's (whose default context may keep a worker of an
+  # earlier test): it ended inside a namespace, so any worker left is reparented.
+  assert not _workers_in(tmp_path / 'tmp')
   if not resume:
     return
   rc, out, err = run_train('--task=emnist', f'--algo={algo}', '--total_rounds=2')
