@@ -64,9 +64,10 @@ from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
 from tff_zmg.runtime import tf_computation
-from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import registry
-from tff_zmg.algorithms import stateful_clients
+from tff_zmg.algorithms import rules
+from tff_zmg.templates import compose
+from tff_zmg.templates import stateful_clients
 
 _TASK = flags.DEFINE_enum('task', 'emnist', list(tasks.TASK_NAMES), 'The task.')
 _ALGOS = flags.DEFINE_list(
@@ -214,10 +215,8 @@ def plain_tf_round_fn(
 def client_rule_optimizer(algo: str, task) -> tff.learning.optimizers.Optimizer:
   """The TFF optimizer of a stateless algorithm's client rule at the algorithm's defaults."""
   spec = registry.get(algo)
-  rule = compose.CLIENT_RULES[spec.client_rule]
-  hparams = {k: spec.defaults.get(k, default) for k, default in rule.hparams.items()}
   variables = compose.trainable_variables(task.model_fn)  # For the rule's mask.
-  return rule.build(spec.defaults['client_learning_rate'], variables, **hparams)
+  return rules.CLIENT_RULES[spec.client_rule].build(spec.hparams(), variables)
 
 
 def local_update_round_fn(algo: str, task, process, state, datasets):

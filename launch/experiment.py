@@ -34,7 +34,7 @@ from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
 from tff_zmg import validation
 from tff_zmg.algorithms import registry
-from tff_zmg.algorithms import stateful_clients
+from tff_zmg.templates import stateful_clients
 
 FLAGS_FILENAME = 'flags.json'
 METRICS_FILENAME = 'metrics.csv'
@@ -136,9 +136,16 @@ class ExperimentConfig:
     return os.path.join(self.output_dir, METRICS_FILENAME)
 
   def recorded(self) -> dict:
-    """The settings as saved in flags.json (what a resumed run must agree with)."""
+    """The settings as saved in flags.json (what a resumed run must agree with), with
+    every hyperparameter the algorithm trains with, the defaults resolved.
+
+    Raises:
+      ValueError: If the algorithm is unknown, or a hyperparameter is not one of its or
+        out of its range.
+    """
     values = dataclasses.asdict(self)
     values.pop('overwrite')
+    values['hparams'] = registry.resolve(self.algo, self.hparams)
     return values
 
 
@@ -389,9 +396,21 @@ def _check_resumable(config: ExperimentConfig) -> bool:
 
 def _lasting_settings(recorded: dict) -> dict:
   """The settings a resumed run must share with its start, as JSON reads them back:
-  without the rounds to go, where it runs, and where its files are."""
+  without the rounds to go, where it runs, and where its files are.
+
+  A record from before runs listed every hyperparameter holds only those given (`{}`
+  for the defaults): the algorithm's defaults fill in the rest, so that it reads as the
+  same run as today's record of the same command.
+  """
   ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
-  return {k: v for k, v in json.loads(json.dumps(recorded)).items() if k not in ignored}
+  settings = {
+      k: v for k, v in json.loads(json.dumps(recorded)).items() if k not in ignored
+  }
+  hparams = settings.get('hparams')
+  if isinstance(hparams, dict) and settings.get('algo') in registry.ALGORITHMS:
+    defaults = json.loads(json.dumps(dict(registry.get(settings['algo']).defaults)))
+    settings['hparams'] = {**defaults, **hparams}
+  return settings
 
 
 def _identity(config: ExperimentConfig, task) -> dict:
@@ -777,7 +796,8 @@ def run(config: ExperimentConfig) -> dict:
   identity = _identity(config, task)
   if not config.overwrite:
     run_directory.check_identity(
-        config.output_dir, config.checkpoint_dir, identity, legacy_flags_ok=flags_agree
+        config.output_dir, config.checkpoint_dir, identity, legacy_flags_ok=flags_agree,
+        read_settings=_lasting_settings,
     )
   loop = (
       tff.learning.LoopImplementation.DATASET_ITERATOR
@@ -836,7 +856,8 @@ def run(config: ExperimentConfig) -> dict:
     else:
       flags_agree = _check_resumable(config)
       run_directory.check_identity(
-          config.output_dir, config.checkpoint_dir, identity, legacy_flags_ok=flags_agree
+          config.output_dir, config.checkpoint_dir, identity, legacy_flags_ok=flags_agree,
+          read_settings=_lasting_settings,
       )
       _check_total_rounds(config)
     removed = run_directory.remove_interrupted_saves(config.output_dir, config.checkpoint_dir)

@@ -338,7 +338,11 @@ def checkpoint_versions(checkpoint_dir: str) -> list[int]:
 
 
 def check_identity(
-    output_dir: str, checkpoint_dir: str, identity: dict, legacy_flags_ok: bool
+    output_dir: str,
+    checkpoint_dir: str,
+    identity: dict,
+    legacy_flags_ok: bool,
+    read_settings: Callable[[dict], dict] = lambda settings: settings,
 ) -> None:
   """Refuses to continue a run whose recorded identity differs from `identity`.
 
@@ -348,6 +352,8 @@ def check_identity(
     identity: `{'settings': ..., 'data': ...}` of the run about to start.
     legacy_flags_ok: Whether flags.json exists and agrees with the settings: a run from
       before identity files may then continue (and gets one).
+    read_settings: Brings recorded settings to today's form before they are compared
+      (e.g. fills in hyperparameters an older record left out as defaults).
   """
   error, _ = _errors()
   recorded = read_identity(checkpoint_dir)
@@ -359,7 +365,7 @@ def check_identity(
           ' start afresh'
       )
     return
-  changed = differences(recorded['settings'], identity['settings'])
+  changed = differences(read_settings(recorded['settings']), identity['settings'])
   if changed:
     raise error(
         f'{output_dir} holds a run with other settings ({changed}; recorded in'

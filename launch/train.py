@@ -41,19 +41,7 @@ from launch import failures
 from launch import protocols
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import registry
-
-
-def _per_algorithm_defaults(name: str) -> str:
-  values = {
-      algo: spec.defaults[name]
-      for algo, spec in registry.ALGORITHMS.items()
-      if name in spec.defaults
-  }
-  if not values:
-    return ''
-  if len(set(map(repr, values.values()))) == 1:
-    return f' Default: {next(iter(values.values()))!r} ({", ".join(values)}).'
-  return ' Defaults: ' + ', '.join(f'{a}={v!r}' for a, v in values.items()) + '.'
+from tff_zmg.templates import hparams as hparams_lib
 
 
 _TASK = flags.DEFINE_enum('task', None, list(tasks.TASK_NAMES), 'The federated task.')
@@ -103,62 +91,32 @@ _BATCH_SIZE = flags.DEFINE_integer(
 _MAX_ELEMENTS = flags.DEFINE_integer(
     'max_elements_per_client', None, 'Optional cap on examples per client and round.'
 )
-_HPARAM_FLAGS = {
-    'client_learning_rate': flags.DEFINE_float,
-    'server_learning_rate': flags.DEFINE_float,
-    'client_momentum': flags.DEFINE_float,
-    'weight_decay': flags.DEFINE_float,
-    'gc_lambda': flags.DEFINE_float,
-    'local_gc_layers': flags.DEFINE_string,
-    'global_gc_layers': flags.DEFINE_string,
-    'adam_beta_1': flags.DEFINE_float,
-    'adam_beta_2': flags.DEFINE_float,
-    'adam_epsilon': flags.DEFINE_float,
-    'adam_bias_correction': flags.DEFINE_bool,
-    'center_vectors': flags.DEFINE_bool,
-    'beta': flags.DEFINE_float,
-    'gamma': flags.DEFINE_float,
-    'rho': flags.DEFINE_float,
-    'km_clock': flags.DEFINE_string,
-    'allow_unsafe_relaxation': flags.DEFINE_bool,
-    'lambda1': flags.DEFINE_float,
-    'lambda2': flags.DEFINE_float,
-    'lambda3': flags.DEFINE_float,
-    'lambda_g': flags.DEFINE_float,
-    'surrogate_samples_per_class': flags.DEFINE_integer,
-    'surrogate_seed': flags.DEFINE_integer,
-}
-_HPARAM_HELP = {
-    'client_learning_rate': 'Client learning rate eta_l.',
-    'server_learning_rate': 'Server learning rate eta_g (the relaxation rho for SGD).',
-    'client_momentum': 'Client momentum mu.',
-    'weight_decay': 'Client weight decay (decoupled for FedZMG, coupled L2 for LocalGC).',
-    'gc_lambda': 'GC-Fed layer borderline lambda in [0, 1]; unset: all layers but the last'
-    ' are feature layers.',
-    'local_gc_layers': "Layers LocalGC projects: 'all' or 'feature'.",
-    'global_gc_layers': "Layers Global GC projects: 'all' or 'classifier'.",
-    'adam_beta_1': 'Server Adam beta_1.',
-    'adam_beta_2': 'Server Adam beta_2.',
-    'adam_epsilon': 'Server Adam epsilon.',
-    'adam_bias_correction': 'Server Adam bias correction.',
-    'center_vectors': 'Also centre bias vectors (the GC-Fed authors\' code does).',
-    'beta': 'FedRKMGC correction rate beta (> 0).',
-    'gamma': 'FedRKMGC KM parameter gamma (> 0; a warning below 2).',
-    'rho': 'FedRKMGC relaxation rho in (0, 2] (server SGD rate on the uniform mean).',
-    'km_clock': "FedRKMGC KM clock: 'global' (round index) or 'participation' (the"
-    " client's own count of rounds taken part).",
-    'allow_unsafe_relaxation': 'Accept rho > 2.',
-    'lambda1': 'FedGPS weight of the local-to-surrogate prototype alignment (>= 0).',
-    'lambda2': 'FedGPS weight of the surrogate-to-global prototype alignment (>= 0).',
-    'lambda3': 'FedGPS weight of the L2 term ||w||^2 (>= 0).',
-    'lambda_g': 'FedGPS look-ahead length along the other clients\' update (>= 0; 0: off).',
-    'surrogate_samples_per_class': 'FedGPS surrogate samples per class (integer >= 1).',
-    'surrogate_seed': 'FedGPS seed of the surrogate data, the same on every client (>= 0).',
-}
-_HPARAMS = {
-    name: define(name, None, _HPARAM_HELP[name] + _per_algorithm_defaults(name))
-    for name, define in _HPARAM_FLAGS.items()
-}
+
+
+def _define_hparam_flags() -> dict:
+  """One flag per hyperparameter of the registry's `Hparams` dataclasses, unset (None):
+  an unset flag leaves the algorithm's default. The help is the field's, with its range
+  and each algorithm's default."""
+  fields = {}  # name -> (type, valid, help, {algo: default})
+  for algo, spec in registry.ALGORITHMS.items():
+    defaults = spec.defaults
+    for name, (kind, valid, text) in hparams_lib.field_info(spec.hparams_class).items():
+      fields.setdefault(name, (kind, valid, text, {}))[3][algo] = defaults[name]
+  define = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool,
+            str: flags.DEFINE_string}
+  defined = {}
+  for name, (kind, valid, text, defaults) in fields.items():
+    if len(set(map(repr, defaults.values()))) == 1:
+      default_text = f'Default: {next(iter(defaults.values()))!r} ({", ".join(defaults)}).'
+    else:
+      default_text = 'Defaults: ' + ', '.join(f'{a}={v!r}' for a, v in defaults.items()) + '.'
+    defined[name] = define[kind](
+        name, None, f'{text.rstrip(".")}; {valid.text}. {default_text}'
+    )
+  return defined
+
+
+_HPARAMS = _define_hparam_flags()
 _SEED = flags.DEFINE_integer(
     'seed', 0, 'Seed of the model initialization, client sampling and shuffling.'
 )
@@ -310,15 +268,16 @@ def partition_settings_from_flags() -> dict:
 
 
 def config_from_flags() -> experiment.ExperimentConfig:
-  """The experiment the flags describe; hyperparameters not set come from the registry."""
+  """The experiment the flags describe; hyperparameters not set take the algorithm's
+  defaults (which its record, flags.json, lists with the others)."""
   spec = registry.get(_ALGO.value)
-  unknown = [n for n, f in _HPARAMS.items() if f.value is not None and n not in spec.defaults]
+  given = {n: f.value for n, f in _HPARAMS.items() if f.value is not None}
+  unknown = [n for n in given if n not in spec.hparams_class.names()]
   if unknown:
     raise ValueError(
         f'--{unknown[0]} does not apply to --algo={_ALGO.value}; its hyperparameters are'
-        f' {sorted(spec.defaults)}'
+        f' {sorted(spec.hparams_class.names())}'
     )
-  hparams = {n: f.value for n, f in _HPARAMS.items() if f.value is not None}
   return experiment.ExperimentConfig(
       task=_TASK.value,
       algo=_ALGO.value,
@@ -326,7 +285,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       experiment_name=(
           _EXPERIMENT_NAME.value or f'{_TASK.value}_{_ALGO.value}_seed{_SEED.value}'
       ),
-      hparams=hparams,
+      hparams=given,
       data_source=_DATA_SOURCE.value,
       cache_dir=_CACHE_DIR.value,
       synthetic_settings=synthetic_settings_from_flags(),

@@ -20,8 +20,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg.algorithms import compose
+from tff_zmg import projection
 from tff_zmg.algorithms import registry
+from tff_zmg.algorithms import rules
+from tff_zmg.templates import compose
 
 EXAMPLES = tff.learning.ClientWeighting.NUM_EXAMPLES
 UNIFORM = tff.learning.ClientWeighting.UNIFORM
@@ -419,42 +421,33 @@ def test_two_rounds_lower_the_training_loss(
   assert loss_after < 0.98 * loss_before, (loss_before, loss_after)
 
 
-class _Captured(Exception):
-  """Stops `build_process` once an optimizer's arguments are recorded."""
-
-
 @pytest.mark.parametrize('center_vectors', [False, True])
-@pytest.mark.parametrize('client_rule, server_rule, builder, layers', [
-    ('zmg_sgdm', 'sgd', 'build_zmg_sgdm', 'all'),
-    ('local_gc', 'sgd', 'build_local_gc_sgdm', 'feature'),
-    ('sgd', 'global_gc', 'build_global_gc_sgd', 'classifier'),
-])
-def test_rules_project_the_kernels_of_their_layers(
-    monkeypatch, emnist, client_rule, server_rule, builder, layers,
-    center_vectors
-):
-  """Masks from `model_fn` variables; `center_vectors` adds those layers' biases."""
-
-  def capture(learning_rate, **kwargs):
-    del learning_rate
-    raise _Captured(kwargs['mask'], kwargs['center_vectors'])
-
-  monkeypatch.setattr(compose.optimizers, builder, capture)
-  hparams = dict(center_vectors=center_vectors)
-  if client_rule == 'local_gc':
-    hparams['local_gc_layers'] = layers
-  if server_rule == 'global_gc':
-    hparams['global_gc_layers'] = layers
-  with pytest.raises(_Captured) as captured:
-    compose.build_process(
-        emnist.model_fn, client_rule, server_rule, client_weighting=UNIFORM,
-        client_learning_rate=0.1, server_learning_rate=1.0, **hparams)
-  mask, passed_center_vectors = captured.value.args
+@pytest.mark.parametrize('layers', ['all', 'feature', 'classifier'])
+def test_masks_select_the_kernels_of_their_layers(emnist, layers, center_vectors):
+  """The masks the rules project with: `center_vectors` adds those layers' biases."""
+  variables = compose.trainable_variables(emnist.model_fn)
   expected = KERNELS[layers]
   if center_vectors:  # Each selected kernel's bias follows it.
     expected = tuple(expected[i - i % 2] for i in range(len(expected)))
-  assert mask == expected
-  assert passed_center_vectors == center_vectors
+  assert projection.projection_mask(variables, layers, None, center_vectors) == expected
+
+
+def test_center_vectors_centres_every_bias_update_too(
+    tff_context, emnist, one_step_data
+):
+  """FedZMG with `center_vectors`, no decay: one step gives every tensor's update zero
+  column means, biases included (without it they are not: see the test above it)."""
+  del tff_context
+  process = registry.build(
+      'fedzmg', emnist.model_fn, client_learning_rate=CLIENT_LR, weight_decay=0.0,
+      center_vectors=True,
+  )
+  state = process.initialize()
+  w0 = _weights(process, state)
+  u = _update(w0, _weights(process, process.next(state, one_step_data).state))
+  for i, u_i in enumerate(u):
+    assert np.abs(u_i).max() > 1e-5, i
+    assert np.abs(_column_means(u_i) if u_i.ndim > 1 else u_i.mean()).max() < 1e-7, i
 
 
 # The registry.
@@ -472,24 +465,6 @@ def test_registry_is_the_spec_table():
     assert (spec.client_rule, spec.server_rule, spec.client_weighting) == (
         client_rule, server_rule, weighting)
     assert spec.description and '\n' not in spec.description
-
-
-def test_builders_compose_their_registered_rules_and_defaults(monkeypatch):
-  calls = []
-  monkeypatch.setattr(
-      compose, 'build_process',
-      lambda *args, **kwargs: calls.append((args, kwargs)))
-  for name in STATELESS:
-    spec = registry.get(name)
-    calls.clear()
-    spec.builder(_never_called)
-    (args, kwargs), = calls
-    rules = (kwargs.pop('client_rule'), kwargs.pop('server_rule'),
-             kwargs.pop('client_weighting'))
-    assert rules == SPEC_TABLE[name], name
-    assert args == (_never_called,)
-    kwargs.pop('loop_implementation')
-    assert kwargs == dict(spec.defaults), name
 
 
 def test_defaults_follow_the_spec_and_papers():
@@ -565,14 +540,14 @@ def test_bad_hyperparameters_raise_naming_parameter_value_and_range(
 ])
 def test_unknown_rule_names_raise(client_rule, server_rule, bad):
   with pytest.raises(ValueError, match=bad):
-    compose.build_process(
+    rules.build_process(
         _never_called, client_rule, server_rule, client_weighting=UNIFORM,
         client_learning_rate=0.1, server_learning_rate=1.0)
 
 
 def test_build_process_rejects_hyperparameters_neither_rule_takes():
   with pytest.raises(ValueError, match=r"\['weight_decay'\].*'sgdm'"):
-    compose.build_process(
+    rules.build_process(
         _never_called, 'sgdm', 'adam', client_weighting=EXAMPLES,
         client_learning_rate=0.1, server_learning_rate=0.01,
         weight_decay=1e-4)
@@ -580,10 +555,10 @@ def test_build_process_rejects_hyperparameters_neither_rule_takes():
 
 def test_every_rule_pair_validates_with_its_own_hyperparameters():
   """Any client rule composes with any server rule (checked up to the model)."""
-  for client_rule, client in compose.CLIENT_RULES.items():
-    for server_rule, server in compose.SERVER_RULES.items():
+  for client_rule, client in rules.CLIENT_RULES.items():
+    for server_rule, server in rules.SERVER_RULES.items():
       with pytest.raises(AssertionError, match='must not be called'):
-        compose.build_process(
+        rules.build_process(
             _never_called, client_rule, server_rule, client_weighting=UNIFORM,
             client_learning_rate=0.1, server_learning_rate=1.0,
             **{**client.hparams, **server.hparams})

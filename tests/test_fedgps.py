@@ -31,8 +31,8 @@ from tff_zmg import client_states
 from tff_zmg import prototypes
 from tff_zmg import rectification
 from tff_zmg import surrogate
+from tff_zmg.algorithms import fedgps
 from tff_zmg.algorithms import registry
-from tff_zmg.client_work import fedgps_client
 from tff_zmg.runtime import in_process
 import tiny_models
 
@@ -203,7 +203,7 @@ def test_objective_terms_match_numpy_and_round_0_has_no_global_alignment():
 
   def objective(global_counts):
     as32 = lambda a: tf.constant(a, tf.float32)
-    terms = fedgps_client.fedgps_objective(
+    terms = fedgps.fedgps_objective(
         local_logits=as32(local_logits), local_labels=local_y,
         local_features=as32(local_f), surrogate_logits=as32(surr_logits),
         surrogate_labels=surr_y, surrogate_features=as32(surr_f),
@@ -502,7 +502,8 @@ def test_launch_train_on_shakespeare_is_one_clear_line(run_main, tmp_path):
 # Arguments.
 
 
-def test_registry_lists_both_variants_with_the_papers_defaults():
+def test_registry_lists_both_variants_with_the_papers_defaults(tff_context):
+  del tff_context
   for name in ('fedgps', 'fedgps_cf'):
     spec = registry.get(name)
     assert spec.stateful and spec.needs_keras_model
@@ -513,7 +514,9 @@ def test_registry_lists_both_variants_with_the_papers_defaults():
             client_learning_rate=0.01, client_momentum=0.9, server_learning_rate=1.0,
             lambda1=0.1, lambda2=0.2, lambda3=1e-5, lambda_g=0.5,
             surrogate_samples_per_class=100)
-  assert registry.get('fedgps_cf').builder.keywords == {'exclude_own_update': False}
+  # FedGPS keeps each client's own last update; the CF variant never does.
+  assert set(_process('fedgps').initial_client_state()) == {'last_round', 'own_update'}
+  assert set(_process('fedgps_cf').initial_client_state()) == {'last_round'}
 
 
 BAD = [

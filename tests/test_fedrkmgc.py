@@ -217,11 +217,30 @@ def _check_against_numpy(run, kind, rho, km_clock):
 BUILT_FOR = {'raw': 'fedrkmgc_raw', 'km': 'fedrkmgc_km', 'fast_km': 'fedrkmgc'}
 
 
-def test_registry_names_are_the_papers_ablations():
+def test_each_registry_name_runs_its_ablation(tff_context):
+  """Each name's correction step (one client's round in plain TF, from a non-zero state,
+  against NumPy) and relaxation (the server rate its process starts with)."""
+  del tff_context
+  rng = np.random.default_rng(11)
+  w = [rng.normal(size=s).astype(np.float32) for s in ((3, 2), (2,))]
+  d = [rng.normal(size=a.shape).astype(np.float32) for a in w]
+  d_raw = [rng.normal(size=a.shape).astype(np.float32) for a in w]
   for name, (kind, rho) in VARIANTS.items():
-    spec = registry.get(name)
-    assert spec.builder.keywords == {'correction': kind, 'rho': rho}, name
-    assert spec.defaults['rho'] == rho
+    process = _process(name)
+    assert float(process.initialize()['finalizer']['learning_rate']) == rho, name
+    result, new_state, _ = process.build_local_update()(
+        tff.learning.models.ModelWeights(trainable=list(w), non_trainable=[]),
+        _dataset(0),
+        collections.OrderedDict(
+            correction=tuple(d), raw_correction=tuple(d_raw), participations=np.int32(1)
+        ),
+        np.int32(1),
+    )
+    _, d_new, _ = _np_client(
+        [np.float64(a) for a in w], 0, [np.float64(a) for a in d],
+        [np.float64(a) for a in d_raw], 1, kind,
+    )
+    _assert_close(new_state['correction'], d_new, f'{name} D')
 
 
 @pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])

@@ -116,6 +116,23 @@ def _assert_not_close(actual, expected):
              for a, e in zip(actual, expected))
 
 
+# The optimizers take every hyperparameter (their defaults are the algorithms', in
+# `tff_zmg.algorithms`); these tests use the spec's values where they give none.
+def build_zmg_sgdm(learning_rate, momentum=0.9, weight_decay=1e-4, **kwargs):
+  return optimizers.build_zmg_sgdm(learning_rate, momentum, weight_decay, **kwargs)
+
+
+def build_local_gc_sgdm(learning_rate=0.01, momentum=0.9, weight_decay=1e-5, **kwargs):
+  return optimizers.build_local_gc_sgdm(learning_rate, momentum, weight_decay, **kwargs)
+
+
+def build_server_adam(learning_rate, beta_1=0.9, beta_2=0.99, epsilon=1e-3, **kwargs):
+  return optimizers.build_server_adam(learning_rate, beta_1, beta_2, epsilon, **kwargs)
+
+
+build_global_gc_sgd = optimizers.build_global_gc_sgd
+
+
 # ZMG-SGDM.
 
 
@@ -123,7 +140,7 @@ def _assert_not_close(actual, expected):
 def test_zmg_sgdm_matches_numpy(momentum):
   weights, grads = _problem()
   hparams = dict(learning_rate=0.1, momentum=momentum, weight_decay=0.05)
-  actual, _ = _run(optimizers.build_zmg_sgdm(**hparams), weights, grads)
+  actual, _ = _run(build_zmg_sgdm(**hparams), weights, grads)
   expected, _ = _np_zmg_sgdm(weights, grads, lr=0.1, momentum=momentum,
                              weight_decay=0.05)
   _assert_all_close(actual, expected)
@@ -131,7 +148,7 @@ def test_zmg_sgdm_matches_numpy(momentum):
 
 def test_zmg_sgdm_momentum_changes_the_trajectory():
   weights, grads = _problem()
-  without, _ = _run(optimizers.build_zmg_sgdm(0.1, momentum=0.0), weights,
+  without, _ = _run(build_zmg_sgdm(0.1, momentum=0.0), weights,
                     grads)
   with_momentum, _ = _np_zmg_sgdm(weights, grads, lr=0.1, momentum=0.9)
   _assert_not_close(without, with_momentum)
@@ -139,7 +156,7 @@ def test_zmg_sgdm_momentum_changes_the_trajectory():
 
 def test_zmg_sgdm_weight_decay_never_enters_the_momentum():
   weights, grads = _problem()
-  _, state = _run(optimizers.build_zmg_sgdm(0.1, weight_decay=0.5), weights,
+  _, state = _run(build_zmg_sgdm(0.1, weight_decay=0.5), weights,
                   grads)
   # v is the momentum sum of projected gradients alone.
   v = [np.zeros(s) for s in SHAPES]
@@ -152,8 +169,8 @@ def test_zmg_sgdm_weight_decay_never_enters_the_momentum():
 def test_zmg_decoupled_and_local_gc_coupled_decay_differ_on_same_inputs():
   weights, grads = _problem()
   hparams = dict(learning_rate=0.1, momentum=0.9, weight_decay=0.5)
-  zmg, _ = _run(optimizers.build_zmg_sgdm(**hparams), weights, grads)
-  local_gc, _ = _run(optimizers.build_local_gc_sgdm(**hparams), weights,
+  zmg, _ = _run(build_zmg_sgdm(**hparams), weights, grads)
+  local_gc, _ = _run(build_local_gc_sgdm(**hparams), weights,
                      grads)
   np_hparams = dict(lr=0.1, momentum=0.9, weight_decay=0.5)
   _assert_all_close(zmg, _np_zmg_sgdm(weights, grads, **np_hparams)[0])
@@ -165,7 +182,7 @@ def test_zmg_decoupled_and_local_gc_coupled_decay_differ_on_same_inputs():
 def test_zmg_sgdm_mask_and_center_vectors_match_numpy():
   weights, grads = _problem()
   mask = (False, True, True)
-  opt = optimizers.build_zmg_sgdm(0.1, mask=mask, center_vectors=True)
+  opt = build_zmg_sgdm(0.1, mask=mask, center_vectors=True)
   actual, _ = _run(opt, weights, grads)
   expected, _ = _np_zmg_sgdm(weights, grads, lr=0.1, mask=mask,
                              center_vectors=True)
@@ -177,7 +194,7 @@ def test_zmg_sgdm_mask_and_center_vectors_match_numpy():
 
 def test_zmg_sgdm_momentum_starts_at_zero():
   specs = [tf.TensorSpec(s, tf.float32) for s in SHAPES]
-  state = optimizers.build_zmg_sgdm(0.1).initialize(specs)
+  state = build_zmg_sgdm(0.1).initialize(specs)
   for v, shape in zip(state['accumulator'], SHAPES):
     np.testing.assert_array_equal(v.numpy(), np.zeros(shape))
 
@@ -186,7 +203,7 @@ def test_zmg_sgdm_projects_indexed_slices_embedding_gradient():
   table = np.random.default_rng(1).normal(size=(10, 4)).astype(np.float32)
   grad = tf.IndexedSlices(tf.ones([2, 4]), tf.constant([1, 6]),
                           tf.constant([10, 4]))
-  opt = optimizers.build_zmg_sgdm(0.5, momentum=0.0, weight_decay=0.0)
+  opt = build_zmg_sgdm(0.5, momentum=0.0, weight_decay=0.0)
   state = opt.initialize([tf.TensorSpec([10, 4], tf.float32)])
   _, (out,) = opt.next(state, [tf.constant(table)], [grad])
   dense = np.zeros((10, 4))
@@ -202,7 +219,7 @@ def test_zmg_sgdm_projects_indexed_slices_embedding_gradient():
 @pytest.mark.parametrize('mask', [None, (True, False, True)])
 def test_local_gc_sgdm_matches_numpy(momentum, mask):
   weights, grads = _problem(seed=1)
-  opt = optimizers.build_local_gc_sgdm(0.05, momentum=momentum,
+  opt = build_local_gc_sgdm(0.05, momentum=momentum,
                                        weight_decay=0.01, mask=mask)
   actual, _ = _run(opt, weights, grads)
   expected, _ = _np_local_gc_sgdm(weights, grads, lr=0.05, momentum=momentum,
@@ -212,7 +229,7 @@ def test_local_gc_sgdm_matches_numpy(momentum, mask):
 
 def test_local_gc_sgdm_unmasked_tensor_keeps_raw_gradient():
   weights, grads = _problem(seed=1)
-  opt = optimizers.build_local_gc_sgdm(mask=(False, True, True))
+  opt = build_local_gc_sgdm(mask=(False, True, True))
   actual, _ = _run(opt, weights, grads)
   projected, _ = _np_local_gc_sgdm(weights, grads)
   raw, _ = _np_local_gc_sgdm(weights, grads, mask=(False,) * 3)
@@ -226,7 +243,7 @@ def test_local_gc_sgdm_unmasked_tensor_keeps_raw_gradient():
 @pytest.mark.parametrize('bias_correction', [False, True])
 def test_server_adam_matches_numpy(bias_correction):
   weights, updates = _problem(seed=2)
-  opt = optimizers.build_server_adam(0.01, bias_correction=bias_correction)
+  opt = build_server_adam(0.01, bias_correction=bias_correction)
   actual, state = _run(opt, weights, updates)
   expected = _np_server_adam(weights, updates, lr=0.01,
                              bias_correction=bias_correction)
@@ -237,7 +254,7 @@ def test_server_adam_matches_numpy(bias_correction):
 def test_server_adam_bias_correction_changes_the_update():
   weights, updates = _problem(seed=2)
   corrected, _ = _run(
-      optimizers.build_server_adam(0.01, bias_correction=True), weights,
+      build_server_adam(0.01, bias_correction=True), weights,
       updates)
   _assert_not_close(corrected, _np_server_adam(weights, updates, lr=0.01))
 
@@ -245,7 +262,7 @@ def test_server_adam_bias_correction_changes_the_update():
 def test_server_adam_non_default_betas_and_epsilon_match_numpy():
   weights, updates = _problem(seed=3)
   hparams = dict(beta_1=0.5, beta_2=0.8, epsilon=0.1)
-  actual, _ = _run(optimizers.build_server_adam(0.3, **hparams), weights,
+  actual, _ = _run(build_server_adam(0.3, **hparams), weights,
                    updates)
   _assert_all_close(actual,
                     _np_server_adam(weights, updates, lr=0.3, **hparams))
@@ -257,7 +274,7 @@ def test_server_adam_non_default_betas_and_epsilon_match_numpy():
 def test_global_gc_with_mask_matches_numpy():
   weights, updates = _problem(seed=4)
   mask = (True, False, True)
-  opt = optimizers.build_global_gc_sgd(0.7, mask=mask, center_vectors=True)
+  opt = build_global_gc_sgd(0.7, mask=mask, center_vectors=True)
   actual, _ = _run(opt, weights, updates)
   _assert_all_close(actual, _np_global_gc_sgd(
       weights, updates, lr=0.7, mask=mask, center_vectors=True))
@@ -268,7 +285,7 @@ def test_global_gc_with_mask_matches_numpy():
 
 def test_global_gc_default_projects_every_kernel():
   weights, updates = _problem(seed=4)
-  actual, _ = _run(optimizers.build_global_gc_sgd(1.0), weights, updates)
+  actual, _ = _run(build_global_gc_sgd(1.0), weights, updates)
   _assert_all_close(actual, _np_global_gc_sgd(weights, updates, lr=1.0))
 
 
@@ -276,19 +293,19 @@ def test_global_gc_default_projects_every_kernel():
 
 CASES = {
     'zmg_sgdm': (
-        lambda lr: optimizers.build_zmg_sgdm(lr, mask=(True, False, True)),
+        lambda lr: build_zmg_sgdm(lr, mask=(True, False, True)),
         lambda w, g, lr: _np_zmg_sgdm(w, g, lr, mask=(True, False, True))[0],
     ),
     'local_gc_sgdm': (
-        lambda lr: optimizers.build_local_gc_sgdm(lr, weight_decay=0.1),
+        lambda lr: build_local_gc_sgdm(lr, weight_decay=0.1),
         lambda w, g, lr: _np_local_gc_sgdm(w, g, lr, weight_decay=0.1)[0],
     ),
     'server_adam': (
-        lambda lr: optimizers.build_server_adam(lr, bias_correction=True),
+        lambda lr: build_server_adam(lr, bias_correction=True),
         lambda w, g, lr: _np_server_adam(w, g, lr, bias_correction=True),
     ),
     'global_gc_sgd': (
-        lambda lr: optimizers.build_global_gc_sgd(lr, mask=(True, True, False)),
+        lambda lr: build_global_gc_sgd(lr, mask=(True, True, False)),
         lambda w, g, lr: _np_global_gc_sgd(w, g, lr, mask=(True, True, False)),
     ),
 }
@@ -335,39 +352,39 @@ def test_set_hparams_rejects_unknown_key(name):
 
 
 def test_zmg_hparams_include_momentum_and_weight_decay():
-  opt = optimizers.build_zmg_sgdm(0.1, momentum=0.8, weight_decay=0.01)
+  opt = build_zmg_sgdm(0.1, momentum=0.8, weight_decay=0.01)
   hparams = opt.get_hparams(opt.initialize([tf.TensorSpec([2], tf.float32)]))
   assert dict(hparams) == pytest.approx(
       {'learning_rate': 0.1, 'weight_decay': 0.01, 'momentum': 0.8})
 
 
 BAD_HPARAMS = [
-    (optimizers.build_zmg_sgdm, dict(learning_rate=0.0), 'learning_rate'),
-    (optimizers.build_zmg_sgdm, dict(learning_rate=-1.0), 'learning_rate'),
-    (optimizers.build_zmg_sgdm, dict(learning_rate=0.1, momentum=1.0),
+    (build_zmg_sgdm, dict(learning_rate=0.0), 'learning_rate'),
+    (build_zmg_sgdm, dict(learning_rate=-1.0), 'learning_rate'),
+    (build_zmg_sgdm, dict(learning_rate=0.1, momentum=1.0),
      'momentum'),
-    (optimizers.build_zmg_sgdm, dict(learning_rate=0.1, momentum=-0.1),
+    (build_zmg_sgdm, dict(learning_rate=0.1, momentum=-0.1),
      'momentum'),
-    (optimizers.build_zmg_sgdm, dict(learning_rate=0.1, weight_decay=-1e-4),
+    (build_zmg_sgdm, dict(learning_rate=0.1, weight_decay=-1e-4),
      'weight_decay'),
-    (optimizers.build_zmg_sgdm, dict(learning_rate=0.1, mask=(True, 'yes')),
+    (build_zmg_sgdm, dict(learning_rate=0.1, mask=(True, 'yes')),
      'mask'),
-    (optimizers.build_local_gc_sgdm, dict(learning_rate=0.0), 'learning_rate'),
-    (optimizers.build_local_gc_sgdm, dict(momentum=1.0), 'momentum'),
-    (optimizers.build_local_gc_sgdm, dict(weight_decay=-1.0), 'weight_decay'),
-    (optimizers.build_server_adam, dict(learning_rate=-0.1), 'learning_rate'),
-    (optimizers.build_server_adam, dict(learning_rate=0.1, beta_1=1.0),
+    (build_local_gc_sgdm, dict(learning_rate=0.0), 'learning_rate'),
+    (build_local_gc_sgdm, dict(momentum=1.0), 'momentum'),
+    (build_local_gc_sgdm, dict(weight_decay=-1.0), 'weight_decay'),
+    (build_server_adam, dict(learning_rate=-0.1), 'learning_rate'),
+    (build_server_adam, dict(learning_rate=0.1, beta_1=1.0),
      'beta_1'),
-    (optimizers.build_server_adam, dict(learning_rate=0.1, beta_1=-0.5),
+    (build_server_adam, dict(learning_rate=0.1, beta_1=-0.5),
      'beta_1'),
-    (optimizers.build_server_adam, dict(learning_rate=0.1, beta_2=1.5),
+    (build_server_adam, dict(learning_rate=0.1, beta_2=1.5),
      'beta_2'),
-    (optimizers.build_server_adam, dict(learning_rate=0.1, epsilon=0.0),
+    (build_server_adam, dict(learning_rate=0.1, epsilon=0.0),
      'epsilon'),
-    (optimizers.build_server_adam, dict(learning_rate=0.1, epsilon=-1e-3),
+    (build_server_adam, dict(learning_rate=0.1, epsilon=-1e-3),
      'epsilon'),
-    (optimizers.build_global_gc_sgd, dict(learning_rate=0.0), 'learning_rate'),
-    (optimizers.build_global_gc_sgd, dict(learning_rate=1.0, mask=[1, 0]),
+    (build_global_gc_sgd, dict(learning_rate=0.0), 'learning_rate'),
+    (build_global_gc_sgd, dict(learning_rate=1.0, mask=[1, 0]),
      'mask'),
 ]
 
@@ -381,4 +398,4 @@ def test_bad_hyperparameter_raises_naming_it(build, kwargs, name):
 def test_momentum_error_states_the_valid_range():
   message = r'momentum must be in \[0, 1\), got 1.5'
   with pytest.raises(ValueError, match=message):
-    optimizers.build_zmg_sgdm(0.1, momentum=1.5)
+    build_zmg_sgdm(0.1, momentum=1.5)

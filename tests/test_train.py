@@ -17,12 +17,22 @@ import pytest
 
 from launch import experiment
 from launch import train
+from tff_zmg.algorithms import registry
+from tff_zmg.templates import hparams as hparams_lib
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.client_states import state_file
 import small_runs
 
 _SMALL = small_runs.FLAGS
 _TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
+
+
+CORES = os.cpu_count()
+
+
+def _cores_shared_by(clients_at_once):
+  """The rule: each client run at once gets an equal share of the cores, at least one."""
+  return max(1, CORES // clients_at_once)
 
 
 @pytest.fixture
@@ -76,6 +86,14 @@ def _assert_same_metrics(a, b):
         np.testing.assert_allclose(float(ra[k]), float(rb[k]), rtol=1e-5, err_msg=k)
 
 
+RECORDED_DEFAULTS = {
+    'fedzmg': dict(client_learning_rate=0.01, server_learning_rate=1.0, client_momentum=0.9,
+                   weight_decay=1e-4, center_vectors=False),
+    'fedrkmgc': dict(client_learning_rate=0.01, client_momentum=0.8, beta=0.03, gamma=500.0,
+                     rho=1.5, km_clock='global', allow_unsafe_relaxation=False),
+}
+
+
 @pytest.mark.parametrize(
     'task, algo, extra',
     [
@@ -113,6 +131,8 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
   assert 'round 2/2' in out and 'rounds/s' in out and 'summary:' in out
   recorded = __import__('json').loads((exp / 'flags.json').read_text())
   assert recorded['task'] == task and recorded['algo'] == algo
+  # Every hyperparameter it trained with, though none was given (ALGORITHMS.md s. 2).
+  assert recorded['hparams'] == RECORDED_DEFAULTS[algo]
   if algo == 'fedrkmgc':  # The sampled clients' states are kept with the run.
     assert os.listdir(exp / 'client_states')
   # Where the clients ran: read from the computed tensors in process, never the flag.
@@ -190,8 +210,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
       proc.kill()
   # Cores // clients at once threads per op in either runtime (in process set before
   # TensorFlow started, which only a fresh process allows).
-  concurrent = os.cpu_count() if runtime == 'in_process' else -1
-  threads = cpp_worker.intra_op_threads_for(3, max_concurrent_clients=concurrent)
+  threads = _cores_shared_by(min(3, CORES) if runtime == 'in_process' else 3)
   runtime_line, = [l for l in lines if l.startswith('runtime:')]
   assert f'{threads} thread{"s" if threads > 1 else ""} per TF op' in runtime_line
   killed_dir = tmp_path / 'killed' / 'emnist_fedrkmgc_seed0'
@@ -337,6 +356,32 @@ def test_bad_values_end_with_one_line_and_write_nothing(run_main, tmp_path, args
   assert not os.listdir(tmp_path)
 
 
+def test_every_hyperparameter_has_a_flag_whose_help_says_its_range_and_defaults():
+  """The flags are the registry's `Hparams` fields: one each, unset by default (the
+  algorithm's default then applies), typed as the field, the help its text, its range
+  and each algorithm's default (hand values for a few)."""
+  fields = {}
+  for name, spec in registry.ALGORITHMS.items():
+    for field, info in hparams_lib.field_info(spec.hparams_class).items():
+      fields.setdefault(field, {})[name] = (info, spec.defaults[field])
+  assert set(train._HPARAMS) == set(fields)  # pylint: disable=protected-access
+  parsers = {float: 'FloatParser', int: 'IntegerParser', bool: 'BooleanParser',
+             str: 'ArgumentParser'}
+  for field, per_algo in fields.items():
+    flag = flags.FLAGS[field]
+    (kind, valid, text), _ = next(iter(per_algo.values()))
+    assert flag.default is None and type(flag.parser).__name__ == parsers[kind], field
+    assert text.rstrip('.') in flag.help and valid.text in flag.help, field
+    for algo, (_, default) in per_algo.items():
+      assert f'{algo}={default!r}' in flag.help or (
+          f'Default: {default!r} (' in flag.help and algo in flag.help), (field, algo)
+  assert 'Defaults: ' in flags.FLAGS['weight_decay'].help
+  assert 'fedzmg=0.0001' in flags.FLAGS['weight_decay'].help
+  assert 'local_gc=1e-05' in flags.FLAGS['weight_decay'].help
+  assert 'fedrkmgc_raw=1.0' in flags.FLAGS['rho'].help
+  assert 'in [0, 1)' in flags.FLAGS['client_momentum'].help
+
+
 def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
   flags_args = ['--task=emnist', '--algo=fedavg', '--data_source=tff',
                 f'--cache_dir={tmp_path / "empty"}']
@@ -347,6 +392,22 @@ def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
 def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(run_main, tmp_path):
   base = ['--task=emnist', '--algo=fedavg', '--total_rounds=1', '--runtime=in_process']
   assert run_main(*base)[0] == 0
+  exp = tmp_path / 'emnist_fedavg_seed0'
+  # A run recorded before records listed every hyperparameter (`{}`: the defaults) is
+  # the same run as the same command today; its record now lists them.
+  flags_json = exp / 'flags.json'
+  identity_json = exp / 'checkpoints' / 'run_identity.json'
+  recorded, identity = (__import__('json').loads(p.read_text())
+                        for p in (flags_json, identity_json))
+  assert recorded['hparams'] == identity['settings']['hparams'] == {
+      'client_learning_rate': 0.1, 'server_learning_rate': 1.0}
+  recorded['hparams'] = identity['settings']['hparams'] = {}
+  flags_json.write_text(__import__('json').dumps(recorded))
+  identity_json.write_text(__import__('json').dumps(identity))
+  rc, _, err = run_main(*base)
+  assert rc == 0, err
+  assert __import__('json').loads(flags_json.read_text())['hparams'] == {
+      'client_learning_rate': 0.1, 'server_learning_rate': 1.0}
   rc, _, err = run_main(*base, '--client_learning_rate=0.5')
   assert rc == 2 and 'other settings' in err and '--overwrite' in err
   ckpt_dir = tmp_path / 'emnist_fedavg_seed0' / 'checkpoints'
@@ -386,14 +447,13 @@ def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
 @pytest.mark.parametrize(
     'settings, threads',
     [
-        (dict(clients_per_round=10), cpp_worker.intra_op_threads_for(10)),
-        (dict(clients_per_round=10, max_concurrent_clients=1), cpp_worker.intra_op_threads_for(1)),
-        (dict(clients_per_round=1, max_concurrent_clients=4), cpp_worker.intra_op_threads_for(1)),
+        (dict(clients_per_round=10), _cores_shared_by(10)),
+        (dict(clients_per_round=10, max_concurrent_clients=1), CORES),
+        (dict(clients_per_round=1, max_concurrent_clients=4), CORES),
         (dict(clients_per_round=10, intra_op_threads=3), 3),
         # In process: by default one client per core at once.
-        (dict(clients_per_round=10, runtime='in_process'),
-         cpp_worker.intra_op_threads_for(10, max_concurrent_clients=os.cpu_count())),
-        (dict(clients_per_round=1, runtime='in_process'), cpp_worker.intra_op_threads_for(1)),
+        (dict(clients_per_round=10, runtime='in_process'), _cores_shared_by(min(10, CORES))),
+        (dict(clients_per_round=1, runtime='in_process'), CORES),
     ],
 )
 def test_the_local_worker_shares_the_cores_among_the_clients_it_runs_at_once(settings, threads):

@@ -219,6 +219,7 @@ def projection_mask(
     variables: Sequence[tf.Variable],
     layers: str = 'all',
     gc_lambda: Optional[float] = None,
+    center_vectors: bool = False,
 ) -> tuple[bool, ...]:
   """The mask of tensors a projection acts on: kernels of the chosen layers.
 
@@ -234,6 +235,9 @@ def projection_mask(
       'classifier' (the rest), see `layer_borderline_mask`.
     gc_lambda: The layer borderline; None means every layer but the last is a
       feature layer.
+    center_vectors: Whether the rank-1 biases of the chosen layers are in the mask
+      too (the GC-Fed authors' bias centring; `zero_mean_projection` then centres
+      them with its own `center_vectors`).
   """
   variables = _check_variables(variables)
   if layers == 'all':
@@ -246,4 +250,9 @@ def projection_mask(
     raise ValueError(
         f"layers must be one of 'all', 'feature', 'classifier', got {layers!r}"
     )
-  return tuple(s and w for s, w in zip(selected, weight_matrix_mask(variables)))
+  projected = weight_matrix_mask(variables)
+  if center_vectors:
+    projected = tuple(
+        p or v.shape.rank == 1 for p, v in zip(projected, variables)
+    )
+  return tuple(s and p for s, p in zip(selected, projected))

@@ -1,37 +1,57 @@
 """Federated algorithms as TFF learning processes (ALGORITHMS.md section 4).
 
-Each `build_*` composes a client rule and a server rule with
-`compose.build_process` (or, for clients that keep state, with
-`stateful_clients.compose_stateful_clients_process`); `registry` maps `--algo`
-names to them.
+One file per family, each holding its `Hparams` dataclass, its client and server steps
+and its `build_*` functions: `fedavg` (FedAvg, FedAdam), `fedzmg` (FedZMG, FedZMG-Adam),
+`gc_fed` (LocalGC, GlobalGC, GC-Fed), `fedrkmgc` (FedRKMGC and its ablations), `fedgps`
+(FedGPS, FedGPS-CF). `registry` maps `--algo` names to them; `rules.build_process`
+composes any client step with any server step by name.
 """
 
-from tff_zmg.algorithms import compose
 from tff_zmg.algorithms import registry
-from tff_zmg.algorithms.compose import build_process
-from tff_zmg.algorithms.compose import CLIENT_RULES
-from tff_zmg.algorithms.compose import SERVER_RULES
+from tff_zmg.algorithms import rules
 from tff_zmg.algorithms.fedavg import build_fedadam
 from tff_zmg.algorithms.fedavg import build_fedavg
+from tff_zmg.algorithms.fedavg import FedAdamHparams
+from tff_zmg.algorithms.fedavg import FedAvgHparams
 from tff_zmg.algorithms.fedgps import build_fedgps
+from tff_zmg.algorithms.fedgps import FedGpsHparams
 from tff_zmg.algorithms.fedrkmgc import build_fed_rkmgc
+from tff_zmg.algorithms.fedrkmgc import FedRkmgcHparams
 from tff_zmg.algorithms.fedzmg import build_fedzmg
 from tff_zmg.algorithms.fedzmg import build_fedzmg_adam
+from tff_zmg.algorithms.fedzmg import FedZmgAdamHparams
+from tff_zmg.algorithms.fedzmg import FedZmgHparams
 from tff_zmg.algorithms.gc_fed import build_gcfed
 from tff_zmg.algorithms.gc_fed import build_global_gc
 from tff_zmg.algorithms.gc_fed import build_local_gc
+from tff_zmg.algorithms.gc_fed import GcFedHparams
+from tff_zmg.algorithms.gc_fed import GlobalGcHparams
+from tff_zmg.algorithms.gc_fed import LocalGcHparams
 from tff_zmg.algorithms.registry import AlgorithmSpec
 from tff_zmg.algorithms.registry import ALGORITHMS
-from tff_zmg.algorithms.stateful_clients import compose_stateful_clients_process
-from tff_zmg.algorithms.stateful_clients import SharedState
-from tff_zmg.algorithms.stateful_clients import StatefulClientsLearningProcess
-from tff_zmg.algorithms.stateful_clients import StatefulClientsOutput
-from tff_zmg.algorithms.stateful_clients import StatefulClientWork
+from tff_zmg.algorithms.rules import build_process
+from tff_zmg.algorithms.rules import CLIENT_RULES
+from tff_zmg.algorithms.rules import SERVER_RULES
+# The framework parts, where they were before `tff_zmg.templates`.
+from tff_zmg.templates.stateful_clients import compose_stateful_clients_process
+from tff_zmg.templates.stateful_clients import SharedState
+from tff_zmg.templates.stateful_clients import StatefulClientsLearningProcess
+from tff_zmg.templates.stateful_clients import StatefulClientsOutput
+from tff_zmg.templates.stateful_clients import StatefulClientWork
 
 __all__ = [
     'ALGORITHMS',
     'AlgorithmSpec',
     'CLIENT_RULES',
+    'FedAdamHparams',
+    'FedAvgHparams',
+    'FedGpsHparams',
+    'FedRkmgcHparams',
+    'FedZmgAdamHparams',
+    'FedZmgHparams',
+    'GcFedHparams',
+    'GlobalGcHparams',
+    'LocalGcHparams',
     'SERVER_RULES',
     'build_fedadam',
     'build_fed_rkmgc',
@@ -47,7 +67,7 @@ __all__ = [
     'StatefulClientWork',
     'StatefulClientsLearningProcess',
     'StatefulClientsOutput',
-    'compose',
     'compose_stateful_clients_process',
     'registry',
+    'rules',
 ]

@@ -1,7 +1,7 @@
 """FedGPS: surrogate-distribution objective and non-self gradient rectification.
 
 ALGORITHMS.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Wu et
-al., eqs. 6-8). Client rule (`tff_zmg.client_work.fedgps_client`): SGD(M) on
+al., eqs. 6-8). Client rule: SGD(M) on
 
     F_k = CE(local) + CE(surrogate) + lambda1 d(P_k, P_k^s) + lambda2 d(P^s, P_k^s)
           + lambda3 ||w||^2,
@@ -16,21 +16,430 @@ update of last round's *other* clients. Server step:
 `fedgps` keeps each client's own last delta as client state and leaves it out of `d`
 when the client took part last round; `fedgps_cf` keeps none and uses `d = Dbar`.
 Image tasks only: the surrogate data are images (`tff_zmg.surrogate`).
+
+The client step, in detail. At the start of round `t` the client receives the
+global weights, the round index, last round's mean update `Dbar` with its number of
+clients `K`, and the global surrogate prototypes `P^s` (with their counts; none yet
+in round 0). It computes the non-self direction `d` once (`tff_zmg.rectification`);
+then every local step, on a local batch `(x, y)` and a surrogate batch `(x^s, y^s)`
+(`tff_zmg.surrogate`), is
+
+    p  = lambda_g * d / ||d||                            (0 in round 0)
+    g  = grad F_k(w + p)                                  (F_k: `fedgps_objective`)
+    w <- SGD(M) step from w with g
+
+It uploads its update `u_k = w^t - w_k` (as every TFF client work) and the per-class
+means and counts of the surrogate features seen during its steps. With
+`exclude_own_update`, its state is its own last positive delta `w_k - w^t` and the
+round it was computed in, so that next round it can tell whether it took part in the
+round `Dbar` comes from.
+
+A client whose update is not finite uploads a zero update with weight 0, no
+prototypes (counts 0) and keeps its old state; its metrics are reported as they are,
+so that the training loop sees the divergence (TFF's convention).
 """
 
 import collections
+from collections.abc import Mapping
+import dataclasses
+import functools
 from typing import Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+# TFF's own choice of training loop (dataset reduce or iterator); the same helper
+# runs TFF's built-in client works.
+from tensorflow_federated.python.learning import loop_builder
 
 from tff_zmg import prototypes
+from tff_zmg import rectification
+from tff_zmg import surrogate
 from tff_zmg import validation
-from tff_zmg.algorithms import compose
-from tff_zmg.algorithms import stateful_clients
-from tff_zmg.client_work import fedgps_client
+from tff_zmg.templates import compose
+from tff_zmg.templates import hparams as hp
+from tff_zmg.templates import stateful_clients
 
 KerasModelFn = Callable[[], tf.keras.Model]
+
+
+@dataclasses.dataclass(frozen=True)
+class FedGpsHparams(hp.Hparams):
+  """FedGPS's hyperparameters (the paper's: momentum 0.9 (Table 7), `lambda1 = 0.1`,
+  `lambda2 = 0.2`, `lambda3 = 1e-5`, `lambda_g = 0.5`, `n_s = 100`; `eta_g = 1`: the new
+  model is the clients' mean)."""
+
+  client_learning_rate: float = hp.client_learning_rate(0.01)
+  client_momentum: float = hp.client_momentum(0.9)
+  server_learning_rate: float = hp.server_learning_rate(1.0)
+  lambda1: float = hp.hparam(
+      0.1, hp.NON_NEGATIVE, 'FedGPS weight of the local-to-surrogate prototype alignment.'
+  )
+  lambda2: float = hp.hparam(
+      0.2, hp.NON_NEGATIVE,
+      'FedGPS weight of the surrogate-to-global prototype alignment.',
+  )
+  lambda3: float = hp.hparam(1e-5, hp.NON_NEGATIVE, 'FedGPS weight of ||w||^2.')
+  lambda_g: float = hp.hparam(
+      0.5, hp.NON_NEGATIVE,
+      "FedGPS look-ahead length along the other clients' update (0: no look-ahead).",
+  )
+  surrogate_samples_per_class: int = hp.hparam(
+      100, hp.integer(1), 'FedGPS surrogate samples per class n_s.'
+  )
+  surrogate_seed: int = hp.hparam(
+      0, hp.integer(0), 'FedGPS seed of the surrogate data, the same on every client.'
+  )
+
+
+# The client step: the objective, and SGD(M) with gradients at the look-ahead point.
+
+
+# Metrics reported as means over the client's examples: `[sum, count]` each.
+MEAN_METRICS = (
+    'loss',  # Cross-entropy on the local data, comparable with other algorithms.
+    'sparse_categorical_accuracy',
+    'surrogate_loss',
+    'local_alignment',
+    'global_alignment',
+    'objective',  # F_k, everything included.
+)
+
+
+def fedgps_objective(
+    *,
+    local_logits,
+    local_labels,
+    local_features,
+    surrogate_logits,
+    surrogate_labels,
+    surrogate_features,
+    global_prototypes,
+    global_counts,
+    weights,
+    num_classes: int,
+    lambda1: float,
+    lambda2: float,
+    lambda3: float,
+):
+  """FedGPS's client objective (paper eq. 6) on one local and one surrogate batch.
+
+      F_k = CE(local) + CE(surrogate) + lambda1 * d(P_k, P_k^s)
+            + lambda2 * d(P^s, P_k^s) + lambda3 * ||w||^2
+
+  `P_k`, `P_k^s`: the batch's local and surrogate class prototypes; `P^s`: the
+  global surrogate prototypes; `d`: `prototypes.prototype_distance` over the
+  classes both sides have (classes of the batch; for `P^s`, the classes with a
+  global prototype, none in round 0, where the term is 0). `||w||^2` sums the
+  squares of every tensor of `weights`.
+
+  Returns:
+    `OrderedDict(objective, loss, surrogate_loss, local_alignment,
+    global_alignment, l2)`: `F_k` and its unweighted terms.
+  """
+
+  def cross_entropy(labels, logits):
+    return tf.reduce_mean(
+        tf.keras.losses.sparse_categorical_crossentropy(
+            labels, logits, from_logits=True
+        )
+    )
+
+  local_prototypes, local_counts = prototypes.class_prototypes(
+      local_features, local_labels, num_classes
+  )
+  surrogate_prototypes, surrogate_counts = prototypes.class_prototypes(
+      surrogate_features, surrogate_labels, num_classes
+  )
+  in_batch = surrogate_counts > 0
+  terms = collections.OrderedDict(
+      loss=cross_entropy(local_labels, local_logits),
+      surrogate_loss=cross_entropy(surrogate_labels, surrogate_logits),
+      local_alignment=prototypes.prototype_distance(
+          local_prototypes,
+          surrogate_prototypes,
+          tf.logical_and(local_counts > 0, in_batch),
+      ),
+      global_alignment=prototypes.prototype_distance(
+          global_prototypes,
+          surrogate_prototypes,
+          tf.logical_and(global_counts > 0, in_batch),
+      ),
+      l2=tf.add_n([tf.reduce_sum(tf.square(w)) for w in weights]),
+  )
+  objective = (
+      terms['loss']
+      + terms['surrogate_loss']
+      + lambda1 * terms['local_alignment']
+      + lambda2 * terms['global_alignment']
+      + lambda3 * terms['l2']
+  )
+  return collections.OrderedDict(objective=objective, **terms)
+
+
+def _all_finite(tensors) -> tf.Tensor:
+  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+
+def _xy(batch):
+  if isinstance(batch, Mapping):
+    return batch['x'], batch['y']
+  return batch
+
+
+def _metric_finalizers():
+  finalizers = collections.OrderedDict(
+      (name, lambda v: tf.math.divide_no_nan(v[0], v[1])) for name in MEAN_METRICS
+  )
+  finalizers['num_examples'] = tf.identity
+  finalizers['num_batches'] = tf.identity
+  return finalizers
+
+
+def _build_client_update(
+    keras_model_fn, *, image_shape, num_classes, samples_per_class,
+    surrogate_seed, learning_rate, momentum, lambda1, lambda2, lambda3,
+    lambda_g, exclude_own_update, loop_implementation,
+):
+  """The `tf.function` one client runs: `(weights, data, state, broadcast) -> ...`."""
+  keras_model = keras_model_fn()
+  feature_extractor, classifier = prototypes.split_model(keras_model)
+  optimizer = tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
+  training_loop = loop_builder.build_training_loop(loop_implementation)
+  low_shape = surrogate.low_resolution_shape(image_shape)
+  num_surrogate = num_classes * samples_per_class
+  feature_dim = classifier.input.shape[-1]
+
+  @tf.function
+  def client_update(initial_weights, data, client_state, broadcast):
+    weights = tff.learning.models.ModelWeights(
+        trainable=keras_model.trainable_variables,
+        non_trainable=keras_model.non_trainable_variables,
+    )
+    tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
+    trainable = tuple(weights.trainable)
+    round_num = broadcast['round_num']
+    shared = broadcast['shared']
+    mean_update = tuple(shared['last_update'])
+    if exclude_own_update:
+      own_update = tuple(client_state['own_update'])
+      last_round = client_state['last_round']
+      # `==` on tensors is not elementwise in every graph TFF traces.
+      took_part = tf.logical_and(
+          last_round >= 0, tf.equal(last_round, round_num - 1)
+      )
+    else:  # The CF variant keeps no update of its own: d = Dbar.
+      own_update = tuple(tf.zeros_like(t) for t in mean_update)
+      took_part = tf.constant(False)
+    direction = rectification.non_self_direction(
+        mean_update, own_update, shared['num_clients'], took_part
+    )
+    offset = rectification.look_ahead_offset(direction, lambda_g)
+    low_resolution = surrogate.low_resolution_samples(
+        num_classes, samples_per_class, low_shape, surrogate_seed
+    )
+    surrogate_labels = surrogate.labels(num_classes, samples_per_class)
+
+    def reduce_fn(loop_state, batch):
+      step, optimizer_state, sums, prototype_sums, prototype_counts = loop_state
+      x, y = _xy(batch)
+      y = tf.reshape(tf.cast(y, tf.int32), [-1])
+      batch_size = tf.shape(y)[0]
+      indices = surrogate.batch_indices(
+          surrogate_seed, round_num, step, batch_size, num_surrogate
+      )
+      x_s = surrogate.to_images(tf.gather(low_resolution, indices), image_shape)
+      y_s = tf.gather(surrogate_labels, indices)
+      current = tuple(v.read_value() for v in trainable)
+      for variable, value, shift in zip(trainable, current, offset):
+        variable.assign(value + shift)  # The look-ahead point w + p.
+      with tf.GradientTape() as tape:
+        features = feature_extractor(
+            tf.concat([tf.cast(x, tf.float32), x_s], axis=0), training=True
+        )
+        logits = classifier(features)
+        terms = fedgps_objective(
+            local_logits=logits[:batch_size],
+            local_labels=y,
+            local_features=features[:batch_size],
+            surrogate_logits=logits[batch_size:],
+            surrogate_labels=y_s,
+            surrogate_features=features[batch_size:],
+            global_prototypes=shared['prototypes'],
+            global_counts=shared['prototype_counts'],
+            weights=trainable,
+            num_classes=num_classes,
+            lambda1=lambda1,
+            lambda2=lambda2,
+            lambda3=lambda3,
+        )
+      gradients = tape.gradient(terms['objective'], trainable)
+      gradients = tuple(tf.convert_to_tensor(g) for g in gradients)
+      # The gradient from the look-ahead point moves the weights from w.
+      optimizer_state, updated = optimizer.next(optimizer_state, current, gradients)
+      for variable, value in zip(trainable, updated):
+        variable.assign(value)
+
+      n = tf.cast(batch_size, tf.float32)
+      correct = tf.reduce_sum(tf.cast(
+          tf.equal(tf.argmax(logits[:batch_size], axis=-1, output_type=tf.int32), y),
+          tf.float32,
+      ))
+      batch_sums = dict(sparse_categorical_accuracy=correct)
+      for name in MEAN_METRICS:
+        if name != 'sparse_categorical_accuracy':
+          batch_sums[name] = terms[name] * n
+      sums = collections.OrderedDict(
+          (name, sums[name] + tf.stack([batch_sums[name], n])) for name in MEAN_METRICS
+      )
+      surrogate_features = tf.stop_gradient(features[batch_size:])
+      prototype_sums += tf.math.unsorted_segment_sum(
+          surrogate_features, y_s, num_classes
+      )
+      prototype_counts += tf.math.unsorted_segment_sum(
+          tf.ones_like(y_s, tf.float32), y_s, num_classes
+      )
+      return step + 1, optimizer_state, sums, prototype_sums, prototype_counts
+
+    def initial_loop_state():
+      specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
+      return (
+          tf.constant(0, tf.int32),
+          optimizer.initialize(specs),
+          collections.OrderedDict(
+              (name, tf.zeros([2], tf.float32)) for name in MEAN_METRICS
+          ),
+          tf.zeros([num_classes, feature_dim], tf.float32),
+          tf.zeros([num_classes], tf.float32),
+      )
+
+    num_batches, _, sums, prototype_sums, prototype_counts = training_loop(
+        reduce_fn, data, initial_loop_state
+    )
+
+    delta = tuple(w - w0 for w, w0 in zip(trainable, initial_weights.trainable))
+    finite = _all_finite(delta)
+    update = tuple(tf.where(finite, -d, tf.zeros_like(d)) for d in delta)
+    new_state = collections.OrderedDict(
+        last_round=tf.where(finite, round_num, client_state['last_round'])
+    )
+    if exclude_own_update:
+      new_state['own_update'] = tuple(
+          tf.where(finite, d, o) for d, o in zip(delta, client_state['own_update'])
+      )
+    counts = tf.where(finite, prototype_counts, tf.zeros_like(prototype_counts))
+    upload = collections.OrderedDict(
+        prototypes=tf.math.divide_no_nan(prototype_sums, counts[:, tf.newaxis]),
+        counts=counts,
+    )
+    metrics = collections.OrderedDict(sums)
+    metrics['num_examples'] = tf.cast(sums['loss'][1], tf.int64)
+    metrics['num_batches'] = tf.cast(num_batches, tf.int64)
+    result = tff.learning.templates.ClientResult(
+        update=update, update_weight=tf.where(finite, 1.0, 0.0)
+    )
+    return result, new_state, upload, metrics
+
+  return client_update
+
+
+def build_fedgps_client_work(
+    model_fn,
+    keras_model_fn,
+    *,
+    shared_type: tff.Type,
+    image_shape,
+    num_classes: int,
+    samples_per_class: int,
+    surrogate_seed: int,
+    learning_rate: float,
+    momentum: float,
+    lambda1: float,
+    lambda2: float,
+    lambda3: float,
+    lambda_g: float,
+    exclude_own_update: bool,
+    loop_implementation: tff.learning.LoopImplementation = (
+        tff.learning.LoopImplementation.DATASET_REDUCE
+    ),
+) -> stateful_clients.StatefulClientWork:
+  """FedGPS's stateful client work (the arguments are `FedGpsHparams`'s, checked).
+
+  Args:
+    model_fn: A no-arg function returning the task's
+      `tff.learning.models.VariableModel` (its input spec and weights layout).
+    keras_model_fn: A no-arg function returning the same model as a bare Keras
+      model, ending in a Dense classifier.
+    shared_type: The type of the broadcast shared state: `OrderedDict(
+      last_update, num_clients, prototypes, prototype_counts)`.
+    image_shape: The model's input `(height, width, channels)`.
+    num_classes: `C`, the classifier's outputs.
+    samples_per_class: `n_s`, surrogate samples per class.
+    surrogate_seed: The seed of the surrogate data and batches.
+    learning_rate: `eta_l`.
+    momentum: The local SGD momentum (0: plain SGD).
+    lambda1: Weight of `d(P_k, P_k^s)`.
+    lambda2: Weight of `d(P^s, P_k^s)`.
+    lambda3: Weight of `||w||^2`.
+    lambda_g: Length of the look-ahead offset (0: none).
+    exclude_own_update: FedGPS (True: a client that took part last round leaves
+      its own update out of `d`) or FedGPS-CF (False: `d = Dbar`).
+    loop_implementation: The client training loop.
+
+  Returns:
+    A `StatefulClientWork` for `compose_stateful_clients_process` with a shared
+    state; the client state is `OrderedDict(last_round=int32)` (-1: never), plus
+    `own_update` with `exclude_own_update`; the upload is
+    `OrderedDict(prototypes=[C, F], counts=[C])`.
+  """
+  build_local_update = functools.partial(
+      _build_client_update,
+      keras_model_fn,
+      image_shape=image_shape,
+      num_classes=num_classes,
+      samples_per_class=samples_per_class,
+      surrogate_seed=surrogate_seed,
+      learning_rate=learning_rate,
+      momentum=momentum,
+      lambda1=lambda1,
+      lambda2=lambda2,
+      lambda3=lambda3,
+      lambda_g=lambda_g,
+      exclude_own_update=exclude_own_update,
+      loop_implementation=loop_implementation,
+  )
+  with tf.Graph().as_default():
+    model = model_fn()
+    data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
+    weights_type = tff.learning.models.weights_type_from_model(model)
+  metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(
+      _metric_finalizers()
+  )
+
+  @tff.tensorflow.computation
+  def initial_client_state():
+    state = collections.OrderedDict(last_round=tf.constant(-1, tf.int32))
+    if exclude_own_update:
+      state['own_update'] = stateful_clients.trainable_zeros(weights_type.trainable)
+    return state
+
+  client_state_type = initial_client_state.type_signature.result
+  broadcast_type = tff.StructWithPythonType(
+      [('round_num', np.int32), ('shared', shared_type)], collections.OrderedDict
+  )
+
+  @tff.tensorflow.computation(
+      weights_type, data_type, client_state_type, broadcast_type
+  )
+  def client_update(weights, data, client_state, broadcast):
+    return build_local_update()(weights, data, client_state, broadcast)
+
+  return stateful_clients.build_stateful_client_work(
+      client_update, initial_client_state, metrics_aggregation_fn, build_local_update
+  )
+
+
+# The server step on the shared state, and the builder.
 
 
 def _inspect_model(model_fn, keras_model_fn):
@@ -117,43 +526,27 @@ def _shared_state(initial, upload_type, aggregated_type):
 
 def build_fedgps(
     model_fn: compose.ModelFn,
+    hparams: Optional[FedGpsHparams] = None,
     *,
     keras_model_fn: Optional[KerasModelFn] = None,
     exclude_own_update: bool = True,
-    client_learning_rate: float = 0.01,
-    client_momentum: float = 0.9,
-    server_learning_rate: float = 1.0,
-    lambda1: float = 0.1,
-    lambda2: float = 0.2,
-    lambda3: float = 1e-5,
-    lambda_g: float = 0.5,
-    surrogate_samples_per_class: int = 100,
-    surrogate_seed: int = 0,
-    loop_implementation: tff.learning.LoopImplementation = (
-        tff.learning.LoopImplementation.DATASET_REDUCE
-    ),
+    loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    **overrides,
 ) -> stateful_clients.StatefulClientsLearningProcess:
   """Builds FedGPS (`exclude_own_update=True`) or FedGPS-CF (False).
 
   Args:
     model_fn: A no-arg function returning the task's
       `tff.learning.models.VariableModel` (e.g. `task.model_fn`).
+    hparams: A `FedGpsHparams` (default: its defaults).
     keras_model_fn: A no-arg function returning the same model as a bare Keras
       model (e.g. `task.keras_model_fn`): FedGPS needs its features.
     exclude_own_update: Whether a client that took part last round leaves its
       own update out of the non-self direction (FedGPS; clients keep their last
-      update as state) or always uses `Dbar` (FedGPS-CF).
-    client_learning_rate: `eta_l`, > 0.
-    client_momentum: Local momentum in [0, 1) (paper's Table 7: 0.9).
-    server_learning_rate: `eta_g`, > 0 (1: the new model is the clients' mean).
-    lambda1: Weight of the local-to-surrogate prototype alignment, >= 0.
-    lambda2: Weight of the surrogate-to-global prototype alignment, >= 0.
-    lambda3: Weight of `||w||^2`, >= 0.
-    lambda_g: Length of the look-ahead offset, >= 0 (0: no look-ahead).
-    surrogate_samples_per_class: `n_s`, an integer >= 1.
-    surrogate_seed: Seed of the surrogate data (the same on every client), an
-      integer >= 0.
+      update as state) or always uses `Dbar` (FedGPS-CF): which variant, part of
+      the algorithm's name, not a hyperparameter.
     loop_implementation: The client training loop.
+    **overrides: Fields of `FedGpsHparams` to replace.
 
   Returns:
     A `StatefulClientsLearningProcess` whose server state has `shared` (last
@@ -170,48 +563,30 @@ def build_fedgps(
         f' task.keras_model_fn), got {keras_model_fn!r}'
     )
   exclude_own_update = validation.check_bool('exclude_own_update', exclude_own_update)
-  client_learning_rate = validation.check_positive(
-      'client_learning_rate', client_learning_rate
-  )
-  client_momentum = validation.check_in_range(
-      'client_momentum', client_momentum, 0.0, 1.0, high_inclusive=False
-  )
-  server_learning_rate = validation.check_positive(
-      'server_learning_rate', server_learning_rate
-  )
-  lambda1 = validation.check_non_negative('lambda1', lambda1)
-  lambda2 = validation.check_non_negative('lambda2', lambda2)
-  lambda3 = validation.check_non_negative('lambda3', lambda3)
-  lambda_g = validation.check_non_negative('lambda_g', lambda_g)
-  surrogate_samples_per_class = validation.check_integer(
-      'surrogate_samples_per_class', surrogate_samples_per_class, 1
-  )
-  surrogate_seed = validation.check_integer('surrogate_seed', surrogate_seed, 0)
+  hparams = FedGpsHparams.create(hparams, **overrides)
 
   image_shape, num_classes, feature_dim = _inspect_model(model_fn, keras_model_fn)
   initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
   weights_type = initial_model_weights_fn.type_signature.result
   initial_shared = _initial_shared_state(weights_type, num_classes, feature_dim)
-  client_work = fedgps_client.build_fedgps_client_work(
+  client_work = build_fedgps_client_work(
       model_fn,
       keras_model_fn,
       shared_type=initial_shared.type_signature.result,
       image_shape=image_shape,
       num_classes=num_classes,
-      samples_per_class=surrogate_samples_per_class,
-      surrogate_seed=surrogate_seed,
-      learning_rate=client_learning_rate,
-      momentum=client_momentum,
-      lambda1=lambda1,
-      lambda2=lambda2,
-      lambda3=lambda3,
-      lambda_g=lambda_g,
+      samples_per_class=hparams.surrogate_samples_per_class,
+      surrogate_seed=hparams.surrogate_seed,
+      learning_rate=hparams.client_learning_rate,
+      momentum=hparams.client_momentum,
+      lambda1=hparams.lambda1,
+      lambda2=hparams.lambda2,
+      lambda3=hparams.lambda3,
+      lambda_g=hparams.lambda_g,
       exclude_own_update=exclude_own_update,
       loop_implementation=loop_implementation,
   )
-  server_sgd = compose.SERVER_RULES['sgd'].build(
-      server_learning_rate, compose.trainable_variables(model_fn)
-  )
+  server_sgd = tff.learning.optimizers.build_sgdm(hparams.server_learning_rate)
   distributor, aggregator, finalizer = compose.build_server_parts(
       initial_model_weights_fn, server_sgd, tff.learning.ClientWeighting.UNIFORM
   )

@@ -12,17 +12,12 @@ drive a stateful-clients process without a loop of our own:
   so the states are checkpointed and restored with the run.
 """
 
-# Annotations stay strings: `stateful_clients` imports this package (for the state-file
-# format) while this module is loading.
-from __future__ import annotations
-
 import collections
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
 import tensorflow_federated as tff
 
-from tff_zmg.algorithms import stateful_clients
 from tff_zmg.client_states import state_file
 from tff_zmg.client_states import store as store_lib
 
@@ -48,7 +43,7 @@ class StatefulClientsTrainer:
 
   def __init__(
       self,
-      process: stateful_clients.StatefulClientsLearningProcess,
+      process: Any,
       store: store_lib.ClientStateStore,
       states_in_worker: bool = True,
   ):
@@ -58,7 +53,7 @@ class StatefulClientsTrainer:
     self._state_files = states_in_worker
 
   @property
-  def process(self) -> stateful_clients.StatefulClientsLearningProcess:
+  def process(self) -> Any:
     return self._process
 
   @property
@@ -93,7 +88,7 @@ class StatefulClientsTrainer:
     if len(set(ids)) != len(ids):
       raise ValueError(f'a client was sampled twice in round {selection.round_num}: {ids}')
     if self._state_files:
-      output = self._next_with_state_files(state, selection)
+      state, metrics = self._next_with_state_files(state, selection)
     else:
       output = self._process.next(
           state, list(selection.datasets), [self.client_state(i) for i in ids]
@@ -102,10 +97,11 @@ class StatefulClientsTrainer:
           selection.round_num,
           {i: self._flatten(s) for i, s in zip(ids, output.client_states)},
       )
-    return tff.learning.templates.LearningProcessOutput(output.state, output.metrics)
-
+      state, metrics = output.state, output.metrics
+    return tff.learning.templates.LearningProcessOutput(state, metrics)
 
   def _next_with_state_files(self, state, selection: ClientSelection):
+    """`(state, metrics)` of the round, the clients' states read and written in files."""
     ids = list(selection.client_ids)
     files = self._store.state_file_paths(
         selection.round_num, ids, self._flatten(self._initial_client_state)
@@ -123,7 +119,7 @@ class StatefulClientsTrainer:
     self._store.adopt_state_files(
         selection.round_num, ids, int(output['client_state_bytes'])
     )
-    return stateful_clients.StatefulClientsOutput(state, output['metrics'], None)
+    return state, output['metrics']
 
 
 class ClientStateCheckpointManager(tff.program.ProgramStateManager):

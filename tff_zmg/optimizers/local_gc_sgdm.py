@@ -9,8 +9,9 @@ The GC-Fed authors' order (ALGORITHMS.md section 2):
 `M` applies the zero-mean projection `P` only to masked tensors (GC-Fed's
 feature layers, see `tff_zmg.projection.layer_borderline_mask`); the other
 tensors keep their raw gradient. Unlike ZMG-SGDM the decay is part of `d` and
-so of the momentum. Defaults (GC-Fed paper): `lr = 0.01`, `momentum = 0.9`,
-`weight_decay = 1e-5`, every rank >= 2 tensor projected. Implemented by
+so of the momentum. The GC-Fed paper's values are the defaults of
+`tff_zmg.algorithms.gc_fed.LocalGcHparams`; without a mask every rank >= 2 tensor is
+projected. Implemented by
 `projected_sgdm.ProjectedSgdm` with `decoupled_weight_decay=False`.
 """
 
@@ -23,9 +24,9 @@ from tff_zmg.optimizers import projected_sgdm
 
 
 def build_local_gc_sgdm(
-    learning_rate: float = 0.01,
-    momentum: float = 0.9,
-    weight_decay: float = 1e-5,
+    learning_rate: float,
+    momentum: float,
+    weight_decay: float,
     mask: Optional[Sequence[bool]] = None,
     center_vectors: bool = False,
 ) -> tff.learning.optimizers.Optimizer:

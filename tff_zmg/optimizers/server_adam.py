@@ -8,7 +8,8 @@ With `u` the aggregated client update (ALGORITHMS.md section 3):
 
 With `bias_correction=True` the update uses `m / (1 - b1^t)` and
 `v / (1 - b2^t)` in place of `m` and `v` (`t` = 1 on the first step).
-Defaults: `b1 = 0.9`, `b2 = 0.99`, `eps = 1e-3`, no bias correction. TFF's own
+FedAdam's values (`b1 = 0.9`, `b2 = 0.99`, `eps = 1e-3`, no bias correction) are the
+defaults of `tff_zmg.algorithms.fedavg.ServerAdamHparams`. TFF's own
 `build_adam` always bias-corrects and scales `eps` differently.
 """
 
@@ -114,9 +115,9 @@ class _ServerAdam(_base.HparamsOptimizer):
 
 def build_server_adam(
     learning_rate: float,
-    beta_1: float = 0.9,
-    beta_2: float = 0.99,
-    epsilon: float = 1e-3,
+    beta_1: float,
+    beta_2: float,
+    epsilon: float,
     bias_correction: bool = False,
 ) -> tff.learning.optimizers.Optimizer:
   """Returns FedAdam's server optimizer (see the module docstring).

@@ -7,8 +7,9 @@ The FedZMG client rule (FedZMG paper, eqs. 5-7; ALGORITHMS.md section 2):
     w  <- w - lr * v - lr * weight_decay * w   (decoupled decay)
 
 The decay term never enters `g~` or `v`. With `momentum = 0` it is plain
-ZMG-SGD and the state holds no accumulator. Defaults: `momentum = 0.9`,
-`weight_decay = 1e-4`, every rank >= 2 tensor projected. Implemented by
+ZMG-SGD and the state holds no accumulator. FedZMG's values are the defaults of
+`tff_zmg.algorithms.fedzmg.FedZmgHparams`; without a mask every rank >= 2 tensor is
+projected. Implemented by
 `projected_sgdm.ProjectedSgdm` with `decoupled_weight_decay=True`.
 """
 
@@ -22,8 +23,8 @@ from tff_zmg.optimizers import projected_sgdm
 
 def build_zmg_sgdm(
     learning_rate: float,
-    momentum: float = 0.9,
-    weight_decay: float = 1e-4,
+    momentum: float,
+    weight_decay: float,
     mask: Optional[Sequence[bool]] = None,
     center_vectors: bool = False,
 ) -> tff.learning.optimizers.Optimizer:

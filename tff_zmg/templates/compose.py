@@ -1,0 +1,137 @@
+"""Composes a client optimizer and a server optimizer into a TFF learning process.
+
+Every stateless algorithm of the package is the four-part composition of TFF's
+`tff.learning.algorithms.build_weighted_fed_avg` (ALGORITHMS.md sections 2-4):
+
+  1. distributor: `tff.learning.templates.build_broadcast_process`;
+  2. client work: `tff.learning.templates.build_model_delta_client_work` running the
+     client optimizer, which reports `u_k = w^t - w_k`;
+  3. aggregator: the example-weighted mean (`tff.aggregators.MeanFactory`) or the
+     uniform mean (`tff.aggregators.UnweightedMeanFactory`) of `u_k`;
+  4. finalizer: `tff.learning.templates.build_apply_optimizer_finalizer` running the
+     server optimizer on the aggregated `u`.
+
+Example:
+
+    process = compose_process(
+        task.model_fn, optimizers.build_zmg_sgdm(0.01, momentum=0.9, weight_decay=1e-4),
+        tff.learning.optimizers.build_sgdm(1.0), tff.learning.ClientWeighting.NUM_EXAMPLES)
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+ModelFn = Callable[[], tff.learning.models.VariableModel]
+Optimizer = tff.learning.optimizers.Optimizer
+DATASET_REDUCE = tff.learning.LoopImplementation.DATASET_REDUCE
+
+
+def trainable_variables(model_fn: ModelFn) -> tuple[tf.Variable, ...]:
+  """The trainable variables of a new `model_fn()`, built in a spare graph (for masks)."""
+  with tf.Graph().as_default():
+    return tuple(model_fn().trainable_variables)
+
+
+def initial_model_weights_computation(model_fn: ModelFn) -> tff.Computation:
+  """`( -> ModelWeights)`: the weights of a new `model_fn()`."""
+
+  @tff.tensorflow.computation
+  def initial_model_weights_fn():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  return initial_model_weights_fn
+
+
+def check_arguments(
+    model_fn: ModelFn,
+    client_weighting: tff.learning.ClientWeighting,
+    loop_implementation: tff.learning.LoopImplementation,
+) -> None:
+  """Raises `ValueError` for a `model_fn`, weighting or loop of the wrong kind."""
+  if not isinstance(client_weighting, tff.learning.ClientWeighting):
+    raise ValueError(
+        'client_weighting must be a tff.learning.ClientWeighting, got '
+        f'{client_weighting!r}'
+    )
+  if not isinstance(loop_implementation, tff.learning.LoopImplementation):
+    raise ValueError(
+        'loop_implementation must be a tff.learning.LoopImplementation, got '
+        f'{loop_implementation!r}'
+    )
+  if not callable(model_fn):
+    raise ValueError(f'model_fn must be a no-arg callable, got {model_fn!r}')
+
+
+def compose_process(
+    model_fn: ModelFn,
+    client_optimizer: Optimizer,
+    server_optimizer: Optimizer,
+    client_weighting: tff.learning.ClientWeighting,
+    *,
+    loop_implementation: tff.learning.LoopImplementation = DATASET_REDUCE,
+) -> tff.learning.templates.LearningProcess:
+  """The process whose clients run `client_optimizer` and server `server_optimizer`.
+
+  Args:
+    model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
+    client_optimizer: The `tff.learning.optimizers.Optimizer` of the local steps.
+    server_optimizer: The optimizer the server applies to the aggregated update.
+    client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (the
+      example-weighted mean of client updates) or `UNIFORM` (their mean).
+    loop_implementation: The client training loop.
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
+  """
+  check_arguments(model_fn, client_weighting, loop_implementation)
+  initial_model_weights_fn = initial_model_weights_computation(model_fn)
+  client_work = tff.learning.templates.build_model_delta_client_work(
+      model_fn,
+      client_optimizer,
+      client_weighting,
+      loop_implementation=loop_implementation,
+  )
+  distributor, aggregator, finalizer = build_server_parts(
+      initial_model_weights_fn, server_optimizer, client_weighting
+  )
+  return tff.learning.templates.compose_learning_process(
+      initial_model_weights_fn, distributor, client_work, aggregator, finalizer
+  )
+
+
+def build_server_parts(
+    initial_model_weights_fn: tff.Computation,
+    server_optimizer: Optimizer,
+    client_weighting: tff.learning.ClientWeighting,
+) -> tuple[
+    tff.templates.MeasuredProcess,
+    tff.templates.AggregationProcess,
+    tff.templates.MeasuredProcess,
+]:
+  """The parts around the client work: (distributor, aggregator, finalizer).
+
+  The distributor broadcasts the model weights; the aggregator is the
+  example-weighted or the uniform mean of client updates; the finalizer applies
+  `server_optimizer` to the aggregated update. Stateful-client processes
+  (`stateful_clients`) compose the same parts.
+  """
+  model_weights_type = initial_model_weights_fn.type_signature.result
+  distributor = tff.learning.templates.build_broadcast_process(
+      model_weights_type
+  )
+  if client_weighting == tff.learning.ClientWeighting.UNIFORM:
+    aggregator_factory = tff.aggregators.as_weighted_aggregator(
+        tff.aggregators.UnweightedMeanFactory()
+    )
+  else:
+    aggregator_factory = tff.aggregators.MeanFactory()
+  aggregator = aggregator_factory.create(
+      model_weights_type.trainable, tff.TensorType(np.float32)
+  )
+  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+      server_optimizer, model_weights_type
+  )
+  return distributor, aggregator, finalizer
