@@ -17,12 +17,15 @@ program exits with
        and resumes when re-run).
 
 The stop signals raise `Interrupted` (a `KeyboardInterrupt`), so cleanup code (`finally`,
-context managers) runs and no TFF worker outlives the program. Besides, each program gets
-a temporary directory of its own for TensorFlow's autograph files and TFF's worker logs
-(`TMPDIR` and `tempfile.tempdir`), removed when it ends; the ones of programs killed with
-SIGKILL are removed by the next program that starts.
+context managers) runs and no TFF worker outlives the program; TFF's default context is
+made a managed worker (`install_managed_tff_context`), since importing `tff_zmg` leaves
+TFF's own in place. Besides, each program gets a temporary directory of its own for
+TensorFlow's autograph files and TFF's worker logs (`TMPDIR` and `tempfile.tempdir`),
+removed when it ends; the ones of programs killed with SIGKILL are removed by the next
+program that starts.
 
-Nothing here imports TensorFlow: importing `launch` sets `TF_CPP_MIN_LOG_LEVEL` first.
+Nothing here imports TensorFlow at import: importing `launch` sets `TF_CPP_MIN_LOG_LEVEL`
+first.
 """
 
 import contextlib
@@ -288,15 +291,37 @@ def _parse_flags(program: str, argv: list) -> list:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def install_managed_tff_context() -> None:
+  """Makes TFF's default context a managed local worker, started by its first computation.
+
+  A computation a program runs outside the context it chose (`launch.experiment` picks one
+  per run) then runs on a worker that is stopped when the program ends, not on TFF's own,
+  which can outlive it; a program that runs none starts no worker.
+  """
+  # Imported here: it imports TensorFlow (the programs that call this have already).
+  from tff_zmg.runtime import cpp_worker  # pylint: disable=g-import-not-at-top
+
+  cpp_worker.set_default_execution_context(start=False)
+
+
 def run_program(
-    program: str, main: Callable[[list], Optional[int]], own_tempdir: bool = True
+    program: str,
+    main: Callable[[list], Optional[int]],
+    own_tempdir: bool = True,
+    tff_context: bool = True,
 ) -> None:
   """`absl.app.run` for `main`, with this module's flag errors, signals and exit statuses.
 
   `own_tempdir`: run in `private_tempdir()` (False for a program whose temporary files,
   such as a worker's log it names on failure, must outlive it).
+  `tff_context`: install the managed TFF context (`install_managed_tff_context`) first,
+  so that TFF's own never serves, nor, at exit, prints a traceback from its `__del__` (as
+  TFF 0.87 does), even after a flag error (False for a program that runs no TFF
+  computation, so it never imports TensorFlow).
   """
   install_stop_signals()
+  if tff_context:
+    install_managed_tff_context()
 
   def run(argv):
     with private_tempdir() if own_tempdir else contextlib.nullcontext():

@@ -142,4 +142,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  failures.run_program('memory_benchmark', main)
+  # It measures `launch.train` subprocesses and runs no TFF computation itself.
+  failures.run_program('memory_benchmark', main, tff_context=False)

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import cache
-from tff_zmg import validation
+from tasks import checks
 
 PARTITIONS = ('dirichlet',)
 # Tasks whose examples carry one class label each (the `label` feature of TFF's files).
@@ -55,9 +55,9 @@ def check_settings(
         f' {dirichlet_alpha!r} and {num_clients!r}.'
     )
   return (
-      validation.check_positive('dirichlet_alpha', dirichlet_alpha),
-      validation.check_integer('num_clients', num_clients, 1),
-      validation.check_integer('partition_seed', 0 if partition_seed is None else partition_seed, 0),
+      checks.check_positive('dirichlet_alpha', dirichlet_alpha),
+      checks.check_integer('num_clients', num_clients, 1),
+      checks.check_integer('partition_seed', 0 if partition_seed is None else partition_seed, 0),
   )
 
 
@@ -87,13 +87,13 @@ def dirichlet_partition(
   labels = np.asarray(labels)
   if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
     raise ValueError('labels must be a non-empty 1-D array of integers')
-  alpha = validation.check_positive('alpha', alpha)
-  num_clients = validation.check_integer('num_clients', num_clients, 1)
+  alpha = checks.check_positive('alpha', alpha)
+  num_clients = checks.check_integer('num_clients', num_clients, 1)
   if num_clients > labels.size:
     raise ValueError(
         f'num_clients must be <= the number of examples ({labels.size}), got {num_clients}'
     )
-  rng = np.random.default_rng(validation.check_integer('seed', seed, 0))
+  rng = np.random.default_rng(checks.check_integer('seed', seed, 0))
   classes, class_of_example = np.unique(labels, return_inverse=True)
   supply = np.bincount(class_of_example)
   sizes = np.full(num_clients, labels.size // num_clients)

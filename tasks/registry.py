@@ -11,11 +11,11 @@ import attrs
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import checks
 from tasks import models
 from tasks import preprocessing
 from tasks import sources
 from tasks import tfds_source
-from tff_zmg import validation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,9 +225,9 @@ def get(
   spec = spec_with_model(name, model)
   batch_size = batch_size or spec.batch_size
   eval_batch_size = eval_batch_size or spec.eval_batch_size
-  validation.check_positive('batch_size', batch_size)
-  validation.check_positive('eval_batch_size', eval_batch_size)
-  validation.check_positive('num_epochs', num_epochs)
+  checks.check_positive('batch_size', batch_size)
+  checks.check_positive('eval_batch_size', eval_batch_size)
+  checks.check_positive('num_epochs', num_epochs)
   partition_settings = None
   if partition is not None:
     partition_settings = dict(

@@ -57,7 +57,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import cache
-from tff_zmg import validation
+from tasks import checks
 
 SQLITE_FILENAMES = {
     'emnist': 'emnist_all.sqlite',
@@ -141,7 +141,7 @@ def _validated_settings(
   """Checks the arguments and returns them as plain Python numbers."""
   _check_task_name(task_name)
   settings = {
-      name: validation.check_integer(name, value, 1)
+      name: checks.check_integer(name, value, 1)
       for name, value in (
           ('num_train_clients', num_train_clients),
           ('num_test_clients', num_test_clients),
@@ -149,10 +149,10 @@ def _validated_settings(
       )
   }
   settings.update(
-      dirichlet_alpha=validation.check_positive(
+      dirichlet_alpha=checks.check_positive(
           'dirichlet_alpha', dirichlet_alpha
       ),
-      seed=validation.check_integer('seed', seed, 0),
+      seed=checks.check_integer('seed', seed, 0),
   )
   return settings
 

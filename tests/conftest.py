@@ -54,7 +54,13 @@ def tff_context():
 
 @pytest.fixture(scope='session', autouse=True)
 def no_worker_outlives_the_session():
-  """Fails the session if a TFF worker started by the tests is still alive at its end."""
+  """A managed TFF default context for the session; fails it if a TFF worker outlives it.
+
+  Importing `tff_zmg` leaves TFF's own default context in place, whose worker can outlive
+  the tests; as in the programs (`launch.failures.run_program`), a computation a test runs
+  outside an explicit context gets a managed worker, started when first needed.
+  """
+  cpp_worker.set_default_execution_context(start=False)
   yield
   cpp_worker.stop_all_workers()
   leaked = [

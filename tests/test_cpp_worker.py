@@ -1,6 +1,7 @@
 """The package owns TFF's C++ workers: none outlives the program, however it ends."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -94,6 +95,43 @@ def test_no_worker_outlives_the_program(how, signum):
     if program.poll() is None:
       program.kill()
   assert _worker_is_gone(worker_pid), f'worker {worker_pid} outlived its program ({how})'
+
+
+# Sets the managed default twice, as a notebook cell run twice does, the second time with
+# the worker left to start at the first computation; prints the pids it saw.
+_DEFAULT_SET_TWICE = textwrap.dedent("""
+    import json
+    import numpy as np
+    import tensorflow_federated as tff
+    import tff_zmg
+    from tff_zmg.runtime import cpp_worker
+
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def mean(x):
+      return tff.federated_mean(x)
+
+    first = tff_zmg.set_default_execution_context()
+    first_pid = first.pid
+    second = tff_zmg.set_default_execution_context(start=False)
+    live_before_a_computation = cpp_worker.live_worker_pids()
+    assert mean([1.0, 3.0]) == 2.0
+    print(json.dumps(dict(
+        first=first_pid, live_before_a_computation=live_before_a_computation,
+        second=second.pid, live=cpp_worker.live_worker_pids())))
+""")
+
+
+def test_setting_the_default_again_stops_the_worker_set_before():
+  result = subprocess.run(
+      [sys.executable, '-c', _DEFAULT_SET_TWICE], capture_output=True, text=True, timeout=120
+  )
+  assert result.returncode == 0, result.stderr
+  pids = json.loads(result.stdout.strip().splitlines()[-1])
+  assert _worker_is_gone(pids['first'])
+  assert pids['live_before_a_computation'] == []  # start=False: the computation starts it.
+  assert pids['second'] not in (None, pids['first'])
+  assert pids['live'] == [pids['second']]
+  assert _worker_is_gone(pids['second'])  # And the program's end stopped it.
 
 
 def test_execution_context_stops_its_worker_on_exit():

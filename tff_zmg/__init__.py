@@ -1,7 +1,10 @@
 """tff_zmg: gradient-projection and gradient-correction federated optimizers for TFF.
 
-Importing the package makes TFF's default execution context a managed one whose C++
-worker is stopped at exit (see `tff_zmg.runtime.cpp_worker`).
+Importing the package runs nothing: TFF's default execution context stays TFF's own, and no
+worker, signal handler or exit hook is installed. `tff_zmg.set_default_execution_context()`
+makes a managed local worker, stopped at exit, the default for the rest of the program
+(`with tff_zmg.execution_context():` for a block); without either, computations run on
+TFF's own context, whose worker may outlive the program (see `tff_zmg.runtime.cpp_worker`).
 
 The public API, everything a notebook or script needs (see notebooks/):
 

@@ -1,10 +1,11 @@
-"""The TFF execution context, and the life cycle of the C++ workers behind it.
+"""The TFF execution contexts, and the life cycle of the C++ workers behind them.
 
-TFF's own `tff.backends.native.set_sync_local_cpp_execution_context()` starts a
-`worker_binary` subprocess that inherits the parent's stdout and is stopped only from a
-`__del__`, which often never runs: the worker outlives Python and keeps the parent's output
-pipe open, so a test run or a CI job that reads that pipe hangs. This module is the one place
-in the package that creates execution contexts, and it owns their workers:
+TFF's own `tff.backends.native.set_sync_local_cpp_execution_context()` (the default context
+`import tensorflow_federated` installs) starts a `worker_binary` subprocess that inherits the
+parent's stdout and is stopped only from a `__del__`, which often never runs: the worker
+outlives Python and keeps the parent's output pipe open, so a test run or a CI job that
+reads that pipe hangs. This module is the one place in the package that creates execution
+contexts, and it owns their workers:
 
 * each worker writes to its own log file, never to the parent's stdout/stderr;
 * each worker is started with a parent-death signal (Linux), so even a parent killed with
@@ -13,10 +14,26 @@ in the package that creates execution contexts, and it owns their workers:
   `stop_all_workers()`, which runs at interpreter exit, after uncaught exceptions and Ctrl-C,
   and on SIGTERM.
 
-Typical use::
+Nothing happens at import: TFF's default context stays TFF's own, and no worker, signal
+handler or exit hook is installed. Where computations run is chosen explicitly, in one line::
 
-  with tff_zmg.runtime.cpp_worker.execution_context():
+  tff_zmg.set_default_execution_context()  # For the rest of the program (notebooks, scripts).
+
+  with tff_zmg.execution_context():         # For a block; its worker stops at the end.
     state = process.initialize()
+
+The programs of `launch` install the managed default at start (`launch.failures.run_program`),
+the tests for their session (`tests/conftest.py`). A notebook or script that installs nothing
+runs on TFF's own default context, as with TFF alone: its computations work, but its worker
+may write into the program's output and outlive it, and TFF 0.87 prints an "Exception
+ignored in ... ServiceManager.__del__" traceback at exit (`set_default_execution_context()`
+replaces that context, and so ends both). The library does not make that choice at import:
+replacing TFF's global context from an import would also silently discard a context the
+user had set before `import tff_zmg`, depending on import order.
+
+Making a `LocalWorker` arms the exit hooks, once: `stop_all_workers()` at interpreter exit,
+and on SIGTERM when made in the main thread while SIGTERM has no handler (the programs of
+`launch` have their own, which ends them through the same exit path).
 
 Several machines: each runs TFF's executor service (`python -m launch.worker --port=8000`),
 and `remote_execution_context(['hostA:8000', 'hostB:8000'])` spreads every round's clients
@@ -64,6 +81,9 @@ _started_pids: list[int] = []
 # Set once the program is ending (`stop_all_workers(final=True)`, at exit): no worker starts
 # after that, e.g. for a computation that a finalizer or a `finally` runs during shutdown.
 _final = False
+_exit_hook_registered = False
+# The worker of the context `set_default_execution_context` installed last.
+_default_worker: Optional['LocalWorker'] = None
 
 
 def worker_binary_path() -> str:
@@ -118,6 +138,7 @@ class LocalWorker:
     self._log_path: Optional[str] = None
     self._start_lock = threading.Lock()
     self._closed = False
+    _stop_workers_at_exit()
 
   @property
   def pid(self) -> Optional[int]:
@@ -557,15 +578,32 @@ def set_default_execution_context(
     max_concurrent_computation_calls: int = -1,
     default_num_clients: int = 0,
     intra_op_threads: Optional[int] = None,
+    start: bool = True,
 ) -> LocalWorker:
   """Makes a managed local C++ context TFF's default for the rest of the program.
 
   For notebooks and scripts that do not want a `with` block. The worker is stopped at
-  interpreter exit (or by `stop_all_workers()`). Arguments as `execution_context`.
+  interpreter exit (or by `stop_all_workers()`). Calling it again (a notebook cell run
+  twice) stops the worker of the context it installed before.
+
+  Args:
+    max_concurrent_computation_calls: As `execution_context`.
+    default_num_clients: As `execution_context`.
+    intra_op_threads: As `execution_context`.
+    start: True: start the worker now (a missing binary or a busy machine fails here);
+      False: at the first computation, so that a program that runs none starts nothing.
+
+  Returns:
+    The `LocalWorker` serving the context.
   """
+  global _default_worker
   worker = LocalWorker(max_concurrent_computation_calls, intra_op_threads=intra_op_threads)
-  worker.stub()
+  if start:
+    worker.stub()  # From this thread (the parent-death signal follows it).
   tff.framework.set_default_context(create_sync_context([worker], default_num_clients))
+  previous, _default_worker = _default_worker, worker
+  if previous is not None:
+    previous.close()
   return worker
 
 
@@ -576,23 +614,19 @@ def _stop_on_sigterm(signum, frame):
   raise SystemExit(128 + signum)
 
 
-def _install_exit_handlers() -> None:
-  atexit.register(stop_all_workers, final=True)
+def _stop_workers_at_exit() -> None:
+  """Arms the exit hooks, once: stop every worker at interpreter exit and on SIGTERM.
+
+  Called by each `LocalWorker`, so that whatever starts a worker gets them, and nothing
+  is installed before a worker exists.
+  """
+  global _exit_hook_registered
+  with _lock:
+    if not _exit_hook_registered:
+      atexit.register(stop_all_workers, final=True)
+      _exit_hook_registered = True
   if (
       threading.current_thread() is threading.main_thread()
       and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
   ):
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-
-
-def _replace_tff_default_context() -> None:
-  """Swaps the unmanaged context TFF installs at import for a managed, lazily started one.
-
-  Any computation run without an explicit context then also runs on a worker this module
-  stops at exit.
-  """
-  tff.framework.set_default_context(create_sync_context([LocalWorker()], 0))
-
-
-_install_exit_handlers()
-_replace_tff_default_context()
