@@ -8,6 +8,7 @@ settings) is checked before anything is written to the output directory.
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import csv
 import dataclasses
@@ -457,9 +458,16 @@ def _stops_say_what_is_kept(config: ExperimentConfig):
     RunEnvironmentError: a write failed for want of space or permission (an `OSError`,
       TensorFlow's error from saving a checkpoint, or the TFF worker's gRPC error).
   """
+  # TFF's state manager writes a checkpoint in a thread of the event loop's default
+  # executor: a signal stops this thread, not that write, so what is kept is known only
+  # once the write has ended (the message would otherwise name the round before).
+  writes = concurrent.futures.ThreadPoolExecutor(thread_name_prefix='tff_zmg-writes')
+  loop = _thread_event_loop()
+  loop.set_default_executor(writes)
   try:
     yield
   except KeyboardInterrupt as e:
+    writes.shutdown(wait=True, cancel_futures=True)
     kept = _newest_checkpoint(config)
     if kept is None:
       message = 'interrupted before the first checkpoint; re-run the same command to start'
@@ -472,6 +480,7 @@ def _stops_say_what_is_kept(config: ExperimentConfig):
     cause = failures.environment_cause(e)
     if cause is None:
       raise
+    writes.shutdown(wait=True, cancel_futures=True)
     kept = _newest_checkpoint(config)
     kept_text = (
         'no checkpoint was saved yet' if kept is None
@@ -481,6 +490,9 @@ def _stops_say_what_is_kept(config: ExperimentConfig):
         f'the machine refused a write ({cause}); {kept_text}. Free some space (or fix the'
         ' permissions) and re-run the same command to resume'
     ) from e
+  finally:
+    writes.shutdown(wait=True)
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())  # For what follows.
 
 
 def _cache_dir(config: ExperimentConfig) -> str:

@@ -42,7 +42,9 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # Then the versions the resolver cannot pick, each with its reason (overrides.txt).
 "${pip[@]}" install --no-deps -r requirements/overrides.txt
 "${pip[@]}" install --no-deps --no-build-isolation -e .
-TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}" "$venv/bin/python" -c 'import tensorflow_federated, tff_zmg, tasks, launch' \
+# (The managed context, installed lazily, replaces TFF's own, whose clean-up prints a
+# traceback at exit.)
+TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}" "$venv/bin/python" -c 'import tensorflow_federated, tff_zmg, tasks, launch; tff_zmg.set_default_execution_context(start=False)' \
   || { echo "bootstrap: the installed set does not import; see the error above." >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "bootstrap: done ($venv)" >&2

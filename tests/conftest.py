@@ -52,15 +52,21 @@ def tff_context():
     yield worker
 
 
-@pytest.fixture(scope='session', autouse=True)
-def no_worker_outlives_the_session():
-  """A managed TFF default context for the session; fails it if a TFF worker outlives it.
+def pytest_configure(config):
+  """A managed TFF default context in every pytest process, xdist's controller included.
 
   Importing `tff_zmg` leaves TFF's own default context in place, whose worker can outlive
-  the tests; as in the programs (`launch.failures.run_program`), a computation a test runs
-  outside an explicit context gets a managed worker, started when first needed.
+  the tests and whose clean-up prints a traceback at exit; as in the programs
+  (`launch.failures.run_program`), a computation a test runs outside an explicit context
+  gets a managed worker, started when first needed.
   """
+  del config
   cpp_worker.set_default_execution_context(start=False)
+
+
+@pytest.fixture(scope='session', autouse=True)
+def no_worker_outlives_the_session():
+  """Fails the session if a TFF worker outlives it."""
   yield
   cpp_worker.stop_all_workers()
   leaked = [
