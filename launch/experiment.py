@@ -45,10 +45,11 @@ CLIENT_STATES_DIRNAME = 'client_states'
 RUNTIME_FILENAME = 'runtime.json'
 IN_PROCESS, TFF_WORKER = 'in_process', 'tff_worker'
 RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
-# `--executor=cpu --runtime=auto` runs in TFF's worker: on this 2-core CPU it ran FedAvg's
-# EMNIST round faster than the in-process runtime (docs/performance.md; launch.benchmark's
-# `in_process` contender re-measures it).
-CPU_RUNTIME = TFF_WORKER
+# `--executor=cpu --runtime=auto` runs in process: on this 2-core CPU its rounds were faster
+# than TFF's worker's for fedavg, fedzmg, gcfed and fedrkmgc (0.87-0.96x; FedGPS's 1.13x)
+# and it starts sooner (docs/performance.md; launch.benchmark's `in_process` contenders
+# re-measure it).
+CPU_RUNTIME = IN_PROCESS
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
     {

@@ -97,8 +97,8 @@ RECORDED_DEFAULTS = {
 @pytest.mark.parametrize(
     'task, algo, extra',
     [
-        ('emnist', 'fedzmg', []),
-        ('emnist', 'fedzmg', ['--runtime=in_process']),
+        ('emnist', 'fedzmg', ['--runtime=tff_worker']),
+        ('emnist', 'fedzmg', []),  # The default on the CPU: in process.
         # FedRKMGC's stateful clients on the other two tasks (EMNIST: the resume test).
         # Evaluating every 5 rounds still evaluates the last (round 2).
         ('cifar100', 'fedrkmgc', ['--rounds_per_eval=5']),
@@ -112,7 +112,7 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
   workers_before = _worker_binaries()
   rc, out, err = run_main(f'--task={task}', f'--algo={algo}', '--total_rounds=2', *extra)
   assert rc == 0, err
-  if '--runtime=in_process' in extra:  # Not one worker_binary started, even for a moment.
+  if '--runtime=tff_worker' not in extra:  # Not one worker_binary started, even for a moment.
     assert _worker_binaries() == workers_before
   exp = tmp_path / f'{task}_{algo}_seed0'
   rows = _rows(exp / 'metrics.csv')
@@ -137,11 +137,11 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
     assert os.listdir(exp / 'client_states')
   # Where the clients ran: read from the computed tensors in process, never the flag.
   runtime = __import__('json').loads((exp / 'runtime.json').read_text())
-  if '--runtime=in_process' in extra:
+  if '--runtime=tff_worker' not in extra:
     assert runtime['runtime'] == 'in_process'
     (device, count), = runtime['client_devices'].items()
-    # 2 rounds of 3 clients, 3 evaluations of 2 clients.
-    assert device.endswith('/device:CPU:0') and count == 2 * 3 + 3 * 2
+    # 2 rounds of 3 clients, each evaluation of 2 clients.
+    assert device.endswith('/device:CPU:0') and count == 2 * 3 + len(evaluated) * 2
   else:
     assert runtime['runtime'] == 'tff_worker'
     assert list(runtime['client_devices']) == [
