@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg import projection
+from tff_zmg.transforms import projection
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import rules
 from tff_zmg.templates import compose

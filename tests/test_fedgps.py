@@ -28,9 +28,9 @@ import tensorflow_federated as tff
 from launch import train
 from tasks import models
 from tff_zmg import client_states
-from tff_zmg import prototypes
-from tff_zmg import rectification
-from tff_zmg import surrogate
+from tff_zmg.transforms import prototypes
+from tff_zmg.transforms import rectification
+from tff_zmg.transforms import surrogate
 from tff_zmg.algorithms import fedgps
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import in_process

@@ -18,7 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_zmg import client_states
-from tff_zmg import correction
+from tff_zmg.transforms import correction
 from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import registry
 from tff_zmg.client_states import state_file

@@ -6,7 +6,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import models
-from tff_zmg import projection
+from tff_zmg.transforms import projection
 
 # Keras-layout shapes of the papers' rank >= 2 weights.
 KERNEL_SHAPES = {

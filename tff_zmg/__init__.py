@@ -24,12 +24,12 @@ Tasks (data and models) are the sibling package `tasks` (`tasks.get(name, ...)`)
 from tff_zmg import runtime
 from tff_zmg.runtime import cpp_worker
 from tff_zmg import optimizers
-from tff_zmg import projection
+from tff_zmg.transforms import projection
 from tff_zmg import validation
 from tff_zmg.runtime.cpp_worker import execution_context
 from tff_zmg.runtime.cpp_worker import set_default_execution_context
 from tff_zmg.runtime.in_process import in_process_context
-from tff_zmg.projection import zero_mean_projection
+from tff_zmg.transforms.projection import zero_mean_projection
 from tff_zmg import algorithms
 from tff_zmg.algorithms import ALGORITHMS
 from tff_zmg.algorithms import build_fed_rkmgc

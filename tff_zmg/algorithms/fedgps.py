@@ -15,14 +15,14 @@ update of last round's *other* clients. Server step:
 
 `fedgps` keeps each client's own last delta as client state and leaves it out of `d`
 when the client took part last round; `fedgps_cf` keeps none and uses `d = Dbar`.
-Image tasks only: the surrogate data are images (`tff_zmg.surrogate`).
+Image tasks only: the surrogate data are images (`tff_zmg.transforms.surrogate`).
 
 The client step, in detail. At the start of round `t` the client receives the
 global weights, the round index, last round's mean update `Dbar` with its number of
 clients `K`, and the global surrogate prototypes `P^s` (with their counts; none yet
-in round 0). It computes the non-self direction `d` once (`tff_zmg.rectification`);
+in round 0). It computes the non-self direction `d` once (`tff_zmg.transforms.rectification`);
 then every local step, on a local batch `(x, y)` and a surrogate batch `(x^s, y^s)`
-(`tff_zmg.surrogate`), is
+(`tff_zmg.transforms.surrogate`), is
 
     p  = lambda_g * d / ||d||                            (0 in round 0)
     g  = grad F_k(w + p)                                  (F_k: `fedgps_objective`)
@@ -52,9 +52,9 @@ import tensorflow_federated as tff
 # runs TFF's built-in client works.
 from tensorflow_federated.python.learning import loop_builder
 
-from tff_zmg import prototypes
-from tff_zmg import rectification
-from tff_zmg import surrogate
+from tff_zmg.transforms import prototypes
+from tff_zmg.transforms import rectification
+from tff_zmg.transforms import surrogate
 from tff_zmg import validation
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp

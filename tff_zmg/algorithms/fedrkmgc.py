@@ -1,7 +1,7 @@
 """FedRKMGC: relaxed Krasnosel'skii-Mann gradient correction, and its ablations.
 
 Client rule: SGD(M) on the corrected gradient `g - D_n`, then the correction update
-(`tff_zmg.correction`), with `D_n`, `Dt_n` kept by each client across the rounds it
+(`tff_zmg.transforms.correction`), with `D_n`, `Dt_n` kept by each client across the rounds it
 takes part in. Server rule: the relaxation `w <- (1 - rho) w + rho * mean_n w_n`,
 which is server SGD with learning rate `rho` on the uniform mean of the client
 updates `u_n = w^t - w_n` (ALGORITHMS.md sections 2-4).
@@ -31,7 +31,7 @@ import tensorflow_federated as tff
 # runs TFF's built-in client works.
 from tensorflow_federated.python.learning import loop_builder
 
-from tff_zmg import correction as correction_lib
+from tff_zmg.transforms import correction as correction_lib
 from tff_zmg import validation
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
@@ -197,7 +197,7 @@ def build_corrected_sgdm_client_work(
     momentum: `mu` of the local SGD(M); 0 for plain SGD.
     beta: The correction rate.
     gamma: The KM parameter.
-    correction: One of `tff_zmg.correction.CORRECTIONS`: 'raw' (`D_new = Dt_new`),
+    correction: One of `tff_zmg.transforms.correction.CORRECTIONS`: 'raw' (`D_new = Dt_new`),
       'km' (standard KM) or 'fast_km'.
     km_clock: 'global' (`t` = the global round index) or 'participation' (`t` = the
       number of earlier rounds this client took part in).

@@ -28,7 +28,7 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_zmg import optimizers
-from tff_zmg import projection
+from tff_zmg.transforms import projection
 from tff_zmg.algorithms import fedavg
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp

@@ -5,7 +5,7 @@ With `u` the aggregated client update (ALGORITHMS.md section 3):
     w <- w - lr * M'(P(u))
 
 `M'` applies the zero-mean projection `P` only to masked tensors (GC-Fed's
-classifier layers, `tff_zmg.projection.classifier_layer_mask`); the other
+classifier layers, `tff_zmg.transforms.projection.classifier_layer_mask`); the other
 tensors take a plain SGD step. Default: every rank >= 2 tensor projected (the
 GlobalGC algorithm alone, and the GC-Fed authors' code).
 """
@@ -17,7 +17,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg import projection
+from tff_zmg.transforms import projection
 from tff_zmg import validation
 from tff_zmg.optimizers import _base
 

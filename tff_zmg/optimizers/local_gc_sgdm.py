@@ -7,7 +7,7 @@ The GC-Fed authors' order (ALGORITHMS.md section 2):
     w <- w - lr * v
 
 `M` applies the zero-mean projection `P` only to masked tensors (GC-Fed's
-feature layers, see `tff_zmg.projection.layer_borderline_mask`); the other
+feature layers, see `tff_zmg.transforms.projection.layer_borderline_mask`); the other
 tensors keep their raw gradient. Unlike ZMG-SGDM the decay is part of `d` and
 so of the momentum. The GC-Fed paper's values are the defaults of
 `tff_zmg.algorithms.gc_fed.LocalGcHparams`; without a mask every rank >= 2 tensor is

@@ -1,7 +1,7 @@
 """Projected momentum SGD, the one rule behind ZMG-SGDM and LocalGC SGDM.
 
 With `M(P(g))` the masked zero-mean projection of the gradient
-(`tff_zmg.projection.zero_mean_projection`) and `v = 0` on `initialize`:
+(`tff_zmg.transforms.projection.zero_mean_projection`) and `v = 0` on `initialize`:
 
     decoupled (ZMG-SGDM):  d = M(P(g))
                            v <- mu * v + d
@@ -21,7 +21,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg import projection
+from tff_zmg.transforms import projection
 from tff_zmg import validation
 from tff_zmg.optimizers import _base
 
