@@ -65,7 +65,7 @@ class FedRkmgcHparams(hp.Hparams):
   km_clock: str = hp.hparam(
       'global', hp.one_of(*KM_CLOCKS),
       "FedRKMGC KM clock: 'global' (the round index, the paper's Algorithm 1) or"
-      " 'participation' (the client's own count of rounds taken part).",
+      " 'participation' (the client's own count of rounds taken part, not dropped).",
   )
   allow_unsafe_relaxation: bool = hp.hparam(
       False, hp.BOOL, f'Accept rho > {MAX_SAFE_RHO:g}.'
