@@ -412,6 +412,33 @@ def test_the_local_update_is_one_clients_round_in_plain_tf(tff_context):
   )
 
 
+def test_a_client_with_a_non_finite_update_is_dropped_as_every_stateful_client(tff_context):
+  """`stateful_clients`' one policy, as FedRKMGC's test checks it on a whole round: a
+  client whose update is not finite sends a zero update with weight 0 and no
+  prototypes, keeps its state, and its metrics are reset."""
+  del tff_context
+  w0, history = _run('fedgps')
+  weights, shared, states, _ = history[0]
+  process = _process('fedgps')
+  x, y = CLIENT_DATA[1]
+  poisoned = tf.data.Dataset.from_tensor_slices(
+      collections.OrderedDict(x=np.full_like(x, np.nan), y=y)
+  ).batch(BATCH)
+  output = process.build_local_update()(
+      tff.learning.models.ModelWeights(trainable=list(weights), non_trainable=[]),
+      poisoned,
+      states[1],
+      process.round_input(collections.OrderedDict(round_num=np.int32(1), shared=shared)),
+  )
+  assert float(output.result.update_weight) == 0.0
+  assert all(not np.any(u) for u in output.result.update)
+  assert int(output.state['last_round']) == int(states[1]['last_round']) == 0
+  for a, b in zip(output.state['own_update'], states[1]['own_update']):
+    np.testing.assert_array_equal(a, b)
+  assert all(not np.any(v) for v in tf.nest.flatten(output.upload))
+  assert all(not np.any(v) for v in tf.nest.flatten(output.metrics))
+
+
 # Real tasks.
 
 

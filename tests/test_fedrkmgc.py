@@ -228,14 +228,14 @@ def test_each_registry_name_runs_its_ablation(tff_context):
   for name, (kind, rho) in VARIANTS.items():
     process = _process(name)
     assert float(process.initialize()['finalizer']['learning_rate']) == rho, name
-    result, new_state, _ = process.build_local_update()(
+    new_state = process.build_local_update()(
         tff.learning.models.ModelWeights(trainable=list(w), non_trainable=[]),
         _dataset(0),
         collections.OrderedDict(
             correction=tuple(d), raw_correction=tuple(d_raw), participations=np.int32(1)
         ),
         np.int32(1),
-    )
+    ).state
     _, d_new, _ = _np_client(
         [np.float64(a) for a in w], 0, [np.float64(a) for a in d],
         [np.float64(a) for a in d_raw], 1, kind,
@@ -308,20 +308,26 @@ def test_a_client_with_a_non_finite_update_keeps_its_state(tff_context):
   output = trainer.next(state, selection)
   weights = [np.asarray(a) for a in trainer.get_model_weights(output.state).trainable]
   assert all(np.all(np.isfinite(w)) for w in weights)
-  # The NaN client kept its corrections (only its participation count moved) ...
+  # The NaN client kept its whole state (stateful_clients' one non-finite policy) ...
   after = trainer.client_state('client1')
   for key in ('correction', 'raw_correction'):
     for a, b in zip(after[key], before[1][key]):
       np.testing.assert_array_equal(a, b)
-  assert int(after['participations']) == int(before[1]['participations']) + 1
+  assert int(after['participations']) == int(before[1]['participations'])
   # ... and sent a zero update: the uniform mean is half of client 0's update.
   alone = client_states.StatefulClientsTrainer(
       _process('fedrkmgc'), client_states.InMemoryClientStateStore()
   )
   alone.store.write(2, {'client0': flat(0)})
-  expected = alone.next(
+  alone_output = alone.next(
       state, client_states.ClientSelection(3, ['client0'], [_dataset(0)])
-  ).state
+  )
+  expected = alone_output.state
+  # Its metrics were reset: the round's training metrics are client 0's alone.
+  work = output.metrics['client_work']
+  assert (int(work['clients']), int(work['non_finite_clients'])) == (2, 1)
+  for name, value in alone_output.metrics['client_work']['train'].items():
+    np.testing.assert_allclose(work['train'][name], value, rtol=1e-6, err_msg=name)
   w_now = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
   w_alone = [np.asarray(a) for a in alone.get_model_weights(expected).trainable]
   for w, w_t, w_a in zip(weights, w_now, w_alone):
@@ -342,7 +348,7 @@ def test_the_local_update_is_one_clients_round_in_plain_tf(tff_context):
   d = [rng.normal(size=a.shape).astype(np.float32) for a in w0]
   d_raw = [rng.normal(size=a.shape).astype(np.float32) for a in w0]
   local_update = _process('fedrkmgc').build_local_update()
-  result, new_state, metrics = local_update(
+  result, new_state, _, metrics = local_update(
       tff.learning.models.ModelWeights(trainable=list(w0), non_trainable=[]),
       _dataset(0),
       collections.OrderedDict(

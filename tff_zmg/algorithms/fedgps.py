@@ -34,23 +34,20 @@ means and counts of the surrogate features seen during its steps. With
 round it was computed in, so that next round it can tell whether it took part in the
 round `Dbar` comes from.
 
-A client whose update is not finite uploads a zero update with weight 0, no
-prototypes (counts 0) and keeps its old state; its metrics are reported as they are,
-so that the training loop sees the divergence (TFF's convention).
+A client whose update is not finite is dropped as every stateful client is
+(`stateful_clients.local_update_fn`): a zero update with weight 0, no prototypes
+(counts 0), its old state kept and its metrics reset.
 """
 
 import collections
 from collections.abc import Mapping
 import dataclasses
 import functools
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-# TFF's own choice of training loop (dataset reduce or iterator); the same helper
-# runs TFF's built-in client works.
-from tensorflow_federated.python.learning import loop_builder
 
 from tff_zmg.transforms import prototypes
 from tff_zmg.transforms import rectification
@@ -177,10 +174,6 @@ def fedgps_objective(
   return collections.OrderedDict(objective=objective, **terms)
 
 
-def _all_finite(tensors) -> tf.Tensor:
-  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
-
-
 def _xy(batch):
   if isinstance(batch, Mapping):
     return batch['x'], batch['y']
@@ -196,157 +189,180 @@ def _metric_finalizers():
   return finalizers
 
 
-def _build_client_update(
-    keras_model_fn, *, image_shape, num_classes, samples_per_class,
-    surrogate_seed, learning_rate, momentum, lambda1, lambda2, lambda3,
-    lambda_g, exclude_own_update, loop_implementation,
-):
-  """The `tf.function` one client runs: `(weights, data, state, broadcast) -> ...`."""
+class _Round(NamedTuple):
+  """What a client's local steps read, fixed for the round (`init`'s context)."""
+
+  round_num: tf.Tensor
+  shared: Mapping[str, tf.Tensor]  # The broadcast shared state.
+  offset: tuple[tf.Tensor, ...]  # The look-ahead offset p = lambda_g d / ||d||.
+  low_resolution: tf.Tensor  # The surrogate samples, before upsampling.
+  surrogate_labels: tf.Tensor
+
+
+class _LoopState(NamedTuple):
+  """What the local steps carry from batch to batch."""
+
+  step: tf.Tensor
+  optimizer_state: object
+  sums: Mapping[str, tf.Tensor]  # `[sum, count]` of each of MEAN_METRICS.
+  prototype_sums: tf.Tensor  # [C, F]: the surrogate features seen, per class.
+  prototype_counts: tf.Tensor  # [C].
+
+
+def _fedgps_rule(
+    keras_model_fn, *, image_shape, num_classes, samples_per_class, surrogate_seed,
+    learning_rate, momentum, lambda1, lambda2, lambda3, lambda_g, exclude_own_update,
+) -> stateful_clients.ClientRule:
+  """FedGPS's client on a new `keras_model_fn()`; the round input is `<round_num, shared>`."""
   keras_model = keras_model_fn()
   feature_extractor, classifier = prototypes.split_model(keras_model)
+  weights = tff.learning.models.ModelWeights(
+      trainable=keras_model.trainable_variables,
+      non_trainable=keras_model.non_trainable_variables,
+  )
+  trainable = tuple(weights.trainable)
   optimizer = tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
-  training_loop = loop_builder.build_training_loop(loop_implementation)
   low_shape = surrogate.low_resolution_shape(image_shape)
   num_surrogate = num_classes * samples_per_class
   feature_dim = classifier.input.shape[-1]
 
-  @tf.function
-  def client_update(initial_weights, data, client_state, broadcast):
-    weights = tff.learning.models.ModelWeights(
-        trainable=keras_model.trainable_variables,
-        non_trainable=keras_model.non_trainable_variables,
-    )
-    tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
-    trainable = tuple(weights.trainable)
-    round_num = broadcast['round_num']
-    shared = broadcast['shared']
+  def look_ahead_offset(client_state, round_num, shared):
+    """`p = lambda_g d / ||d||`, `d` the mean update of last round's other clients."""
     mean_update = tuple(shared['last_update'])
     if exclude_own_update:
       own_update = tuple(client_state['own_update'])
       last_round = client_state['last_round']
       # `==` on tensors is not elementwise in every graph TFF traces.
-      took_part = tf.logical_and(
-          last_round >= 0, tf.equal(last_round, round_num - 1)
-      )
+      took_part = tf.logical_and(last_round >= 0, tf.equal(last_round, round_num - 1))
     else:  # The CF variant keeps no update of its own: d = Dbar.
       own_update = tuple(tf.zeros_like(t) for t in mean_update)
       took_part = tf.constant(False)
     direction = rectification.non_self_direction(
         mean_update, own_update, shared['num_clients'], took_part
     )
-    offset = rectification.look_ahead_offset(direction, lambda_g)
-    low_resolution = surrogate.low_resolution_samples(
-        num_classes, samples_per_class, low_shape, surrogate_seed
+    return rectification.look_ahead_offset(direction, lambda_g)
+
+  def init(client_state, broadcast):
+    round_num, shared = broadcast['round_num'], broadcast['shared']
+    context = _Round(
+        round_num=round_num,
+        shared=shared,
+        offset=look_ahead_offset(client_state, round_num, shared),
+        low_resolution=surrogate.low_resolution_samples(
+            num_classes, samples_per_class, low_shape, surrogate_seed
+        ),
+        surrogate_labels=surrogate.labels(num_classes, samples_per_class),
     )
-    surrogate_labels = surrogate.labels(num_classes, samples_per_class)
+    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
+    loop_state = _LoopState(
+        step=tf.constant(0, tf.int32),
+        optimizer_state=optimizer.initialize(specs),
+        sums=collections.OrderedDict(
+            (name, tf.zeros([2], tf.float32)) for name in MEAN_METRICS
+        ),
+        prototype_sums=tf.zeros([num_classes, feature_dim], tf.float32),
+        prototype_counts=tf.zeros([num_classes], tf.float32),
+    )
+    return context, loop_state
 
-    def reduce_fn(loop_state, batch):
-      step, optimizer_state, sums, prototype_sums, prototype_counts = loop_state
-      x, y = _xy(batch)
-      y = tf.reshape(tf.cast(y, tf.int32), [-1])
-      batch_size = tf.shape(y)[0]
-      indices = surrogate.batch_indices(
-          surrogate_seed, round_num, step, batch_size, num_surrogate
-      )
-      x_s = surrogate.to_images(tf.gather(low_resolution, indices), image_shape)
-      y_s = tf.gather(surrogate_labels, indices)
-      current = tuple(v.read_value() for v in trainable)
-      for variable, value, shift in zip(trainable, current, offset):
-        variable.assign(value + shift)  # The look-ahead point w + p.
-      with tf.GradientTape() as tape:
-        features = feature_extractor(
-            tf.concat([tf.cast(x, tf.float32), x_s], axis=0), training=True
-        )
-        logits = classifier(features)
-        terms = fedgps_objective(
-            local_logits=logits[:batch_size],
-            local_labels=y,
-            local_features=features[:batch_size],
-            surrogate_logits=logits[batch_size:],
-            surrogate_labels=y_s,
-            surrogate_features=features[batch_size:],
-            global_prototypes=shared['prototypes'],
-            global_counts=shared['prototype_counts'],
-            weights=trainable,
-            num_classes=num_classes,
-            lambda1=lambda1,
-            lambda2=lambda2,
-            lambda3=lambda3,
-        )
-      gradients = tape.gradient(terms['objective'], trainable)
-      gradients = tuple(tf.convert_to_tensor(g) for g in gradients)
-      # The gradient from the look-ahead point moves the weights from w.
-      optimizer_state, updated = optimizer.next(optimizer_state, current, gradients)
-      for variable, value in zip(trainable, updated):
-        variable.assign(value)
+  def surrogate_batch(context, step, batch_size):
+    """This step's surrogate batch `(x^s, y^s)`, as large as the local one."""
+    indices = surrogate.batch_indices(
+        surrogate_seed, context.round_num, step, batch_size, num_surrogate
+    )
+    x_s = surrogate.to_images(tf.gather(context.low_resolution, indices), image_shape)
+    return x_s, tf.gather(context.surrogate_labels, indices)
 
-      n = tf.cast(batch_size, tf.float32)
-      correct = tf.reduce_sum(tf.cast(
-          tf.equal(tf.argmax(logits[:batch_size], axis=-1, output_type=tf.int32), y),
-          tf.float32,
-      ))
-      batch_sums = dict(sparse_categorical_accuracy=correct)
-      for name in MEAN_METRICS:
-        if name != 'sparse_categorical_accuracy':
-          batch_sums[name] = terms[name] * n
-      sums = collections.OrderedDict(
-          (name, sums[name] + tf.stack([batch_sums[name], n])) for name in MEAN_METRICS
-      )
-      surrogate_features = tf.stop_gradient(features[batch_size:])
-      prototype_sums += tf.math.unsorted_segment_sum(
-          surrogate_features, y_s, num_classes
-      )
-      prototype_counts += tf.math.unsorted_segment_sum(
-          tf.ones_like(y_s, tf.float32), y_s, num_classes
-      )
-      return step + 1, optimizer_state, sums, prototype_sums, prototype_counts
+  def objective_terms(context, x, y, x_s, y_s):
+    """`(features, logits, fedgps_objective's terms)` on the local and surrogate batch."""
+    batch_size = tf.shape(y)[0]
+    features = feature_extractor(
+        tf.concat([tf.cast(x, tf.float32), x_s], axis=0), training=True
+    )
+    logits = classifier(features)
+    terms = fedgps_objective(
+        local_logits=logits[:batch_size],
+        local_labels=y,
+        local_features=features[:batch_size],
+        surrogate_logits=logits[batch_size:],
+        surrogate_labels=y_s,
+        surrogate_features=features[batch_size:],
+        global_prototypes=context.shared['prototypes'],
+        global_counts=context.shared['prototype_counts'],
+        weights=trainable,
+        num_classes=num_classes,
+        lambda1=lambda1,
+        lambda2=lambda2,
+        lambda3=lambda3,
+    )
+    return features, logits, terms
 
-    def initial_loop_state():
-      specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
-      return (
-          tf.constant(0, tf.int32),
-          optimizer.initialize(specs),
-          collections.OrderedDict(
-              (name, tf.zeros([2], tf.float32)) for name in MEAN_METRICS
-          ),
-          tf.zeros([num_classes, feature_dim], tf.float32),
-          tf.zeros([num_classes], tf.float32),
-      )
-
-    num_batches, _, sums, prototype_sums, prototype_counts = training_loop(
-        reduce_fn, data, initial_loop_state
+  def metric_sums(sums, terms, local_logits, y):
+    """`sums` plus this batch's `[sum, count]` of each of MEAN_METRICS."""
+    n = tf.cast(tf.shape(y)[0], tf.float32)
+    correct = tf.reduce_sum(tf.cast(
+        tf.equal(tf.argmax(local_logits, axis=-1, output_type=tf.int32), y), tf.float32
+    ))
+    batch_sums = dict(sparse_categorical_accuracy=correct)
+    for name in MEAN_METRICS:
+      if name != 'sparse_categorical_accuracy':
+        batch_sums[name] = terms[name] * n
+    return collections.OrderedDict(
+        (name, sums[name] + tf.stack([batch_sums[name], n])) for name in MEAN_METRICS
     )
 
-    delta = tuple(w - w0 for w, w0 in zip(trainable, initial_weights.trainable))
-    finite = _all_finite(delta)
-    update = tuple(tf.where(finite, -d, tf.zeros_like(d)) for d in delta)
-    new_state = collections.OrderedDict(
-        last_round=tf.where(finite, round_num, client_state['last_round'])
+  def step(context, loop_state, batch):
+    """One local step: the gradient at the look-ahead point `w + p` moves `w`."""
+    x, y = _xy(batch)
+    y = tf.reshape(tf.cast(y, tf.int32), [-1])
+    batch_size = tf.shape(y)[0]
+    x_s, y_s = surrogate_batch(context, loop_state.step, batch_size)
+    current = tuple(v.read_value() for v in trainable)
+    for variable, value, shift in zip(trainable, current, context.offset):
+      variable.assign(value + shift)
+    with tf.GradientTape() as tape:
+      features, logits, terms = objective_terms(context, x, y, x_s, y_s)
+    gradients = tape.gradient(terms['objective'], trainable)
+    gradients = tuple(tf.convert_to_tensor(g) for g in gradients)
+    optimizer_state, updated = optimizer.next(loop_state.optimizer_state, current, gradients)
+    for variable, value in zip(trainable, updated):
+      variable.assign(value)
+    surrogate_features = tf.stop_gradient(features[batch_size:])
+    return _LoopState(
+        step=loop_state.step + 1,
+        optimizer_state=optimizer_state,
+        sums=metric_sums(loop_state.sums, terms, logits[:batch_size], y),
+        prototype_sums=loop_state.prototype_sums + tf.math.unsorted_segment_sum(
+            surrogate_features, y_s, num_classes
+        ),
+        prototype_counts=loop_state.prototype_counts + tf.math.unsorted_segment_sum(
+            tf.ones_like(y_s, tf.float32), y_s, num_classes
+        ),
     )
+
+  def final(context, loop_state, delta):
+    """Keeps the round (and its delta); uploads the surrogate prototypes it saw."""
+    state = collections.OrderedDict(last_round=context.round_num)
     if exclude_own_update:
-      new_state['own_update'] = tuple(
-          tf.where(finite, d, o) for d, o in zip(delta, client_state['own_update'])
-      )
-    counts = tf.where(finite, prototype_counts, tf.zeros_like(prototype_counts))
+      state['own_update'] = delta
+    counts = loop_state.prototype_counts
     upload = collections.OrderedDict(
-        prototypes=tf.math.divide_no_nan(prototype_sums, counts[:, tf.newaxis]),
+        prototypes=tf.math.divide_no_nan(loop_state.prototype_sums, counts[:, tf.newaxis]),
         counts=counts,
     )
-    metrics = collections.OrderedDict(sums)
-    metrics['num_examples'] = tf.cast(sums['loss'][1], tf.int64)
-    metrics['num_batches'] = tf.cast(num_batches, tf.int64)
-    result = tff.learning.templates.ClientResult(
-        update=update, update_weight=tf.where(finite, 1.0, 0.0)
-    )
-    return result, new_state, upload, metrics
+    metrics = collections.OrderedDict(loop_state.sums)
+    metrics['num_examples'] = tf.cast(loop_state.sums['loss'][1], tf.int64)
+    metrics['num_batches'] = tf.cast(loop_state.step, tf.int64)
+    return stateful_clients.ClientFinal(state=state, upload=upload, metrics=metrics)
 
-  return client_update
+  return stateful_clients.ClientRule(weights=weights, init=init, step=step, final=final)
 
 
 def build_fedgps_client_work(
-    model_fn,
     keras_model_fn,
     *,
+    weights_type: tff.Type,
+    data_type: tff.Type,
     shared_type: tff.Type,
     image_shape,
     num_classes: int,
@@ -366,10 +382,10 @@ def build_fedgps_client_work(
   """FedGPS's stateful client work (the arguments are `FedGpsHparams`'s, checked).
 
   Args:
-    model_fn: A no-arg function returning the task's
-      `tff.learning.models.VariableModel` (its input spec and weights layout).
-    keras_model_fn: A no-arg function returning the same model as a bare Keras
+    keras_model_fn: A no-arg function returning the task's model as a bare Keras
       model, ending in a Dense classifier.
+    weights_type: The model weights' type (the task's `VariableModel`'s).
+    data_type: One client's data (the `VariableModel`'s input spec, a sequence).
     shared_type: The type of the broadcast shared state: `OrderedDict(
       last_update, num_clients, prototypes, prototype_counts)`.
     image_shape: The model's input `(height, width, channels)`.
@@ -392,29 +408,6 @@ def build_fedgps_client_work(
     `own_update` with `exclude_own_update`; the upload is
     `OrderedDict(prototypes=[C, F], counts=[C])`.
   """
-  build_local_update = functools.partial(
-      _build_client_update,
-      keras_model_fn,
-      image_shape=image_shape,
-      num_classes=num_classes,
-      samples_per_class=samples_per_class,
-      surrogate_seed=surrogate_seed,
-      learning_rate=learning_rate,
-      momentum=momentum,
-      lambda1=lambda1,
-      lambda2=lambda2,
-      lambda3=lambda3,
-      lambda_g=lambda_g,
-      exclude_own_update=exclude_own_update,
-      loop_implementation=loop_implementation,
-  )
-  with tf.Graph().as_default():
-    model = model_fn()
-    data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
-    weights_type = tff.learning.models.weights_type_from_model(model)
-  metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(
-      _metric_finalizers()
-  )
 
   @tff.tensorflow.computation
   def initial_client_state():
@@ -423,27 +416,45 @@ def build_fedgps_client_work(
       state['own_update'] = stateful_clients.trainable_zeros(weights_type.trainable)
     return state
 
-  client_state_type = initial_client_state.type_signature.result
-  broadcast_type = tff.StructWithPythonType(
-      [('round_num', np.int32), ('shared', shared_type)], collections.OrderedDict
-  )
-
-  @tff.tensorflow.computation(
-      weights_type, data_type, client_state_type, broadcast_type
-  )
-  def client_update(weights, data, client_state, broadcast):
-    return build_local_update()(weights, data, client_state, broadcast)
-
   return stateful_clients.build_stateful_client_work(
-      client_update, initial_client_state, metrics_aggregation_fn, build_local_update
+      functools.partial(
+          _fedgps_rule,
+          keras_model_fn,
+          image_shape=image_shape,
+          num_classes=num_classes,
+          samples_per_class=samples_per_class,
+          surrogate_seed=surrogate_seed,
+          learning_rate=learning_rate,
+          momentum=momentum,
+          lambda1=lambda1,
+          lambda2=lambda2,
+          lambda3=lambda3,
+          lambda_g=lambda_g,
+          exclude_own_update=exclude_own_update,
+      ),
+      weights_type=weights_type,
+      data_type=data_type,
+      round_input_type=tff.StructWithPythonType(
+          [('round_num', np.int32), ('shared', shared_type)], collections.OrderedDict
+      ),
+      initial_client_state=initial_client_state,
+      metrics_aggregation_fn=tff.learning.metrics.sum_then_finalize(_metric_finalizers()),
+      loop_implementation=loop_implementation,
   )
 
 
 # The server step on the shared state, and the builder.
 
 
-def _inspect_model(model_fn, keras_model_fn):
-  """`(image_shape, num_classes, feature_dim)` of the task's model, checked."""
+class _ModelLayout(NamedTuple):
+  image_shape: tuple[int, ...]  # (height, width, channels)
+  num_classes: int
+  feature_dim: int  # The classifier's input.
+  data_type: tff.Type  # One client's data: the `VariableModel`'s input spec.
+
+
+def _inspect_model(model_fn, keras_model_fn) -> _ModelLayout:
+  """The task's model, checked: both functions built once, in a spare graph."""
   with tf.Graph().as_default():
     keras_model = keras_model_fn()
     input_shape = tuple(keras_model.input_shape)
@@ -457,13 +468,20 @@ def _inspect_model(model_fn, keras_model_fn):
       )
     _, classifier = prototypes.split_model(keras_model)
     keras_shapes = [tuple(v.shape) for v in keras_model.trainable_variables]
-    model_shapes = [tuple(v.shape) for v in model_fn().trainable_variables]
+    model = model_fn()
+    model_shapes = [tuple(v.shape) for v in model.trainable_variables]
+    data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
   if keras_shapes != model_shapes:
     raise ValueError(
         'keras_model_fn and model_fn build different models (trainable shapes'
         f' {keras_shapes} vs {model_shapes})'
     )
-  return input_shape[1:], int(classifier.units), int(classifier.input.shape[-1])
+  return _ModelLayout(
+      image_shape=input_shape[1:],
+      num_classes=int(classifier.units),
+      feature_dim=int(classifier.input.shape[-1]),
+      data_type=data_type,
+  )
 
 
 def _initial_shared_state(weights_type, num_classes, feature_dim):
@@ -565,16 +583,17 @@ def build_fedgps(
   exclude_own_update = validation.check_bool('exclude_own_update', exclude_own_update)
   hparams = FedGpsHparams.create(hparams, **overrides)
 
-  image_shape, num_classes, feature_dim = _inspect_model(model_fn, keras_model_fn)
+  layout = _inspect_model(model_fn, keras_model_fn)
   initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
   weights_type = initial_model_weights_fn.type_signature.result
-  initial_shared = _initial_shared_state(weights_type, num_classes, feature_dim)
+  initial_shared = _initial_shared_state(weights_type, layout.num_classes, layout.feature_dim)
   client_work = build_fedgps_client_work(
-      model_fn,
       keras_model_fn,
+      weights_type=weights_type,
+      data_type=layout.data_type,
       shared_type=initial_shared.type_signature.result,
-      image_shape=image_shape,
-      num_classes=num_classes,
+      image_shape=layout.image_shape,
+      num_classes=layout.num_classes,
       samples_per_class=hparams.surrogate_samples_per_class,
       surrogate_seed=hparams.surrogate_seed,
       learning_rate=hparams.client_learning_rate,
@@ -590,9 +609,8 @@ def build_fedgps(
   distributor, aggregator, finalizer = compose.build_server_parts(
       initial_model_weights_fn, server_sgd, tff.learning.ClientWeighting.UNIFORM
   )
-  upload_type = client_work.next.type_signature.result.result[2].member
-  aggregated_type = aggregator.next.type_signature.result.result.member
-  shared = _shared_state(initial_shared, upload_type, aggregated_type)
+  # The aggregated update is the mean of the clients' updates: trainable-shaped.
+  shared = _shared_state(initial_shared, client_work.upload_type, weights_type.trainable)
   return stateful_clients.compose_stateful_clients_process(
       initial_model_weights_fn, distributor, client_work, aggregator, finalizer,
       shared_state=shared,

@@ -27,9 +27,6 @@ import warnings
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-# TFF's own choice of training loop (dataset reduce or iterator); the same helper
-# runs TFF's built-in client works.
-from tensorflow_federated.python.learning import loop_builder
 
 from tff_zmg.transforms import correction as correction_lib
 from tff_zmg import validation
@@ -68,7 +65,7 @@ class FedRkmgcHparams(hp.Hparams):
   km_clock: str = hp.hparam(
       'global', hp.one_of(*KM_CLOCKS),
       "FedRKMGC KM clock: 'global' (the round index, the paper's Algorithm 1) or"
-      " 'participation' (the client's own count of rounds taken part).",
+      " 'participation' (the client's own count of rounds taken part, not dropped).",
   )
   allow_unsafe_relaxation: bool = hp.hparam(
       False, hp.BOOL, f'Accept rho > {MAX_SAFE_RHO:g}.'
@@ -90,90 +87,62 @@ class FedRkmgcHparams(hp.Hparams):
       )
 
 
-# The client step: SGD(M) on corrected gradients, then the correction update. A client
-# whose update is not finite keeps its old state and contributes a zero update with
-# weight 0 (TFF's convention), so one bad client cannot poison the corrections.
+# The client step: SGD(M) on corrected gradients, then the correction update. What
+# becomes of a client whose result is not finite is `stateful_clients`' one policy.
 
 
-def _all_finite(tensors) -> tf.Tensor:
-  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
-
-
-def _build_client_update(
-    model_fn, *, learning_rate, momentum, beta, gamma, correction, km_clock,
-    loop_implementation,
-):
-  """The `tf.function` one client runs: `(weights, data, state, t) -> outputs`."""
+def _corrected_sgdm_rule(
+    model_fn, *, learning_rate, momentum, beta, gamma, correction, km_clock
+) -> stateful_clients.ClientRule:
+  """FedRKMGC's client on a new `model_fn()`; the round input is the round index."""
   model = model_fn()
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  trainable = tuple(weights.trainable)
   optimizer = tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
-  training_loop = loop_builder.build_training_loop(loop_implementation)
 
-  @tf.function
-  def client_update(initial_weights, data, client_state, round_num):
-    weights = tff.learning.models.ModelWeights.from_model(model)
-    tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
-    trainable = tuple(weights.trainable)
-    applied = tuple(client_state['correction'])
+  def init(client_state, round_num):
+    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
+    return (client_state, round_num), optimizer.initialize(specs)
 
-    def reduce_fn(loop_state, batch):
-      num_examples, optimizer_state = loop_state
-      with tf.GradientTape() as tape:
-        output = model.forward_pass(batch, training=True)
-      gradients = tape.gradient(output.loss, trainable)
-      # Embedding gradients arrive as IndexedSlices; the correction is dense.
-      corrected = tuple(
-          correction_lib.corrected_gradient(tf.convert_to_tensor(g), d)
-          for g, d in zip(gradients, applied)
-      )
-      optimizer_state, updated = optimizer.next(
-          optimizer_state, trainable, corrected
-      )
-      for variable, value in zip(trainable, updated):
-        variable.assign(value)
-      return num_examples + tf.cast(output.num_examples, tf.int64), optimizer_state
+  def step(context, optimizer_state, batch):
+    client_state, _ = context
+    with tf.GradientTape() as tape:
+      output = model.forward_pass(batch, training=True)
+    gradients = tape.gradient(output.loss, trainable)
+    # Embedding gradients arrive as IndexedSlices; the correction is dense.
+    corrected = tuple(
+        correction_lib.corrected_gradient(tf.convert_to_tensor(g), d)
+        for g, d in zip(gradients, client_state['correction'])
+    )
+    optimizer_state, updated = optimizer.next(optimizer_state, trainable, corrected)
+    for variable, value in zip(trainable, updated):
+      variable.assign(value)
+    return optimizer_state
 
-    def initial_loop_state():
-      specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
-      return tf.constant(0, tf.int64), optimizer.initialize(specs)
-
-    training_loop(reduce_fn, data, initial_loop_state)
-
-    delta = tuple(w - w0 for w, w0 in zip(trainable, initial_weights.trainable))
+  def final(context, optimizer_state, delta):
+    del optimizer_state
+    client_state, round_num = context
     participations = client_state['participations']
-    clock = round_num if km_clock == 'global' else participations
-    t = tf.cast(clock, tf.float32)
+    t = tf.cast(round_num if km_clock == 'global' else participations, tf.float32)
     raw_new = tuple(
-        correction_lib.raw_correction(d, dl, beta) for d, dl in zip(applied, delta)
+        correction_lib.raw_correction(d, dl, beta)
+        for d, dl in zip(client_state['correction'], delta)
     )
     new_correction = tuple(
         correction_lib.next_correction(correction, rn, d, r, t, gamma)
-        for rn, d, r in zip(raw_new, applied, client_state['raw_correction'])
+        for rn, d, r in zip(raw_new, client_state['correction'], client_state['raw_correction'])
     )
-    update = tuple(-d for d in delta)
-    finite = tf.logical_and(_all_finite(update), _all_finite(new_correction))
-    # A branch, not an elementwise select: no extra pass over model-sized tensors.
-    update, new_correction, raw_new = tf.cond(
-        finite,
-        lambda: (update, new_correction, raw_new),
-        lambda: (
-            tuple(tf.zeros_like(u) for u in update),
-            applied,
-            tuple(client_state['raw_correction']),
+    return stateful_clients.ClientFinal(
+        state=collections.OrderedDict(
+            correction=new_correction,
+            raw_correction=raw_new,
+            participations=participations + 1,
         ),
+        upload=(),
+        metrics=model.report_local_unfinalized_metrics(),
     )
-    new_state = collections.OrderedDict(
-        correction=new_correction,
-        raw_correction=raw_new,
-        participations=participations + 1,
-    )
-    if not finite:
-      model.reset_metrics()
-    result = tff.learning.templates.ClientResult(
-        update=update, update_weight=tf.where(finite, 1.0, 0.0)
-    )
-    return result, new_state, model.report_local_unfinalized_metrics()
 
-  return client_update
+  return stateful_clients.ClientRule(weights=weights, init=init, step=step, final=final)
 
 
 def build_corrected_sgdm_client_work(
@@ -200,24 +169,14 @@ def build_corrected_sgdm_client_work(
     correction: One of `tff_zmg.transforms.correction.CORRECTIONS`: 'raw' (`D_new = Dt_new`),
       'km' (standard KM) or 'fast_km'.
     km_clock: 'global' (`t` = the global round index) or 'participation' (`t` = the
-      number of earlier rounds this client took part in).
+      number of earlier rounds this client took part in and was not dropped in).
     loop_implementation: The client training loop.
 
   Returns:
     A `StatefulClientWork` whose client state is `OrderedDict(correction=D_n,
     raw_correction=Dt_n, participations=int32)`.
   """
-  build_local_update = functools.partial(
-      _build_client_update,
-      model_fn,
-      learning_rate=learning_rate,
-      momentum=momentum,
-      beta=beta,
-      gamma=gamma,
-      correction=correction,
-      km_clock=km_clock,
-      loop_implementation=loop_implementation,
-  )
+  # The one model built outside a computation: its types and metric finalizers.
   with tf.Graph().as_default():
     model = model_fn()
     metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(
@@ -235,14 +194,23 @@ def build_corrected_sgdm_client_work(
         participations=tf.constant(0, tf.int32),
     )
 
-  client_state_type = initial_client_state.type_signature.result
-
-  @tff.tensorflow.computation(weights_type, data_type, client_state_type, np.int32)
-  def client_update(weights, data, client_state, round_num):
-    return build_local_update()(weights, data, client_state, round_num)
-
   return stateful_clients.build_stateful_client_work(
-      client_update, initial_client_state, metrics_aggregation_fn, build_local_update
+      functools.partial(
+          _corrected_sgdm_rule,
+          model_fn,
+          learning_rate=learning_rate,
+          momentum=momentum,
+          beta=beta,
+          gamma=gamma,
+          correction=correction,
+          km_clock=km_clock,
+      ),
+      weights_type=weights_type,
+      data_type=data_type,
+      round_input_type=tff.TensorType(np.int32),
+      initial_client_state=initial_client_state,
+      metrics_aggregation_fn=metrics_aggregation_fn,
+      loop_implementation=loop_implementation,
   )
 
 

@@ -15,6 +15,11 @@ Where the states live between rounds is the training loop's business (see
 aggregator and finalizer, so every server rule of the package composes with it. An
 optional `SharedState` adds server state that is broadcast to the clients and updated
 from what they upload (FedGPS's mean update and prototypes).
+
+An algorithm gives its client as a `ClientRule` (init / step / final: what a client
+keeps, one local step, what it keeps and sends at the end) and
+`build_stateful_client_work` makes the client work of it; that one place decides what
+happens to a client whose result is not finite (`local_update_fn`).
 """
 
 import collections
@@ -25,6 +30,9 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+# TFF's own choice of training loop (dataset reduce or iterator); the same helper
+# runs TFF's built-in client works.
+from tensorflow_federated.python.learning import loop_builder
 
 from tff_zmg.client_states import state_file
 
@@ -50,23 +58,26 @@ class StatefulClientWork:
 
   Attributes:
     initialize: `( -> S@SERVER)`.
-    next: `(<S@SERVER, W@CLIENTS, {D*}@CLIENTS, C@CLIENTS, int32@CLIENTS> ->
-      MeasuredProcessOutput(state=S@SERVER, result=<ClientResult@CLIENTS,
-      C@CLIENTS>, measurements=M@SERVER))`; the int32 is the global round index
-      (from 0). Composed with a `SharedState`, the last argument and the result
-      differ (see `compose_stateful_clients_process`).
+    next: `(<S@SERVER, W@CLIENTS, {D*}@CLIENTS, C@CLIENTS, R@CLIENTS> ->
+      MeasuredProcessOutput(state=S@SERVER, result=<client_result=ClientResult@CLIENTS,
+      client_states=C@CLIENTS[, uploads=U@CLIENTS]>, measurements=M@SERVER))`; `R` is
+      the global round index (int32, from 0) or, with a `SharedState`, the broadcast
+      `<round_num, shared>`; `uploads` is there when the clients upload something.
     initial_client_state: `( -> C)`, the state of a client that has never taken
       part (a `tff.tensorflow.computation`).
+    data_type: `D*`, one client's data.
+    upload_type: `U`, what a client uploads for the `SharedState` (None: nothing).
     build_local_update: Optional: `() -> tf.function`, a new copy (own model
       variables) of the function one client runs inside `next`, `(weights, data,
-      client_state, round_input) -> (ClientResult, new state, *uploads, metrics)`:
-      one client's arithmetic in plain TensorFlow, without federation (benchmarks,
-      debugging in a notebook).
+      client_state, round_input) -> ClientOutput`: one client's arithmetic in plain
+      TensorFlow, without federation (benchmarks, debugging in a notebook).
   """
 
   initialize: tff.Computation
   next: tff.Computation
   initial_client_state: tff.Computation
+  data_type: tff.Type
+  upload_type: Optional[tff.Type] = None
   build_local_update: Optional[Callable[[], Callable[..., Any]]] = None
 
   @property
@@ -164,60 +175,207 @@ class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
     return self._initial_client_state_fn()
 
 
+# One stateful client, in plain TensorFlow: an algorithm gives its math as a `ClientRule`
+# (what happens before, during and after the local steps); `local_update_fn` runs it and
+# alone decides what becomes of a client whose result is not finite.
+
+
+class ClientFinal(NamedTuple):
+  """What a `ClientRule` keeps and sends after its local steps.
+
+  Attributes:
+    state: The client's new state (the structure of its old one).
+    upload: What it uploads for the `SharedState` (`()`: nothing).
+    metrics: Its local metrics, unfinalized (summed over clients, then finalized).
+  """
+
+  state: Any
+  upload: Any
+  metrics: Any
+
+
+class ClientOutput(NamedTuple):
+  """One client's round: what the local update returns.
+
+  Attributes:
+    result: `ClientResult(update=u = w^t - w_k, update_weight)`; weight 0 exactly
+      when the client was dropped as not finite.
+    state: The client's new state (its old one when dropped).
+    upload: What it uploads (zeros when dropped).
+    metrics: Its local metrics (reset, i.e. zeros, when dropped).
+  """
+
+  result: tff.learning.templates.ClientResult
+  state: Any
+  upload: Any
+  metrics: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientRule:
+  """One client's math on one copy of the model's variables.
+
+  The local update assigns the global weights to `weights`, then runs
+
+      context, loop_state = init(client_state, round_input)
+      loop_state = step(context, loop_state, batch)      for every batch
+      final = final(context, loop_state, delta)          delta = w_k - w^t
+
+  Attributes:
+    weights: The `tff.learning.models.ModelWeights` of variables the steps train.
+    init: `(client_state, round_input) -> (context, loop_state)`: what the steps
+      read (`context`, anything) and the training loop's initial state.
+    step: `(context, loop_state, batch) -> loop_state`: one local step.
+    final: `(context, loop_state, delta) -> ClientFinal`.
+  """
+
+  weights: tff.learning.models.ModelWeights
+  init: Callable[[Any, Any], tuple[Any, Any]]
+  step: Callable[[Any, Any, Any], Any]
+  final: Callable[[Any, Any, Any], ClientFinal]
+
+
+def _all_finite(structure) -> tf.Tensor:
+  floats = [t for t in tf.nest.flatten(structure) if t.dtype.is_floating]
+  if not floats:
+    return tf.constant(True)
+  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in floats])
+
+
+def local_update_fn(
+    rule: ClientRule, loop_implementation: tff.learning.LoopImplementation
+) -> Callable[..., ClientOutput]:
+  """The `tf.function` one client runs: `(weights, data, state, round_input) -> ClientOutput`.
+
+  The non-finite policy of every stateful client work: a client whose update, new
+  state or upload holds a non-finite value is dropped. It sends a zero update with
+  weight 0 (TFF's convention), uploads zeros, keeps its old state (so one bad round
+  cannot poison what it carries into the next), and its metrics are reset, so the
+  round's loss stays finite and the run's divergence check counts the client in
+  `non_finite_clients` instead.
+  """
+  training_loop = loop_builder.build_training_loop(loop_implementation)
+
+  @tf.function
+  def local_update(initial_weights, data, client_state, round_input):
+    tf.nest.map_structure(lambda v, t: v.assign(t), rule.weights, initial_weights)
+    context, loop_state = rule.init(client_state, round_input)
+    loop_state = training_loop(
+        lambda loop_state, batch: rule.step(context, loop_state, batch),
+        data,
+        lambda: loop_state,
+    )
+    delta = tuple(w - w0 for w, w0 in zip(rule.weights.trainable, initial_weights.trainable))
+    final = rule.final(context, loop_state, delta)
+    update = tuple(-d for d in delta)
+    finite = _all_finite((update, final.state, final.upload))
+    kept = ClientOutput(
+        tff.learning.templates.ClientResult(update=update, update_weight=tf.constant(1.0)),
+        final.state,
+        final.upload,
+        final.metrics,
+    )
+    dropped = ClientOutput(
+        tff.learning.templates.ClientResult(
+            update=tuple(tf.zeros_like(u) for u in update), update_weight=tf.constant(0.0)
+        ),
+        # The old state, in the structure of the new one (TFF may hand lists for tuples).
+        tf.nest.map_structure(
+            lambda new, old: tf.identity(old), final.state, client_state, check_types=False
+        ),
+        tf.nest.map_structure(tf.zeros_like, final.upload),
+        tf.nest.map_structure(tf.zeros_like, final.metrics),
+    )
+    # A branch, not an elementwise select: no extra pass over model-sized tensors.
+    return tf.cond(finite, lambda: kept, lambda: dropped)
+
+  return local_update
+
+
 def build_stateful_client_work(
-    client_update: tff.Computation,
+    build_client_rule: Callable[[], ClientRule],
+    *,
+    weights_type: tff.Type,
+    data_type: tff.Type,
+    round_input_type: tff.Type,
     initial_client_state: tff.Computation,
     metrics_aggregation_fn: Any,
-    build_local_update: Optional[Callable[[], Callable[..., Any]]] = None,
+    loop_implementation: tff.learning.LoopImplementation,
 ) -> StatefulClientWork:
-  """The `StatefulClientWork` that maps `client_update` over the clients (empty server state).
+  """The `StatefulClientWork` that runs a `ClientRule` on every client (empty server state).
 
-  `client_update(weights, data, client_state, x) -> <ClientResult, new client state,
-  *uploads, local metrics>`, where `x` is the round index (or, with a `SharedState`, the
-  broadcast `<round_num, shared>`). `next` returns `(ClientResult, new states, *uploads)`
-  as its result and the clients' metrics, aggregated by `metrics_aggregation_fn` (e.g.
-  `tff.learning.metrics.sum_then_finalize`), as `measurements['train']`; beside them
-  `clients` (the round's) and `non_finite_clients` (those whose update was dropped as
-  not finite, which the run's divergence check reads).
-  `build_local_update` builds the `tf.function` that `client_update` wraps (see
-  `StatefulClientWork`).
+  Args:
+    build_client_rule: `() -> ClientRule` on a new copy of the model, called once in
+      the graph of each computation or `tf.function` that runs clients.
+    weights_type: `W`, the model weights the server broadcasts.
+    data_type: `D*`, one client's data.
+    round_input_type: `R`: `np.int32` (the round index) or, with a `SharedState`, the
+      broadcast `<round_num, shared>`.
+    initial_client_state: `( -> C)`, a `tff.tensorflow.computation`.
+    metrics_aggregation_fn: Aggregates the clients' unfinalized metrics (e.g.
+      `tff.learning.metrics.sum_then_finalize`).
+    loop_implementation: The client training loop.
+
+  Returns:
+    A `StatefulClientWork` whose `next` runs `local_update_fn` on every client (so
+    its non-finite policy) and measures `train` (the aggregated metrics), `clients`
+    (the round's) and `non_finite_clients` (those dropped as not finite, which the
+    run's divergence check reads).
   """
-  parameter = client_update.type_signature.parameter
-  client_types = [tff.FederatedType(parameter[i], tff.CLIENTS) for i in range(len(parameter))]
+
+  def build_local_update():
+    return local_update_fn(build_client_rule(), loop_implementation)
+
+  client_state_type = initial_client_state.type_signature.result
+
+  @tff.tensorflow.computation(weights_type, data_type, client_state_type, round_input_type)
+  def client_update(weights, data, client_state, round_input):
+    return build_local_update()(weights, data, client_state, round_input)
+
+  output_type = client_update.type_signature.result
+  has_upload = len(output_type.upload) > 0  # pytype: disable=wrong-arg-types
 
   @tff.federated_computation
   def init_fn():
     return tff.federated_value((), tff.SERVER)
 
-  client_result_type = client_update.type_signature.result[0]
-
-  @tff.tensorflow.computation(client_result_type)
+  @tff.tensorflow.computation(output_type.result)
   def counts(client_result):
-    # The client works give weight 0 exactly to an update that is not finite (dropped).
     dropped = tf.cast(tf.equal(client_result.update_weight, 0.0), tf.int32)
     return collections.OrderedDict(clients=tf.constant(1, tf.int32), non_finite_clients=dropped)
 
-  @tff.federated_computation(init_fn.type_signature.result, *client_types)
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS),
+      tff.FederatedType(client_state_type, tff.CLIENTS),
+      tff.FederatedType(round_input_type, tff.CLIENTS),
+  )
   def next_fn(state, weights, data, client_states, round_input):
-    *outputs, local_metrics = tff.federated_map(
-        client_update, (weights, data, client_states, round_input)
+    outputs = tff.federated_map(client_update, (weights, data, client_states, round_input))
+    client_counts = tff.federated_sum(tff.federated_map(counts, outputs.result))
+    result = collections.OrderedDict(
+        client_result=outputs.result, client_states=outputs.state
     )
-    client_counts = tff.federated_sum(tff.federated_map(counts, outputs[0]))
+    if has_upload:
+      result['uploads'] = outputs.upload
     measurements = tff.federated_zip(
         collections.OrderedDict(
-            train=metrics_aggregation_fn(local_metrics),
+            train=metrics_aggregation_fn(outputs.metrics),
             clients=client_counts.clients,
             non_finite_clients=client_counts.non_finite_clients,
         )
     )
     return tff.templates.MeasuredProcessOutput(
-        state=state, result=tuple(outputs), measurements=measurements
+        state=state, result=result, measurements=measurements
     )
 
   return StatefulClientWork(
       initialize=init_fn,
       next=next_fn,
       initial_client_state=initial_client_state,
+      data_type=data_type,
+      upload_type=output_type.upload if has_upload else None,
       build_local_update=build_local_update,
   )
 
@@ -259,8 +417,8 @@ def compose_stateful_clients_process(
     return tff.federated_zip(parts)
 
   state_type = init_fn.type_signature.result
-  data_type = client_work.next.type_signature.parameter[2]
-  client_states_type = client_work.next.type_signature.parameter[3]
+  data_type = tff.FederatedType(client_work.data_type, tff.CLIENTS)
+  client_states_type = tff.FederatedType(client_work.client_state_type, tff.CLIENTS)
 
   @tff.tensorflow.computation(np.int32)
   def increment(round_num):
@@ -286,7 +444,7 @@ def compose_stateful_clients_process(
         client_states,
         broadcast,
     )
-    client_result = work_output.result[0]
+    client_result = work_output.result.client_result
     aggregator_output = aggregator.next(
         state.aggregator, client_result.update, client_result.update_weight
     )
@@ -303,7 +461,7 @@ def compose_stateful_clients_process(
     )
     if shared_state is not None:
       new_parts['shared'] = shared_state.next(
-          state.shared, work_output.result[2], aggregator_output.result
+          state.shared, work_output.result.uploads, aggregator_output.result
       )
     new_state = tff.federated_zip(new_parts)
     metrics = tff.federated_zip(
@@ -315,7 +473,7 @@ def compose_stateful_clients_process(
         )
     )
     return StatefulClientsOutput(
-        state=new_state, metrics=metrics, client_states=work_output.result[1]
+        state=new_state, metrics=metrics, client_states=work_output.result.client_states
     )
 
   @tff.federated_computation(state_type, data_type, client_states_type)
