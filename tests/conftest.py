@@ -81,14 +81,16 @@ def no_worker_outlives_the_session():
 # Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
 # files (--dist loadfile) to its two workers in order of their number of tests; handing out
 # the longest first instead keeps one worker from starting a long file as the other ends.
-# Measured 2026-11-23 on the quiet 2-core machine (3,012 s in all).
+# Measured 2026-11-23 on the nearly quiet 2-core machine, protobuf's C implementation
+# (870 s in all, 7.5 min of wall time).
 _FILE_SECONDS = {
-    'test_train.py': 699, 'test_cifar10.py': 344, 'test_algorithms.py': 236,
-    'test_in_process.py': 229, 'test_failures.py': 209, 'test_remote_workers.py': 204,
-    'test_fedgps.py': 175, 'test_run_directory.py': 164, 'test_experiments.py': 138,
-    'test_fedrkmgc.py': 129, 'test_benchmark.py': 129, 'test_speed_settings.py': 77,
-    'test_notebooks.py': 72, 'test_devices.py': 61, 'test_reproduce.py': 44,
-    'test_cpp_worker.py': 38, 'test_shakespeare_gru.py': 29, 'test_synthetic.py': 19,
+    'test_train.py': 220, 'test_failures.py': 96, 'test_cifar10.py': 65,
+    'test_algorithms.py': 64, 'test_cpp_worker.py': 53, 'test_in_process.py': 46,
+    'test_benchmark.py': 43, 'test_experiments.py': 39, 'test_remote_workers.py': 36,
+    'test_devices.py': 25, 'test_run_directory.py': 23, 'test_notebooks.py': 22,
+    'test_fedgps.py': 22, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,
+    'test_synthetic.py': 16, 'test_readme.py': 14, 'test_reproduce.py': 13,
+    'test_shakespeare_gru.py': 13, 'test_tasks.py': 8, 'test_client_states.py': 6,
 }
 
 
