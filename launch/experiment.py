@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -147,8 +148,14 @@ class ExperimentConfig:
     """
     values = dataclasses.asdict(self)
     values.pop('overwrite')
-    values['hparams'] = registry.resolve(self.algo, self.hparams)
+    values['hparams'] = dict(self._resolved_hparams)
     return values
+
+  @functools.cached_property
+  def _resolved_hparams(self) -> dict:
+    # Once per config: a run records and compares its settings several times, and each
+    # resolution checks every value again (and repeats FedRKMGC's small-gamma warning).
+    return registry.resolve(self.algo, self.hparams)
 
 
 def _validate(config: ExperimentConfig) -> None:
