@@ -210,10 +210,11 @@ class _LoopState(NamedTuple):
 
 
 def _fedgps_rule(
-    keras_model_fn, *, image_shape, num_classes, samples_per_class, surrogate_seed,
-    learning_rate, momentum, lambda1, lambda2, lambda3, lambda_g, exclude_own_update,
+    keras_model_fn, hparams: FedGpsHparams, *, image_shape, num_classes, exclude_own_update,
 ) -> stateful_clients.ClientRule:
   """FedGPS's client on a new `keras_model_fn()`; the round input is `<round_num, shared>`."""
+  samples_per_class = hparams.surrogate_samples_per_class
+  surrogate_seed = hparams.surrogate_seed
   keras_model = keras_model_fn()
   feature_extractor, classifier = prototypes.split_model(keras_model)
   weights = tff.learning.models.ModelWeights(
@@ -221,7 +222,9 @@ def _fedgps_rule(
       non_trainable=keras_model.non_trainable_variables,
   )
   trainable = tuple(weights.trainable)
-  optimizer = tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
+  optimizer = tff.learning.optimizers.build_sgdm(
+      hparams.client_learning_rate, momentum=hparams.client_momentum
+  )
   low_shape = surrogate.low_resolution_shape(image_shape)
   num_surrogate = num_classes * samples_per_class
   feature_dim = classifier.input.shape[-1]
@@ -240,7 +243,7 @@ def _fedgps_rule(
     direction = rectification.non_self_direction(
         mean_update, own_update, shared['num_clients'], took_part
     )
-    return rectification.look_ahead_offset(direction, lambda_g)
+    return rectification.look_ahead_offset(direction, hparams.lambda_g)
 
   def init(client_state, broadcast):
     round_num, shared = broadcast['round_num'], broadcast['shared']
@@ -291,9 +294,9 @@ def _fedgps_rule(
         global_counts=context.shared['prototype_counts'],
         weights=trainable,
         num_classes=num_classes,
-        lambda1=lambda1,
-        lambda2=lambda2,
-        lambda3=lambda3,
+        lambda1=hparams.lambda1,
+        lambda2=hparams.lambda2,
+        lambda3=hparams.lambda3,
     )
     return features, logits, terms
 
@@ -360,44 +363,30 @@ def _fedgps_rule(
 
 def build_fedgps_client_work(
     keras_model_fn,
+    hparams: FedGpsHparams,
     *,
     weights_type: tff.Type,
     data_type: tff.Type,
     shared_type: tff.Type,
     image_shape,
     num_classes: int,
-    samples_per_class: int,
-    surrogate_seed: int,
-    learning_rate: float,
-    momentum: float,
-    lambda1: float,
-    lambda2: float,
-    lambda3: float,
-    lambda_g: float,
     exclude_own_update: bool,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
 ) -> stateful_clients.StatefulClientWork:
-  """FedGPS's stateful client work (the arguments are `FedGpsHparams`'s, checked).
+  """FedGPS's stateful client work.
 
   Args:
     keras_model_fn: A no-arg function returning the task's model as a bare Keras
       model, ending in a Dense classifier.
+    hparams: The `FedGpsHparams` (rates, momentum, the lambdas, `n_s`, the seed).
     weights_type: The model weights' type (the task's `VariableModel`'s).
     data_type: One client's data (the `VariableModel`'s input spec, a sequence).
     shared_type: The type of the broadcast shared state: `OrderedDict(
       last_update, num_clients, prototypes, prototype_counts)`.
     image_shape: The model's input `(height, width, channels)`.
     num_classes: `C`, the classifier's outputs.
-    samples_per_class: `n_s`, surrogate samples per class.
-    surrogate_seed: The seed of the surrogate data and batches.
-    learning_rate: `eta_l`.
-    momentum: The local SGD momentum (0: plain SGD).
-    lambda1: Weight of `d(P_k, P_k^s)`.
-    lambda2: Weight of `d(P^s, P_k^s)`.
-    lambda3: Weight of `||w||^2`.
-    lambda_g: Length of the look-ahead offset (0: none).
     exclude_own_update: FedGPS (True: a client that took part last round leaves
       its own update out of `d`) or FedGPS-CF (False: `d = Dbar`).
     loop_implementation: The client training loop.
@@ -420,16 +409,9 @@ def build_fedgps_client_work(
       functools.partial(
           _fedgps_rule,
           keras_model_fn,
+          hparams,
           image_shape=image_shape,
           num_classes=num_classes,
-          samples_per_class=samples_per_class,
-          surrogate_seed=surrogate_seed,
-          learning_rate=learning_rate,
-          momentum=momentum,
-          lambda1=lambda1,
-          lambda2=lambda2,
-          lambda3=lambda3,
-          lambda_g=lambda_g,
           exclude_own_update=exclude_own_update,
       ),
       weights_type=weights_type,
@@ -589,19 +571,12 @@ def build_fedgps(
   initial_shared = _initial_shared_state(weights_type, layout.num_classes, layout.feature_dim)
   client_work = build_fedgps_client_work(
       keras_model_fn,
+      hparams,
       weights_type=weights_type,
       data_type=layout.data_type,
       shared_type=initial_shared.type_signature.result,
       image_shape=layout.image_shape,
       num_classes=layout.num_classes,
-      samples_per_class=hparams.surrogate_samples_per_class,
-      surrogate_seed=hparams.surrogate_seed,
-      learning_rate=hparams.client_learning_rate,
-      momentum=hparams.client_momentum,
-      lambda1=hparams.lambda1,
-      lambda2=hparams.lambda2,
-      lambda3=hparams.lambda3,
-      lambda_g=hparams.lambda_g,
       exclude_own_update=exclude_own_update,
       loop_implementation=loop_implementation,
   )

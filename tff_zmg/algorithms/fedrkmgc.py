@@ -92,13 +92,15 @@ class FedRkmgcHparams(hp.Hparams):
 
 
 def _corrected_sgdm_rule(
-    model_fn, *, learning_rate, momentum, beta, gamma, correction, km_clock
+    model_fn, hparams: FedRkmgcHparams, *, correction: str
 ) -> stateful_clients.ClientRule:
   """FedRKMGC's client on a new `model_fn()`; the round input is the round index."""
   model = model_fn()
   weights = tff.learning.models.ModelWeights.from_model(model)
   trainable = tuple(weights.trainable)
-  optimizer = tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
+  optimizer = tff.learning.optimizers.build_sgdm(
+      hparams.client_learning_rate, momentum=hparams.client_momentum
+  )
 
   def init(client_state, round_num):
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
@@ -123,13 +125,15 @@ def _corrected_sgdm_rule(
     del optimizer_state
     client_state, round_num = context
     participations = client_state['participations']
-    t = tf.cast(round_num if km_clock == 'global' else participations, tf.float32)
+    t = tf.cast(
+        round_num if hparams.km_clock == 'global' else participations, tf.float32
+    )
     raw_new = tuple(
-        correction_lib.raw_correction(d, dl, beta)
+        correction_lib.raw_correction(d, dl, hparams.beta)
         for d, dl in zip(client_state['correction'], delta)
     )
     new_correction = tuple(
-        correction_lib.next_correction(correction, rn, d, r, t, gamma)
+        correction_lib.next_correction(correction, rn, d, r, t, hparams.gamma)
         for rn, d, r in zip(raw_new, client_state['correction'], client_state['raw_correction'])
     )
     return stateful_clients.ClientFinal(
@@ -147,29 +151,23 @@ def _corrected_sgdm_rule(
 
 def build_corrected_sgdm_client_work(
     model_fn,
+    hparams: FedRkmgcHparams,
     *,
-    learning_rate: float,
-    momentum: float,
-    beta: float,
-    gamma: float,
     correction: str,
-    km_clock: str,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
 ) -> stateful_clients.StatefulClientWork:
-  """FedRKMGC's stateful client work (the arguments are `FedRkmgcHparams`'s, checked).
+  """FedRKMGC's stateful client work.
 
   Args:
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
-    learning_rate: `eta_l`.
-    momentum: `mu` of the local SGD(M); 0 for plain SGD.
-    beta: The correction rate.
-    gamma: The KM parameter.
+    hparams: The `FedRkmgcHparams`: `eta_l`, the momentum (0: plain SGD), the
+      correction rate `beta`, the KM parameter `gamma` and the KM clock ('global':
+      `t` is the round index; 'participation': the number of earlier rounds this
+      client took part in and was not dropped in). `rho` is the server's.
     correction: One of `tff_zmg.transforms.correction.CORRECTIONS`: 'raw' (`D_new = Dt_new`),
       'km' (standard KM) or 'fast_km'.
-    km_clock: 'global' (`t` = the global round index) or 'participation' (`t` = the
-      number of earlier rounds this client took part in and was not dropped in).
     loop_implementation: The client training loop.
 
   Returns:
@@ -198,12 +196,8 @@ def build_corrected_sgdm_client_work(
       functools.partial(
           _corrected_sgdm_rule,
           model_fn,
-          learning_rate=learning_rate,
-          momentum=momentum,
-          beta=beta,
-          gamma=gamma,
+          hparams,
           correction=correction,
-          km_clock=km_clock,
       ),
       weights_type=weights_type,
       data_type=data_type,
@@ -255,14 +249,7 @@ def build_fed_rkmgc(
   hparams = FedRkmgcHparams.create(hparams, **overrides)
   initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
   client_work = build_corrected_sgdm_client_work(
-      model_fn,
-      learning_rate=hparams.client_learning_rate,
-      momentum=hparams.client_momentum,
-      beta=hparams.beta,
-      gamma=hparams.gamma,
-      correction=correction,
-      km_clock=hparams.km_clock,
-      loop_implementation=loop_implementation,
+      model_fn, hparams, correction=correction, loop_implementation=loop_implementation
   )
   distributor, aggregator, finalizer = compose.build_server_parts(
       initial_model_weights_fn, relaxation(hparams), tff.learning.ClientWeighting.UNIFORM
