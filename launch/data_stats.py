@@ -120,10 +120,11 @@ def main(argv) -> int:
   if task_name is None:
     raise ValueError('--task is required')
   _check_output_dir(_OUTPUT_DIR.value)
+  settings = train.settings_from_flags()
   task = tasks.get(
       task_name, data_source=flags.FLAGS.data_source, cache_dir=flags.FLAGS.cache_dir,
-      synthetic_settings=train.synthetic_settings_from_flags(),
-      **train.partition_settings_from_flags(),
+      synthetic_settings=train.synthetic_settings(settings),
+      **train.partition_settings(settings),
   )
   client_data = (
       task.datasets.train_data if _SPLIT.value == 'train' else task.datasets.test_data

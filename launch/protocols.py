@@ -137,24 +137,21 @@ def get(name: str) -> Protocol:
   return PROTOCOLS[name]
 
 
-def fill_unset_flags(name: str, flag_values, algo_hparams, keep=()) -> dict:
-  """Sets the protocol's values on the flags the command line did not set.
+def values_for_unset(name: str, given, algo_hparams) -> dict:
+  """The protocol's values for the flags a run does not set itself.
 
   Args:
     name: One of `PROTOCOL_NAMES`.
-    flag_values: absl's `flags.FLAGS` (or any FlagValues holding launch.train's flags).
+    given: The names of the flags the run sets (its command line, or a program's
+      per-run values such as a grid's); the protocol leaves them alone.
     algo_hparams: The hyperparameter names the chosen algorithm takes; the protocol's
       other hyperparameters are skipped.
-    keep: Flags set by a program rather than the command line (a grid's values), kept.
 
   Returns:
-    The flag values set (name -> value); explicit flags are left as they are.
+    Flag name -> the protocol's value, for the flags not in `given`.
   """
-  applied = {}
-  for flag, value in get(name).flag_values().items():
-    if flag in get(name).hparams and flag not in algo_hparams:
-      continue
-    if not flag_values[flag].present and flag not in keep:
-      flag_values[flag].value = value
-      applied[flag] = value
-  return applied
+  protocol = get(name)
+  return {
+      flag: value for flag, value in protocol.flag_values().items()
+      if flag not in given and (flag not in protocol.hparams or flag in algo_hparams)
+  }

@@ -25,7 +25,6 @@ from absl import flags
 
 from launch import experiment
 from launch import failures
-from launch import protocols
 from launch import train
 
 PARALLEL = flags.DEFINE_integer(
@@ -66,37 +65,21 @@ class Run:
     return [sys.executable, '-m', 'launch.train', *self.args]
 
 
-def training_flag_names() -> list[str]:
-  """The flags `launch.train` defines (the ones a run is described by)."""
-  return [f.name for f in flags.FLAGS.get_flags_for_module(train)]
-
-
 def train_run(name: str, overrides: Mapping[str, object]) -> Run:
   """The run `launch.train` would make of this program's flags with `overrides` set.
 
-  The flags the user gave (`present`) and the overridden ones are passed on; the config
-  is built by `train.config_from_flags` from the same values, so it is exactly what the
-  subprocess will record (and it fails here, early, on settings it would refuse).
+  The flags the user gave and the overridden ones make the run's command line; its
+  config is computed from the same settings by `launch.train`'s own code, so it is
+  exactly what the subprocess will record (and it fails here, early, on settings it
+  would refuse). This program's global flags are left as they are.
+
+  Raises:
+    ValueError: If an override is not a flag of `launch.train`, or the run's settings
+      are invalid.
   """
-  unknown = sorted(set(overrides) - set(training_flag_names()))
-  if unknown:
-    raise ValueError(f'not flags of launch.train: {unknown}')
-  # --protocol is passed on and applied by the subprocess; applied here too (for this
-  # run's algorithm) so that the config is the one the subprocess records.
-  saved = {n: flags.FLAGS[n].value for n in {*overrides, *protocols.FLAG_NAMES}}
-  try:
-    for n, value in overrides.items():
-      flags.FLAGS[n].value = value
-    train.apply_protocol_from_flags(keep=tuple(overrides))
-    config = train.config_from_flags()
-    args = tuple(
-        flags.FLAGS[n].serialize() for n in training_flag_names()
-        if (flags.FLAGS[n].present or n in overrides) and flags.FLAGS[n].value is not None
-    )
-  finally:
-    for n, value in saved.items():
-      flags.FLAGS[n].value = value
-  return Run(name=name, config=config, args=args)
+  settings = train.settings_from_flags().replace(overrides)
+  config = train.experiment_config(train.apply_protocol(settings)[0])
+  return Run(name=name, config=config, args=settings.command_line())
 
 
 def status(run: Run) -> str:

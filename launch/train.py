@@ -29,7 +29,10 @@ command to resume from the last checkpoint. Every failure is one line on stderr;
 --verbose adds the traceback.
 """
 
+import dataclasses
 import json
+import sys
+from typing import Any, Mapping
 
 from absl import flags
 from absl import logging
@@ -223,92 +226,150 @@ _PROTOCOL = flags.DEFINE_enum(
 )
 
 
-def apply_protocol_from_flags(keep=()) -> dict:
-  """Fills the flags --protocol names and the command line (and `keep`) left unset.
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """A run as `launch.train`'s flags describe it, apart from absl's global FLAGS.
 
-  Returns the flags set and their values.
+  The training program reads its own command line into one; the programs that start
+  many runs (grid search, comparison, reproduction) derive one per run with their own
+  values, and both get the run's `ExperimentConfig` and command line from it, so a
+  run's config is computed by one code path wherever it is computed.
+
+  Attributes:
+    values: Every flag of this program -> its value (None: unset).
+    given: The flags set on the command line or by a program; the ones a run's
+      command line passes on, and that `--protocol` leaves alone.
   """
-  if _PROTOCOL.value is None:
-    return {}
-  return protocols.fill_unset_flags(
-      _PROTOCOL.value, flags.FLAGS, registry.get(_ALGO.value).defaults, keep=keep
+
+  values: Mapping[str, Any]
+  given: frozenset[str]
+
+  def replace(self, values: Mapping[str, Any]) -> 'Settings':
+    """These settings with `values` set (and given).
+
+    Raises:
+      ValueError: If a name is not a flag of `launch.train`.
+    """
+    unknown = sorted(set(values) - set(self.values))
+    if unknown:
+      raise ValueError(f'not flags of launch.train: {unknown}')
+    return Settings({**self.values, **values}, self.given | set(values))
+
+  def command_line(self) -> tuple[str, ...]:
+    """The `launch.train` arguments that describe this run: its given flags."""
+    return tuple(
+        _flag_argument(flags.FLAGS[name], value)
+        for name, value in self.values.items()
+        if name in self.given and value is not None
+    )
+
+
+def _flag_argument(flag, value) -> str:
+  if isinstance(value, bool):
+    return f'--{"" if value else "no"}{flag.name}'
+  return f'--{flag.name}={flag.serializer.serialize(value)}'
+
+
+def settings_from_flags(flag_values=flags.FLAGS) -> Settings:
+  """The settings of this program's parsed command line."""
+  names = [f.name for f in flag_values.get_flags_for_module(sys.modules[__name__])]
+  return Settings(
+      {n: flag_values[n].value for n in names},
+      frozenset(n for n in names if flag_values[n].present),
   )
 
 
-def synthetic_settings_from_flags():
+def apply_protocol(settings: Settings) -> tuple[Settings, dict]:
+  """`settings` with `--protocol`'s values on the flags they leave unset.
+
+  Returns:
+    The settings, and the values the protocol set (name -> value; empty without one).
+    The protocol's values are not marked given: the command line passes `--protocol`.
+  """
+  name = settings.values['protocol']
+  if name is None:
+    return settings, {}
+  applied = protocols.values_for_unset(
+      name, settings.given, registry.get(settings.values['algo']).defaults
+  )
+  return Settings({**settings.values, **applied}, settings.given), applied
+
+
+def synthetic_settings(settings: Settings):
   """The synthetic generator's settings (None unless --data_source=synthetic)."""
-  if _DATA_SOURCE.value != 'synthetic':
+  v = settings.values
+  if v['data_source'] != 'synthetic':
     return None
   return {
-      'num_train_clients': _SYNTHETIC_TRAIN_CLIENTS.value,
-      'num_test_clients': _SYNTHETIC_TEST_CLIENTS.value,
-      'mean_examples_per_client': _SYNTHETIC_EXAMPLES.value,
-      'dirichlet_alpha': _SYNTHETIC_ALPHA.value,
-      'seed': _SYNTHETIC_SEED.value,
+      'num_train_clients': v['synthetic_train_clients'],
+      'num_test_clients': v['synthetic_test_clients'],
+      'mean_examples_per_client': v['synthetic_examples_per_client'],
+      'dirichlet_alpha': v['synthetic_dirichlet_alpha'],
+      'seed': v['synthetic_seed'],
   }
 
 
-def partition_settings_from_flags() -> dict:
+def partition_settings(settings: Settings) -> dict:
   """`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed` (all None unless set)."""
   names = ('dirichlet_alpha', 'num_clients', 'partition_seed')
-  partition = _PARTITION.value
-  if partition is None and _TASK.value in tasks.CENTRALIZED_TASK_NAMES:
+  v = settings.values
+  partition = v['partition']
+  if partition is None and v['task'] in tasks.CENTRALIZED_TASK_NAMES:
     partition = 'dirichlet'  # A centralized dataset has no clients of its own.
   if partition is None:
-    given = [n for n in names if flags.FLAGS[n].present]
+    given = [n for n in names if n in settings.given]
     if given:
       raise ValueError(f'--{given[0]} only applies with --partition=dirichlet')
     return dict(partition=None, **{n: None for n in names})
-  return dict(
-      partition=partition,
-      dirichlet_alpha=_DIRICHLET_ALPHA.value,
-      num_clients=_NUM_CLIENTS.value,
-      partition_seed=_PARTITION_SEED.value,
+  return dict(partition=partition, **{n: v[n] for n in names})
+
+
+def experiment_config(settings: Settings) -> experiment.ExperimentConfig:
+  """The experiment `settings` describe; hyperparameters not set take the algorithm's
+  defaults (which its record, flags.json, lists with the others)."""
+  v = settings.values
+  spec = registry.get(v['algo'])
+  given = {n: v[n] for n in _HPARAMS if v[n] is not None}
+  unknown = [n for n in given if n not in spec.hparams_class.names()]
+  if unknown:
+    raise ValueError(
+        f'--{unknown[0]} does not apply to --algo={v["algo"]}; its hyperparameters are'
+        f' {sorted(spec.hparams_class.names())}'
+    )
+  return experiment.ExperimentConfig(
+      task=v['task'],
+      algo=v['algo'],
+      root_output_dir=v['root_output_dir'],
+      experiment_name=v['experiment_name'] or f'{v["task"]}_{v["algo"]}_seed{v["seed"]}',
+      hparams=given,
+      data_source=v['data_source'],
+      cache_dir=v['cache_dir'],
+      synthetic_settings=synthetic_settings(settings),
+      total_rounds=v['total_rounds'],
+      clients_per_round=v['clients_per_round'],
+      client_epochs_per_round=v['client_epochs_per_round'],
+      client_batch_size=v['client_batch_size'],
+      max_elements_per_client=v['max_elements_per_client'],
+      seed=v['seed'],
+      rounds_per_eval=v['rounds_per_eval'],
+      num_eval_clients=v['num_eval_clients'],
+      rounds_per_checkpoint=v['rounds_per_checkpoint'],
+      executor=v['executor'],
+      runtime=v['runtime'],
+      max_concurrent_clients=v['max_concurrent_clients'],
+      intra_op_threads=v['intra_op_threads'],
+      overwrite=v['overwrite'],
+      client_state_store=v['client_state_store'],
+      **partition_settings(settings),
+      workers=tuple(v['workers']),
+      worker_timeout_s=v['worker_timeout_s'],
+      model=v['model'],
   )
 
 
 def config_from_flags() -> experiment.ExperimentConfig:
-  """The experiment the flags describe; hyperparameters not set take the algorithm's
-  defaults (which its record, flags.json, lists with the others)."""
-  spec = registry.get(_ALGO.value)
-  given = {n: f.value for n, f in _HPARAMS.items() if f.value is not None}
-  unknown = [n for n in given if n not in spec.hparams_class.names()]
-  if unknown:
-    raise ValueError(
-        f'--{unknown[0]} does not apply to --algo={_ALGO.value}; its hyperparameters are'
-        f' {sorted(spec.hparams_class.names())}'
-    )
-  return experiment.ExperimentConfig(
-      task=_TASK.value,
-      algo=_ALGO.value,
-      root_output_dir=_ROOT_OUTPUT_DIR.value,
-      experiment_name=(
-          _EXPERIMENT_NAME.value or f'{_TASK.value}_{_ALGO.value}_seed{_SEED.value}'
-      ),
-      hparams=given,
-      data_source=_DATA_SOURCE.value,
-      cache_dir=_CACHE_DIR.value,
-      synthetic_settings=synthetic_settings_from_flags(),
-      total_rounds=_TOTAL_ROUNDS.value,
-      clients_per_round=_CLIENTS_PER_ROUND.value,
-      client_epochs_per_round=_EPOCHS.value,
-      client_batch_size=_BATCH_SIZE.value,
-      max_elements_per_client=_MAX_ELEMENTS.value,
-      seed=_SEED.value,
-      rounds_per_eval=_ROUNDS_PER_EVAL.value,
-      num_eval_clients=_NUM_EVAL_CLIENTS.value,
-      rounds_per_checkpoint=_ROUNDS_PER_CHECKPOINT.value,
-      executor=_EXECUTOR.value,
-      runtime=_RUNTIME.value,
-      max_concurrent_clients=_MAX_CONCURRENT_CLIENTS.value,
-      intra_op_threads=_INTRA_OP_THREADS.value,
-      overwrite=_OVERWRITE.value,
-      client_state_store=_CLIENT_STATE_STORE.value,
-      **partition_settings_from_flags(),
-      workers=tuple(_WORKERS.value),
-      worker_timeout_s=_WORKER_TIMEOUT.value,
-      model=_MODEL.value,
-  )
+  """The experiment of this program's command line, `--protocol` applied."""
+  return experiment_config(apply_protocol(settings_from_flags())[0])
 
 
 def quiet_libraries() -> None:
@@ -322,11 +383,10 @@ def quiet_libraries() -> None:
 def main(argv) -> int:
   del argv
   quiet_libraries()
-  applied = apply_protocol_from_flags()
+  settings, applied = apply_protocol(settings_from_flags())
   if applied:
     print(f'protocol {_PROTOCOL.value}: {json.dumps(applied)}', flush=True)
-  config = config_from_flags()
-  summary = experiment.run(config)
+  summary = experiment.run(experiment_config(settings))
   print('summary: ' + json.dumps(summary), flush=True)
   return 0
 

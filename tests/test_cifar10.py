@@ -141,8 +141,8 @@ def test_protocol_fills_only_unset_flags():
   try:
     flags.FLAGS(['train', '--task=cifar10', '--algo=gcfed', '--protocol=fedrkmgc',
                  '--client_batch_size=7'])
-    applied = train.apply_protocol_from_flags()
-    config = train.config_from_flags()
+    settings, applied = train.apply_protocol(train.settings_from_flags())
+    config = train.experiment_config(settings)
   finally:
     flags.FLAGS.unparse_flags()
   # gcfed takes no beta/gamma/rho: the FedRKMGC protocol's are skipped, not refused.
@@ -176,7 +176,15 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
     flags.FLAGS(['train', '--task=cifar10', '--algo=fedavg', '--protocol=fedrkmgc'])
     run = runner.train_run('cell', {'algo': 'gcfed', 'client_learning_rate': 0.05})
     assert flags.FLAGS.client_momentum is None and flags.FLAGS.num_clients == 100
-    assert flags.FLAGS.partition is None  # Restored for the next run.
+    assert flags.FLAGS.partition is None  # The program's own flags are left as given.
+    other = runner.train_run('cell', {'algo': 'gcfed', 'overwrite': True, 'workers': []})
+    # The run's command line, parsed as launch.train parses it, is the same run.
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['train', *other.args])
+    assert train.config_from_flags() == other.config
+    assert '--overwrite' in other.args
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['train', '--task=cifar10', '--algo=fedavg', '--protocol=fedrkmgc'])
     other = runner.train_run('cell', {'algo': 'fedrkmgc'})
   finally:
     flags.FLAGS.unparse_flags()
