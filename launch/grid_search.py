@@ -38,11 +38,12 @@ import numpy as np
 from launch import failures
 from launch import runner
 from launch import train
+from launch.papers import fedzmg as fedzmg_paper
 from tff_zmg import analysis
 
-# The paper's grid: 10^-3 ... 10^1 in half decades.
-HALF_DECADES = tuple(10.0 ** (k / 2) for k in range(-6, 3))
-DEFAULT_TOTAL_ROUNDS = 50
+# The FedZMG paper's grid: 10^-3 ... 10^1 in half decades, 50 rounds per cell.
+HALF_DECADES = fedzmg_paper.HALF_DECADES
+DEFAULT_TOTAL_ROUNDS = fedzmg_paper.GRID.total_rounds
 
 _CLIENT_LRS = flags.DEFINE_list(
     'client_learning_rates', None,

@@ -41,7 +41,7 @@ import tensorflow as tf
 import tasks
 from launch import experiment
 from launch import failures
-from launch import protocols
+from launch import papers
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import registry
 from tff_zmg.templates import hparams as hparams_lib
@@ -218,8 +218,8 @@ _MODEL = flags.DEFINE_enum(
     + ' (unset: the first, the task\'s own).',
 )
 _PROTOCOL = flags.DEFINE_enum(
-    'protocol', None, list(protocols.PROTOCOL_NAMES),
-    "A paper's training protocol (launch/protocols.py): sets --partition=dirichlet,"
+    'protocol', None, list(papers.PROTOCOL_NAMES),
+    "A paper's training protocol (launch/papers/): sets --partition=dirichlet,"
     ' --num_clients, --dirichlet_alpha, --clients_per_round, --client_epochs_per_round,'
     " --client_batch_size and the algorithm's client hyperparameters, each only where"
     ' not given on the command line.',
@@ -289,7 +289,7 @@ def apply_protocol(settings: Settings) -> tuple[Settings, dict]:
   name = settings.values['protocol']
   if name is None:
     return settings, {}
-  applied = protocols.values_for_unset(
+  applied = papers.values_for_unset(
       name, settings.given, registry.get(settings.values['algo']).defaults
   )
   return Settings({**settings.values, **applied}, settings.given), applied

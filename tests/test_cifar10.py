@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from launch import protocols
+from launch import papers
 from launch import runner
 from launch import train
 import tasks
@@ -152,7 +152,7 @@ def test_protocol_fills_only_unset_flags():
       'dirichlet', 100, 0.3)
   assert (config.clients_per_round, config.client_epochs_per_round) == (10, 5)
   assert config.hparams == {'client_learning_rate': 0.01, 'client_momentum': 0.8}
-  for protocol in protocols.PROTOCOLS.values():
+  for protocol in papers.PROTOCOLS.values():
     assert set(protocol.sources) == set(protocol.flag_values()) - {'partition'} | {
         'dirichlet_alphas'}
     assert protocol.dirichlet_alpha in protocol.dirichlet_alphas
@@ -191,7 +191,7 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
   assert run.config.hparams == {'client_learning_rate': 0.05, 'client_momentum': 0.8}
   assert '--protocol=fedrkmgc' in run.args and '--client_learning_rate=0.05' in run.args
   assert (run.config.partition, run.config.dirichlet_alpha) == ('dirichlet', 0.3)
-  assert other.config.hparams == protocols.get('fedrkmgc').hparams
+  assert other.config.hparams == papers.get_protocol('fedrkmgc').hparams
 
 
 @pytest.fixture
@@ -222,7 +222,7 @@ def test_two_rounds_on_cifar10_with_the_cnn(run_main, tmp_path, algo):
   assert f'protocol {algo}:' in out
   output = tmp_path / algo
   recorded = json.loads((output / 'flags.json').read_text())
-  expected = protocols.get(algo)
+  expected = papers.get_protocol(algo)
   assert recorded['model'] == 'cnn' and recorded['client_batch_size'] == 2
   assert recorded['dirichlet_alpha'] == expected.dirichlet_alpha
   # The protocol's values, and every other hyperparameter at its default: all recorded.

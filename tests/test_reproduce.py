@@ -16,8 +16,8 @@ from launch import compare
 from launch import grid_search
 from launch import papers
 from launch import reproduce
+from launch.reproduce import scales
 from tasks import sources
-from tff_zmg.analysis import published
 
 _ALGOS = ('fedzmg', 'fedavg', 'fedadam')
 _LONG = os.environ.get('TFF_ZMG_LONG_TESTS') == '1'
@@ -104,7 +104,7 @@ def _check_report(plan, path, thresholds, seeds):
   second = [v[1] for v in reached.values()]
   start = None if None in second else max(second)
   text = open(path).read()
-  table5 = published.get('fedzmg', 5)
+  table5 = papers.get_published('fedzmg', 5)
   for algo in _ALGOS:
     ours = results['5'][algo]
     for i, key in enumerate(('rounds_to_t1', 'rounds_to_t2')):
@@ -134,7 +134,7 @@ def _check_report(plan, path, thresholds, seeds):
     expected = scipy.stats.ttest_rel([final[(a, s)] for s in paired],
                                      [final[(b, s)] for s in paired])
     ours = results['6'][pair]
-    t_paper = published.get('fedzmg', 6).value(pair, 't')
+    t_paper = papers.get_published('fedzmg', 6).value(pair, 't')
     assert ours['t']['paper'] == t_paper and ours['n'] == len(paired)
     assert ours['p']['paper_from_t'] == pytest.approx(2 * scipy.stats.t.sf(t_paper, 4))
     assert ours['t']['ours'] == pytest.approx(expected.statistic, nan_ok=True)
@@ -306,13 +306,13 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
 
 def test_scales_shrink_the_protocol_keeping_its_shape():
   grid = papers.PAPERS['fedzmg'].grid
-  assert papers.thin(grid.client_learning_rates, 3) == (1e-3, 0.1, 10.0)
-  assert papers.thin(grid.client_learning_rates, 1) == (0.1,)
-  small = papers.get_scale('small')
+  assert scales.thin(grid.client_learning_rates, 3) == (1e-3, 0.1, 10.0)
+  assert scales.thin(grid.client_learning_rates, 1) == (0.1,)
+  small = scales.get_scale('small')
   assert (small.rounds(1000), small.rounds(50, grid=True), small.seeds(range(5))) == (
       100, 5, (0, 1, 2))
-  assert papers.get_scale('0.25').rounds(1000) == 250
-  assert papers.get_scale('full').rounds(1000) == 1000
+  assert scales.get_scale('0.25').rounds(1000) == 250
+  assert scales.get_scale('full').rounds(1000) == 1000
 
 
 @pytest.mark.parametrize('args, message', [
@@ -365,7 +365,7 @@ def test_accuracy_tables_fill_every_column_from_the_runs(tmp_path):
     flags.FLAGS.unparse_flags()
   assert ': started' not in out.getvalue() and len(best_of) == 10
   results = json.load(open(os.path.join(plan.directory, 'report.json')))['tables']['1']
-  table = published.get('fedgps', 1)
+  table = papers.get_published('fedgps', 1)
   text = open(path).read()
   for algo in ('fedavg', 'fedgps'):
     row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))

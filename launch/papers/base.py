@@ -1,0 +1,190 @@
+"""The shapes of what we know about a paper: its protocol, its tables and their numbers.
+
+Each paper's module (`launch/papers/<paper>.py`) fills these with that paper's values,
+every one with its source.
+"""
+
+import dataclasses
+from typing import Mapping, Optional
+
+# Table layouts (how `launch.reproduce` fills a table):
+# 'summary': FedZMG Tables 3-5, a row per algorithm: rounds to each threshold and the
+#   late-stage accuracy after the second.
+# 'ttest': FedZMG Tables 6-8, a row per pair (fedzmg vs each baseline): t and p.
+# 'accuracy': a row per algorithm, a column per setting: the paper's accuracy of a run.
+LAYOUTS = ('summary', 'ttest', 'accuracy')
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """One paper's training settings: what `launch.train --protocol=<name>` fills in.
+
+  Attributes:
+    name: The --protocol value.
+    num_clients: Clients in the Dirichlet split (N).
+    dirichlet_alpha: The default concentration; `dirichlet_alphas` lists the paper's.
+    dirichlet_alphas: The concentrations of the paper's main tables.
+    clients_per_round: Clients sampled per round.
+    client_epochs_per_round: Local epochs E.
+    client_batch_size: Local batch size.
+    hparams: Algorithm hyperparameters (launch.train's hyperparameter flags).
+    sources: Where each value comes from (field or hparam name -> citation).
+  """
+
+  name: str
+  num_clients: int
+  dirichlet_alpha: float
+  dirichlet_alphas: tuple[float, ...]
+  clients_per_round: int
+  client_epochs_per_round: int
+  client_batch_size: int
+  hparams: Mapping[str, float]
+  sources: Mapping[str, str]
+
+  def flag_values(self) -> dict:
+    """launch.train flag name -> value, hyperparameters included."""
+    return dict(
+        partition='dirichlet',
+        num_clients=self.num_clients,
+        dirichlet_alpha=self.dirichlet_alpha,
+        clients_per_round=self.clients_per_round,
+        client_epochs_per_round=self.client_epochs_per_round,
+        client_batch_size=self.client_batch_size,
+        **self.hparams,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedTable:
+  """One published table, reduced to the rows and columns we reproduce.
+
+  Every value is copied from the paper texts in /work/shared/papers (our copies have no
+  page numbers, so a table is cited by its number and section); `None` is a number our
+  copy does not show (the extraction dropped most inline math, e.g. the FedZMG paper's
+  p-values). Accuracies are in percent, as printed; rounds are rounds.
+
+  Attributes:
+    paper: Our key of the paper ('fedzmg', 'gcfed', 'fedrkmgc', 'fedgps').
+    number: The table's number in the paper.
+    source: Paper, table and section, for the report.
+    caption: What the table shows, in our words.
+    columns: Column key -> header as the paper prints it.
+    rows: Row key (an algorithm, or 'a vs b') -> column key -> value (None: not in our
+      copy of the paper).
+    notes: Where our reading of the table needed a choice.
+  """
+
+  paper: str
+  number: int
+  source: str
+  caption: str
+  columns: Mapping[str, str]
+  rows: Mapping[str, Mapping[str, Optional[float]]]
+  notes: tuple[str, ...] = ()
+
+  def value(self, row: str, column: str) -> Optional[float]:
+    return self.rows.get(row, {}).get(column)
+
+
+def rows(columns, values_by_row) -> dict:
+  """{row: {column: value}} from the values of each row in column order."""
+  return {row: dict(zip(columns, values)) for row, values in values_by_row.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """The data and participation of one table column (or one FedZMG task).
+
+  Attributes:
+    key: The column key in the published table; also the directory of its runs.
+    task: The task (`tasks.TASK_NAMES`).
+    flags: Further `launch.train` flags of this setting (split, participation).
+    synthetic_task: With --data_source=synthetic, the TFF-format task that stands in for
+      a tfds task (tfds data has no synthetic version); None: `task` itself.
+  """
+
+  key: str
+  task: str
+  flags: Mapping[str, object] = dataclasses.field(default_factory=dict)
+  synthetic_task: Optional[str] = None
+
+  def task_for(self, data_source: str) -> str:
+    return self.synthetic_task if data_source == 'synthetic' and self.synthetic_task else self.task
+
+
+def dirichlet_setting(key, task, num_clients, alpha, **flags) -> Setting:
+  """A column trained on a Dirichlet split of a tfds task (synthetic: TFF's CIFAR-100)."""
+  return Setting(
+      key=key, task=task, synthetic_task='cifar100',
+      flags=dict(partition='dirichlet', num_clients=num_clients, dirichlet_alpha=alpha, **flags),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+  """How one published table is reproduced.
+
+  Attributes:
+    number: The table's number in the paper (a key of its `Paper.published`).
+    layout: One of `LAYOUTS`.
+    settings: The settings whose runs fill it, in column order.
+  """
+
+  number: int
+  layout: str
+  settings: tuple[Setting, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """A client x server learning-rate grid search run before the comparison.
+
+  Attributes:
+    client_learning_rates, server_learning_rates: The axes.
+    total_rounds: Rounds per cell.
+    clients_per_round: The cohort while tuning.
+    score_rounds: A cell scores the mean accuracy of its last this many rounds.
+  """
+
+  client_learning_rates: tuple[float, ...]
+  server_learning_rates: tuple[float, ...]
+  total_rounds: int
+  clients_per_round: int
+  score_rounds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Paper:
+  """One paper: what `launch.reproduce` runs for its tables, and their published numbers.
+
+  Attributes:
+    name: The --paper value.
+    title: For the report.
+    algos: The algorithms compared (registry names), in the table's row order.
+    seeds: Training seeds of each algorithm and setting.
+    total_rounds: Rounds of a comparison run.
+    flags: `launch.train` flags of every run (clients per round, protocol, model, ...).
+    tables: Table number -> its spec.
+    published: Table number -> the numbers the paper printed in it.
+    grid: The learning-rate search before the comparison; None where the paper fixed the
+      learning rates.
+    accuracy: How the 'accuracy' layout scores a run: ('last', n) the mean of the last n
+      rounds, or ('best', 0) the best accuracy.
+    notes: Choices we made where the paper leaves room, for the report.
+  """
+
+  name: str
+  title: str
+  algos: tuple[str, ...]
+  seeds: tuple[int, ...]
+  total_rounds: int
+  flags: Mapping[str, object]
+  tables: Mapping[int, TableSpec]
+  published: Mapping[int, PublishedTable]
+  grid: Optional[Grid] = None
+  accuracy: tuple[str, int] = ('last', 10)
+  notes: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if set(self.tables) - set(self.published):
+      raise ValueError(f'{self.name}: tables {sorted(self.tables)} without published numbers')

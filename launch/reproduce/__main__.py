@@ -1,0 +1,40 @@
+r"""One command per paper table: `python -m launch.reproduce --paper=fedzmg [--table=N] [--scale=...]`.
+
+Runs a paper's protocol (launch/papers/<paper>.py) end to end and writes a report beside
+the numbers it published (kept in the same file):
+
+1. the learning-rate grid search where the paper tuned (FedZMG: 9 x 9 client x server
+   rates, 50 rounds, cohort 10, each algorithm on each task; `launch.grid_search`);
+2. the comparison: every algorithm on every setting of the chosen tables over the
+   paper's seeds, all seeds on one data split, at the best rates of step 1
+   (`launch.compare`);
+3. the paper's metrics and statistics (`tff_zmg.analysis`), the accuracy curves and the
+   grid heatmaps, and `report.md`: each table in the paper's layout with cells
+   "ours (paper)", and a generated summary of where the two agree.
+
+    python -m launch.reproduce --paper=fedzmg --scale=small --parallel=2
+    python -m launch.reproduce --paper=gcfed --table=5 --cache_dir=~/tensorflow_datasets
+    python -m launch.reproduce --paper=fedzmg --table=5,6 --scale=ci --data_source=synthetic
+    python -m launch.reproduce --paper=fedzmg --dry_run      # the runs, their count, a time
+
+--scale: `full` (the paper's protocol), `small`, `ci`, or a number in (0, 1] that scales
+the rounds only (see `launch/reproduce/scales.py`). Every run is an ordinary `launch.train` run in
+`<reproduce_dir>/grid/<setting>/<algo>/<cell>` or `<reproduce_dir>/runs/<setting>/`, so
+re-running the same command reuses finished runs and resumes unfinished ones. Other
+flags of `launch.train` (--cache_dir, --executor, --data_source, ...) pass on to every run;
+the ones the protocol sets cannot be given. With --data_source=synthetic the tfds tasks
+(CIFAR-10, the tfds CIFAR-100) are stood in for by synthetic data in TFF's CIFAR-100
+format, split by the same Dirichlet protocol.
+
+Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+settings or data, 4 a TFF worker lost, 5 the machine refused (disk full, permissions),
+130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to resume); a run failing
+otherwise passes on its own status. Every failure is one line `reproduce: error: ...` on
+stderr; --verbose adds the traceback.
+"""
+
+from launch import failures
+from launch.reproduce import run
+
+if __name__ == '__main__':
+  failures.run_program('reproduce', run.main)

@@ -1,0 +1,191 @@
+"""What one `launch.reproduce` command runs: the plan of its flags and the runs of it.
+
+A plan is a paper, its chosen tables and their settings, at a scale; its runs are the
+grid cells (where the paper tuned) and the comparison runs, each an ordinary
+`launch.train` run described by `runner.train_run`.
+"""
+
+import dataclasses
+import os
+from typing import Optional
+
+from absl import flags
+
+import tasks
+from launch import compare
+from launch import grid_search
+from launch import papers
+from launch import runner
+from launch.reproduce import scales
+from tasks import sources
+from tasks import tfds_source
+
+_PAPER = flags.DEFINE_string(
+    'paper', None, f'The paper to reproduce: one of {list(papers.PAPER_NAMES)}.'
+)
+_TABLE = flags.DEFINE_list(
+    'table', [], "The paper's table number(s) to reproduce (comma list); default: all we"
+    ' reproduce of it (fedzmg 3-8, gcfed 4-5, fedrkmgc 1, fedgps 1).',
+)
+_SCALE = flags.DEFINE_string(
+    'scale', 'full',
+    'How much of the protocol to run: '
+    + '; '.join(f'{s.name}: {s.description}' for s in scales.SCALES.values())
+    + '; or a number in (0, 1]: that fraction of the rounds, all else full.',
+)
+_REPRODUCE_DIR = flags.DEFINE_string(
+    'reproduce_dir', None,
+    'Where the runs, figures and report.md go (default'
+    ' <root_output_dir>/reproduce_<paper>_<scale>).',
+)
+for _name in ('root_output_dir', 'parallel', 'data_source', 'thresholds'):
+  flags.declare_key_flag(_name)
+
+# Flags the protocol sets per run; a command line giving them would break the protocol.
+_SET_BY_PROTOCOL = (
+    'task', 'algo', 'seed', 'experiment_name', 'total_rounds', 'client_learning_rate',
+    'server_learning_rate', 'protocol', 'clients_per_round', 'partition', 'num_clients',
+    'dirichlet_alpha', 'partition_seed', 'model', 'client_epochs_per_round',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What one command runs: a paper, its chosen tables and settings, at a scale."""
+
+  paper: papers.base.Paper
+  scale: scales.Scale
+  tables: tuple[papers.base.TableSpec, ...]
+  settings: tuple[papers.base.Setting, ...]
+  data_source: str
+  directory: str
+
+  @property
+  def seeds(self) -> tuple[int, ...]:
+    return self.scale.seeds(self.paper.seeds)
+
+  @property
+  def total_rounds(self) -> int:
+    return self.scale.rounds(self.paper.total_rounds)
+
+  def grid_axes(self):
+    """(client rates, server rates, rounds, cohort) of the scaled grid; None if none."""
+    grid = self.paper.grid
+    if grid is None:
+      return None
+    shape = self.scale.grid_shape or (None, None)
+    client, server = self.scale.grid_rates or (
+        scales.thin(grid.client_learning_rates, shape[0]),
+        scales.thin(grid.server_learning_rates, shape[1]),
+    )
+    return (
+        client, server,
+        self.scale.rounds(grid.total_rounds, grid=True),
+        self.scale.cap(grid.clients_per_round, self.scale.max_clients_per_round),
+    )
+
+  def task(self, setting: papers.base.Setting) -> str:
+    return setting.task_for(self.data_source)
+
+  def overrides(self, setting: papers.base.Setting) -> dict:
+    """The `launch.train` flags of every run of a setting (task, split, cohort, scale)."""
+    protocol = self.paper.flags.get('protocol')
+    # The protocol's data and participation flags, explicit so that the scale can cap
+    # them (its hyperparameters are left to launch.train, which skips the ones an
+    # algorithm does not take).
+    base = {} if protocol is None else {
+        k: v for k, v in papers.get_protocol(protocol).flag_values().items()
+        if k not in papers.get_protocol(protocol).hparams and not flags.FLAGS[k].present
+    }
+    values = {**base, **self.paper.flags, **setting.flags, 'task': self.task(setting)}
+    if 'clients_per_round' in values:
+      values['clients_per_round'] = self.scale.cap(
+          values['clients_per_round'], self.scale.max_clients_per_round)
+    if 'num_clients' in values:
+      values['num_clients'] = self.scale.cap(values['num_clients'], self.scale.max_num_clients)
+    for name, value in self.scale.flags.items():
+      if not flags.FLAGS[name].present:
+        values[name] = value
+    if values.get('model') not in (None, *tasks.MODELS[values['task']]):
+      # A synthetic stand-in task trains its own model (it has no other).
+      del values['model']
+    return values
+
+
+def make_plan() -> Plan:
+  """The plan the flags describe; ValueError for bad or conflicting flags."""
+  if _PAPER.value is None:
+    raise ValueError(f'--paper is required: one of {list(papers.PAPER_NAMES)}')
+  paper = papers.get(_PAPER.value)
+  scale = scales.get_scale(_SCALE.value)
+  specs = papers.tables(paper, _TABLE.value)
+  given = [n for n in _SET_BY_PROTOCOL if flags.FLAGS[n].present]
+  if given:
+    raise ValueError(
+        f'--{given[0]} is set by the {paper.name} protocol (launch/papers/); leave it out'
+    )
+  settings = {}
+  for spec in specs:
+    for setting in spec.settings:
+      settings.setdefault(setting.key, setting)
+  directory = _REPRODUCE_DIR.value or os.path.join(
+      flags.FLAGS.root_output_dir, f'reproduce_{paper.name}_{scale.name}')
+  return Plan(
+      paper=paper, scale=scale, tables=tuple(specs), settings=tuple(settings.values()),
+      data_source=flags.FLAGS.data_source, directory=directory,
+  )
+
+
+def _rename(run: runner.Run, name: str) -> runner.Run:
+  return dataclasses.replace(run, name=name)
+
+
+def grid_groups(plan: Plan) -> dict[tuple[str, str], tuple[str, dict]]:
+  """(setting key, algo) -> (grid directory, its cells as `grid_search.grid_runs` gives)."""
+  axes = plan.grid_axes()
+  if axes is None:
+    return {}
+  client_lrs, server_lrs, rounds, cohort = axes
+  groups = {}
+  for setting in plan.settings:
+    for algo in plan.paper.algos:
+      grid_dir = os.path.join(plan.directory, 'grid', setting.key, algo)
+      cells = grid_search.grid_runs(grid_dir, client_lrs, server_lrs, rounds, {
+          **plan.overrides(setting), 'algo': algo, 'clients_per_round': cohort,
+      })
+      groups[(setting.key, algo)] = (grid_dir, {
+          lrs: _rename(run, f'grid-{setting.key}-{algo}-{run.name}')
+          for lrs, run in cells.items()
+      })
+  return groups
+
+
+def comparison_runs(plan: Plan, best: Optional[dict] = None) -> list[runner.Run]:
+  """Every algorithm on every setting over the seeds; `best[(key, algo)]` its rates."""
+  runs = []
+  for setting in plan.settings:
+    task = plan.task(setting)
+    for algo in plan.paper.algos:
+      rates = {}
+      if best is not None and (setting.key, algo) in best:
+        rates = {k: best[(setting.key, algo)][k]
+                 for k in ('client_learning_rate', 'server_learning_rate')}
+      for seed in plan.seeds:
+        name = compare.run_name(task, algo, seed)
+        runs.append(_rename(runner.train_run(name, {
+            **plan.overrides(setting), 'algo': algo, 'seed': seed, **rates,
+            'total_rounds': plan.total_rounds, 'experiment_name': name,
+            'root_output_dir': os.path.join(plan.directory, 'runs', setting.key),
+        }), f'{setting.key}-{name}'))
+  return runs
+
+
+def check_data(plan: Plan) -> None:
+  """Raises tasks.MissingDataError (with how to get it) before any run starts."""
+  if plan.data_source != 'tff':
+    return
+  for task in dict.fromkeys(plan.task(s) for s in plan.settings):
+    if task in tasks.CENTRALIZED_TASK_NAMES:
+      tfds_source.ensure_database(task, flags.FLAGS.cache_dir)
+    else:
+      sources.load_client_data(task, 'tff', flags.FLAGS.cache_dir)

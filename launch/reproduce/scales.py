@@ -1,0 +1,107 @@
+"""The scales `launch.reproduce` can run a paper's protocol at.
+
+A scale shrinks a protocol keeping its shape (grid, then every algorithm on every setting
+over seeds, then the paper's metrics): `full` is the paper's, `small` a machine like ours,
+`ci` a test's; a number in (0, 1] scales only the rounds.
+"""
+
+import dataclasses
+import math
+from typing import Mapping, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """How much of a protocol to run.
+
+  Attributes:
+    name: The --scale value.
+    description: What it shrinks, for --help and the report.
+    rounds_factor: Comparison and grid rounds are multiplied by this (rounded up) ...
+    min_rounds: ... but kept at least this (comparison, grid).
+    grid_shape: (client, server) learning rates kept of each grid axis, spread over it
+      (`thin`); None keeps the paper's grid.
+    grid_rates: (client, server) learning rates that replace the grid's axes (a test's
+      few safe values); None: `grid_shape`.
+    max_seeds: The first this many seeds; None: all.
+    max_clients_per_round: A cap on the cohort; None: the paper's.
+    max_num_clients: A cap on the clients of a Dirichlet split; None: the paper's.
+    flags: `launch.train` flags this scale sets unless the command line gives them.
+  """
+
+  name: str
+  description: str
+  rounds_factor: float = 1.0
+  min_rounds: tuple[int, int] = (1, 1)
+  grid_shape: Optional[tuple[int, int]] = None
+  grid_rates: Optional[tuple[tuple[float, ...], tuple[float, ...]]] = None
+  max_seeds: Optional[int] = None
+  max_clients_per_round: Optional[int] = None
+  max_num_clients: Optional[int] = None
+  flags: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+  def rounds(self, paper_rounds: int, grid: bool = False) -> int:
+    """max(min_rounds, ceil(rounds_factor * paper_rounds)), never above the paper's."""
+    scaled = math.ceil(self.rounds_factor * paper_rounds - 1e-9)
+    return min(paper_rounds, max(self.min_rounds[1 if grid else 0], scaled))
+
+  def seeds(self, seeds):
+    return tuple(seeds)[: self.max_seeds] if self.max_seeds else tuple(seeds)
+
+  def cap(self, value: int, limit: Optional[int]) -> int:
+    return value if limit is None else min(value, limit)
+
+
+SCALES = {
+    'full': Scale(name='full', description="the paper's protocol: every round, grid cell,"
+                  ' seed and client'),
+    'small': Scale(
+        name='small',
+        description='a tenth of the rounds (at least 10, grid at least 5), a 3 x 3 grid'
+        ' (the ends and middle of each axis), 3 seeds, evaluation on 20 test clients',
+        rounds_factor=0.1, min_rounds=(10, 5), grid_shape=(3, 3), max_seeds=3,
+        flags=dict(num_eval_clients=20),
+    ),
+    'ci': Scale(
+        name='ci',
+        description='a test\'s: 4 comparison and 2 grid rounds, a 2 x 1 grid (client'
+        ' learning rates 0.01 and 0.1, server 0.1), 2 seeds, 2 clients per round of 4 tiny'
+        ' synthetic clients (10 examples, batch 5), 2 test clients',
+        rounds_factor=0.0, min_rounds=(4, 2), grid_rates=((0.01, 0.1), (0.1,)), max_seeds=2,
+        max_clients_per_round=2, max_num_clients=4,
+        flags=dict(
+            num_eval_clients=2, client_batch_size=5, synthetic_train_clients=4,
+            synthetic_test_clients=2, synthetic_examples_per_client=10,
+            rounds_per_checkpoint=1000,
+        ),
+    ),
+}
+SCALE_NAMES = tuple(SCALES)
+
+
+def get_scale(value: str) -> Scale:
+  """A named scale, or a number in (0, 1] that scales the rounds only."""
+  if value in SCALES:
+    return SCALES[value]
+  try:
+    factor = float(value)
+  except (TypeError, ValueError):
+    factor = math.nan
+  if not 0 < factor <= 1:
+    raise ValueError(
+        f'--scale={value!r}: choose one of {list(SCALE_NAMES)} or a number in (0, 1]'
+        ' (the fraction of the rounds to run)'
+    )
+  return Scale(name=f'{factor:g}', description=f'{factor:g} of the rounds, all else full',
+               rounds_factor=factor)
+
+
+def thin(values, count: Optional[int]) -> tuple:
+  """`count` values spread over `values`: both ends and evenly between (one: the middle)."""
+  values = tuple(values)
+  if count is None or count >= len(values):
+    return values
+  if count == 1:
+    return (values[len(values) // 2],)
+  step = (len(values) - 1) / (count - 1)
+  return tuple(values[round(i * step)] for i in range(count))
