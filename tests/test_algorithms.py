@@ -34,6 +34,13 @@ SPEC_TABLE = {
     'fedadam': ('sgd', 'adam', EXAMPLES),
     'fedzmg': ('zmg_sgdm', 'sgd', EXAMPLES),
     'fedzmg_adam': ('zmg_sgdm', 'adam', EXAMPLES),
+    # Issue 22's baselines and compositions (tests/test_tff_baselines.py checks them).
+    'fedyogi': ('sgd', 'yogi', EXAMPLES),
+    'fedadagrad': ('sgd', 'adagrad', EXAMPLES),
+    'fedzmg_yogi': ('zmg_sgdm', 'yogi', EXAMPLES),
+    'fedprox': ('prox_sgd', 'sgd', EXAMPLES),
+    'fedzmg_prox': ('prox_zmg_sgdm', 'sgd', EXAMPLES),
+    'mime_lite': ('sgdm', 'sgd', EXAMPLES),
     'local_gc': ('local_gc', 'sgd', UNIFORM),
     'global_gc': ('sgdm', 'global_gc', UNIFORM),
     'gcfed': ('local_gc', 'global_gc', UNIFORM),
@@ -266,20 +273,22 @@ def test_fedzmg_one_step_kernel_updates_have_zero_column_means(
   assert max(bias_means) > 1e-5, bias_means
 
 
-def _np_one_step_update(spec, hparams, u_sgd, w0):
-  """NumPy, from ALGORITHMS.md: `w^t - w^{t+1}` after one local step per client.
+def _np_client_update(spec, hparams, u_sgd, w0):
+  """NumPy, from ALGORITHMS.md: the aggregated update `u` of one local step per client.
 
   From `v = 0` one local step of any client rule is `lr * d`, with `d` linear
   in the gradient, so the aggregate of the client updates follows from the
   aggregated SGD update `u_sgd` (equal example counts make the weighted and
   the uniform mean equal).
   """
-  lr, eta = hparams['client_learning_rate'], hparams['server_learning_rate']
+  lr = hparams['client_learning_rate']
   weight_decay = hparams.get('weight_decay', 0.0)
-  client_layers = {
+  client_layers = {  # One step from w^t: the proximal term is still 0.
       'sgd': None,
+      'prox_sgd': None,
       'sgdm': None,
       'zmg_sgdm': 'all',
+      'prox_zmg_sgdm': 'all',
       'local_gc': hparams.get('local_gc_layers'),
   }[spec.client_rule]
   u = [
@@ -287,6 +296,12 @@ def _np_one_step_update(spec, hparams, u_sgd, w0):
       + lr * weight_decay * np.float64(w)  # Decoupled or coupled: equal here.
       for i, (x, w) in enumerate(zip(u_sgd, w0))
   ]
+  return u
+
+
+def _np_server_step(spec, hparams, u):
+  """NumPy, from ALGORITHMS.md: the first server step on the aggregated update `u`."""
+  eta = hparams['server_learning_rate']
   if spec.server_rule == 'sgd':
     return [eta * x for x in u]
   if spec.server_rule == 'adam':  # The first step, from m = v = 0.
@@ -294,6 +309,15 @@ def _np_one_step_update(spec, hparams, u_sgd, w0):
         hparams[k] for k in ('adam_beta_1', 'adam_beta_2', 'adam_epsilon')
     )
     return [eta * (1 - b1) * x / (np.sqrt((1 - b2) * x**2) + eps) for x in u]
+  if spec.server_rule == 'yogi':  # The first, bias-corrected step from m = 0, v = v0.
+    b1, b2, eps, v0 = (hparams[k] for k in (
+        'yogi_beta_1', 'yogi_beta_2', 'yogi_epsilon', 'yogi_initial_accumulator'))
+    rate = eta * np.sqrt(1 - b2) / (1 - b1)
+    return [rate * (1 - b1) * x / (np.sqrt(v0 + (1 - b2) * np.sign(x**2 - v0) * x**2) + eps)
+            for x in u]
+  if spec.server_rule == 'adagrad':  # The first step from v = v0.
+    eps, v0 = hparams['adagrad_epsilon'], hparams['adagrad_initial_accumulator']
+    return [eta * x / np.sqrt(v0 + x**2 + eps) for x in u]
   assert spec.server_rule == 'global_gc'
   mask = KERNELS[hparams['global_gc_layers']]
   return [eta * (_np_project(x) if mask[i] else x) for i, x in enumerate(u)]
@@ -326,8 +350,15 @@ def test_one_local_step_matches_numpy(
   w0, step, u_sgd = _one_step(
       emnist_process(name), tff_fed_avg, one_step_data, weight_decay
   )
-  expected = _np_one_step_update(spec, hparams, u_sgd, w0)
+  u = _np_client_update(spec, hparams, u_sgd, w0)
+  expected = _np_server_step(spec, hparams, u)
   for i, (ours, theirs) in enumerate(zip(step, expected)):
+    if spec.server_rule == 'yogi':
+      # Yogi's sign(u^2 - v0) jumps where u^2 = v0: float32 and float64 may take
+      # either side there, so those few entries are left out.
+      away = ~np.isclose(u[i] ** 2, hparams['yogi_initial_accumulator'], rtol=0.05)
+      assert away.mean() > 0.9
+      ours, theirs = ours[away], theirs[away]
     np.testing.assert_allclose(
         ours, theirs, rtol=0, atol=1e-6, err_msg=f'tensor {i}'
     )
@@ -487,6 +518,15 @@ def test_defaults_follow_the_spec_and_papers():
   assert (defaults['gcfed']['local_gc_layers'],
           defaults['gcfed']['global_gc_layers']) == ('feature', 'classifier')
   assert defaults['fedavg']['server_learning_rate'] == 1.0
+  # Reddi et al. 2021: b1 = 0.9, b2 = 0.99, tau = 1e-3, v_{-1} = tau^2.
+  for name in ('fedyogi', 'fedzmg_yogi'):
+    assert (defaults[name]['yogi_beta_1'], defaults[name]['yogi_beta_2'],
+            defaults[name]['yogi_epsilon'],
+            defaults[name]['yogi_initial_accumulator']) == (0.9, 0.99, 1e-3, 1e-6)
+  assert (defaults['fedadagrad']['adagrad_epsilon'],
+          defaults['fedadagrad']['adagrad_initial_accumulator']) == (1e-6, 1e-6)
+  assert defaults['fedprox']['proximal_strength'] in (0.001, 0.01, 0.1, 1.0)  # Its grid.
+  assert defaults['mime_lite']['client_momentum'] == 0.9
 
 
 def test_unknown_algorithm_raises_listing_the_valid_names():
@@ -519,6 +559,14 @@ BAD_HYPERPARAMETERS = [
     ('global_gc', 'center_vectors', 1, r'bool'),
     ('gcfed', 'gc_lambda', -0.1, r'\[0, 1\]'),
     ('gcfed', 'client_learning_rate', float('nan'), r'> 0'),
+    ('fedprox', 'proximal_strength', -0.01, r'>= 0'),
+    ('fedzmg_prox', 'proximal_strength', float('inf'), r'>= 0'),
+    ('fedyogi', 'yogi_epsilon', 0.0, r'> 0'),
+    ('fedzmg_yogi', 'yogi_beta_2', 1.0, r'\[0, 1\)'),
+    ('fedyogi', 'yogi_initial_accumulator', -1e-6, r'>= 0'),
+    ('fedadagrad', 'adagrad_epsilon', -1e-6, r'> 0'),
+    ('fedadagrad', 'adagrad_initial_accumulator', -1.0, r'>= 0'),
+    ('mime_lite', 'client_momentum', 1.0, r'\[0, 1\)'),
 ]
 
 

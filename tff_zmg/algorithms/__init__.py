@@ -1,7 +1,8 @@
 """Federated algorithms as TFF learning processes (ALGORITHMS.md section 4).
 
 One file per family, each holding its `Hparams` dataclass, its client and server steps
-and its `build_*` functions: `fedavg` (FedAvg, FedAdam), `fedzmg` (FedZMG, FedZMG-Adam),
+and its `build_*` functions: `fedavg` (FedAvg, FedAdam, FedYogi, FedAdagrad), `fedzmg`
+(FedZMG, FedZMG-Adam, FedZMG-Yogi), `fedprox` (FedProx, FedZMG-Prox), `mime_lite`,
 `gc_fed` (LocalGC, GlobalGC, GC-Fed), `fedrkmgc` (FedRKMGC and its ablations), `fedgps`
 (FedGPS, FedGPS-CF). `registry` maps `--algo` names to them; `rules.build_process`
 composes any client step with any server step by name.
@@ -9,24 +10,36 @@ composes any client step with any server step by name.
 
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import rules
+from tff_zmg.algorithms.fedavg import build_fedadagrad
 from tff_zmg.algorithms.fedavg import build_fedadam
 from tff_zmg.algorithms.fedavg import build_fedavg
+from tff_zmg.algorithms.fedavg import build_fedyogi
+from tff_zmg.algorithms.fedavg import FedAdagradHparams
 from tff_zmg.algorithms.fedavg import FedAdamHparams
 from tff_zmg.algorithms.fedavg import FedAvgHparams
+from tff_zmg.algorithms.fedavg import FedYogiHparams
 from tff_zmg.algorithms.fedgps import build_fedgps
 from tff_zmg.algorithms.fedgps import FedGpsHparams
+from tff_zmg.algorithms.fedprox import build_fedprox
+from tff_zmg.algorithms.fedprox import build_fedzmg_prox
+from tff_zmg.algorithms.fedprox import FedProxHparams
+from tff_zmg.algorithms.fedprox import FedZmgProxHparams
 from tff_zmg.algorithms.fedrkmgc import build_fed_rkmgc
 from tff_zmg.algorithms.fedrkmgc import FedRkmgcHparams
 from tff_zmg.algorithms.fedzmg import build_fedzmg
 from tff_zmg.algorithms.fedzmg import build_fedzmg_adam
+from tff_zmg.algorithms.fedzmg import build_fedzmg_yogi
 from tff_zmg.algorithms.fedzmg import FedZmgAdamHparams
 from tff_zmg.algorithms.fedzmg import FedZmgHparams
+from tff_zmg.algorithms.fedzmg import FedZmgYogiHparams
 from tff_zmg.algorithms.gc_fed import build_gcfed
 from tff_zmg.algorithms.gc_fed import build_global_gc
 from tff_zmg.algorithms.gc_fed import build_local_gc
 from tff_zmg.algorithms.gc_fed import GcFedHparams
 from tff_zmg.algorithms.gc_fed import GlobalGcHparams
 from tff_zmg.algorithms.gc_fed import LocalGcHparams
+from tff_zmg.algorithms.mime_lite import build_mime_lite
+from tff_zmg.algorithms.mime_lite import MimeLiteHparams
 from tff_zmg.algorithms.registry import AlgorithmSpec
 from tff_zmg.algorithms.registry import ALGORITHMS
 from tff_zmg.algorithms.rules import build_process
@@ -53,6 +66,18 @@ __all__ = [
     'GlobalGcHparams',
     'LocalGcHparams',
     'SERVER_RULES',
+    'FedAdagradHparams',
+    'FedYogiHparams',
+    'FedProxHparams',
+    'FedZmgProxHparams',
+    'FedZmgYogiHparams',
+    'MimeLiteHparams',
+    'build_fedadagrad',
+    'build_fedyogi',
+    'build_fedprox',
+    'build_fedzmg_prox',
+    'build_fedzmg_yogi',
+    'build_mime_lite',
     'build_fedadam',
     'build_fed_rkmgc',
     'build_fedavg',

@@ -1,4 +1,4 @@
-"""FedZMG and FedZMG-Adam: zero-mean-gradient client momentum SGD.
+"""FedZMG, FedZMG-Adam and FedZMG-Yogi: zero-mean-gradient client momentum SGD.
 
 ALGORITHMS.md section 2 (ZMG-SGDM) and section 4; FedZMG paper, eqs. 5-8:
 
@@ -9,6 +9,7 @@ ALGORITHMS.md section 2 (ZMG-SGDM) and section 4; FedZMG paper, eqs. 5-8:
       FedZMG:      w^{t+1} = w^t - eta_g * u
       FedZMG-Adam: FedAdam's server Adam on u (the hybrid the paper suggests as future
                    work, in its discussion)
+      FedZMG-Yogi: FedYogi's server Yogi on u (the same hybrid with Reddi et al.'s Yogi)
 
 with `P(G) = G - mean(G, all axes but the last)`. The decay never enters `g~` or `v`;
 nothing extra is stored across rounds or sent.
@@ -48,6 +49,11 @@ class FedZmgAdamHparams(fedavg.ServerAdamHparams, FedZmgHparams):
   """FedZMG-Adam's: the client's of FedZMG, the server's of FedAdam."""
 
 
+@dataclasses.dataclass(frozen=True)
+class FedZmgYogiHparams(fedavg.ServerYogiHparams, FedZmgHparams):
+  """FedZMG-Yogi's: the client's of FedZMG, the server's of FedYogi."""
+
+
 def zmg_sgdm(hparams, variables) -> compose.Optimizer:
   """The client step: ZMG-SGDM with decoupled decay on every weight matrix.
 
@@ -63,6 +69,16 @@ def zmg_sgdm(hparams, variables) -> compose.Optimizer:
           variables, 'all', center_vectors=hparams.center_vectors
       ),
       center_vectors=hparams.center_vectors,
+  )
+
+
+def _zmg_process(model_fn, hparams, server_step, loop_implementation):
+  """ZMG-SGDM clients, `server_step(hparams)` on the example-weighted mean update."""
+  variables = compose.trainable_variables(model_fn)
+  return compose.compose_process(
+      model_fn, zmg_sgdm(hparams, variables), server_step(hparams),
+      tff.learning.ClientWeighting.NUM_EXAMPLES,
+      loop_implementation=loop_implementation,
   )
 
 
@@ -86,12 +102,7 @@ def build_fedzmg(
       is built).
   """
   hparams = FedZmgHparams.create(hparams, **overrides)
-  variables = compose.trainable_variables(model_fn)
-  return compose.compose_process(
-      model_fn, zmg_sgdm(hparams, variables), fedavg.server_sgd(hparams),
-      tff.learning.ClientWeighting.NUM_EXAMPLES,
-      loop_implementation=loop_implementation,
-  )
+  return _zmg_process(model_fn, hparams, fedavg.server_sgd, loop_implementation)
 
 
 def build_fedzmg_adam(
@@ -114,9 +125,27 @@ def build_fedzmg_adam(
       is built).
   """
   hparams = FedZmgAdamHparams.create(hparams, **overrides)
-  variables = compose.trainable_variables(model_fn)
-  return compose.compose_process(
-      model_fn, zmg_sgdm(hparams, variables), fedavg.server_adam(hparams),
-      tff.learning.ClientWeighting.NUM_EXAMPLES,
-      loop_implementation=loop_implementation,
-  )
+  return _zmg_process(model_fn, hparams, fedavg.server_adam, loop_implementation)
+
+
+def build_fedzmg_yogi(
+    model_fn: compose.ModelFn,
+    hparams: Optional[FedZmgYogiHparams] = None,
+    *,
+    loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    **overrides,
+) -> tff.learning.templates.LearningProcess:
+  """FedZMG-Yogi: FedZMG's clients with FedYogi's server, weighted by examples.
+
+  Args:
+    model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
+    hparams: A `FedZmgYogiHparams` (default: its defaults).
+    loop_implementation: The client training loop.
+    **overrides: Fields of `FedZmgYogiHparams` to replace.
+
+  Raises:
+    ValueError: If a hyperparameter is unknown or out of range (checked before any model
+      is built).
+  """
+  hparams = FedZmgYogiHparams.create(hparams, **overrides)
+  return _zmg_process(model_fn, hparams, fedavg.server_yogi, loop_implementation)

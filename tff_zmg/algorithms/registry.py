@@ -19,9 +19,11 @@ import tensorflow_federated as tff
 
 from tff_zmg.algorithms import fedavg
 from tff_zmg.algorithms import fedgps
+from tff_zmg.algorithms import fedprox
 from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import fedzmg
 from tff_zmg.algorithms import gc_fed
+from tff_zmg.algorithms import mime_lite
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 
@@ -119,6 +121,38 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             'fedzmg_adam', fedzmg.build_fedzmg_adam, fedzmg.FedZmgAdamHparams, 'zmg_sgdm', 'adam',
             _EXAMPLES,
             'FedZMG-Adam: FedZMG clients, FedAdam server.',
+        ),
+        _spec(
+            'fedzmg_yogi', fedzmg.build_fedzmg_yogi, fedzmg.FedZmgYogiHparams, 'zmg_sgdm',
+            'yogi', _EXAMPLES,
+            'FedZMG-Yogi: FedZMG clients, FedYogi server.',
+        ),
+        _spec(
+            'fedyogi', fedavg.build_fedyogi, fedavg.FedYogiHparams, 'sgd', 'yogi', _EXAMPLES,
+            'FedYogi: client SGD, server Yogi (Reddi et al. 2021).',
+        ),
+        _spec(
+            'fedadagrad', fedavg.build_fedadagrad, fedavg.FedAdagradHparams, 'sgd', 'adagrad',
+            _EXAMPLES,
+            'FedAdagrad: client SGD, server Adagrad (Reddi et al. 2021).',
+        ),
+        _spec(
+            'fedprox', fedprox.build_fedprox, fedprox.FedProxHparams, 'prox_sgd', 'sgd',
+            _EXAMPLES,
+            'FedProx: client SGD on the loss plus (mu/2)||w - w^t||^2, server SGD'
+            ' (Li et al. 2020).',
+        ),
+        _spec(
+            'fedzmg_prox', fedprox.build_fedzmg_prox, fedprox.FedZmgProxHparams,
+            'prox_zmg_sgdm', 'sgd', _EXAMPLES,
+            'FedZMG-Prox: FedZMG clients on the proximal gradient g + mu (w - w^t),'
+            ' server SGD.',
+        ),
+        _spec(
+            'mime_lite', mime_lite.build_mime_lite, mime_lite.MimeLiteHparams, 'sgdm', 'sgd',
+            _EXAMPLES,
+            'Mime-Lite: client SGDM with the server\'s momentum frozen, server SGD'
+            ' (Karimireddy et al. 2021; TFF\'s build_weighted_mime_lite).',
         ),
         _spec(
             'local_gc', gc_fed.build_local_gc, gc_fed.LocalGcHparams, 'local_gc', 'sgd', _UNIFORM,

@@ -22,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_zmg.algorithms import fedavg
+from tff_zmg.algorithms import fedprox
 from tff_zmg.algorithms import fedzmg
 from tff_zmg.algorithms import gc_fed
 from tff_zmg.templates import compose
@@ -65,6 +66,13 @@ CLIENT_RULES: Mapping[str, Rule] = types.MappingProxyType({
         fedzmg.zmg_sgdm, fedzmg.FedZmgHparams,
         ('client_momentum', 'weight_decay', 'center_vectors'),
     ),
+    'prox_sgd': Rule(
+        lambda h, v: fedprox.prox_sgd(h), fedprox.FedProxHparams, ('proximal_strength',)
+    ),
+    'prox_zmg_sgdm': Rule(
+        fedprox.prox_zmg_sgdm, fedprox.FedZmgProxHparams,
+        ('client_momentum', 'weight_decay', 'center_vectors', 'proximal_strength'),
+    ),
     'local_gc': Rule(
         gc_fed.local_gc, gc_fed.LocalGcHparams,
         ('client_momentum', 'weight_decay', 'local_gc_layers', 'gc_lambda',
@@ -76,6 +84,14 @@ SERVER_RULES: Mapping[str, Rule] = types.MappingProxyType({
     'adam': Rule(
         lambda h, v: fedavg.server_adam(h), fedavg.ServerAdamHparams,
         ('adam_beta_1', 'adam_beta_2', 'adam_epsilon', 'adam_bias_correction'),
+    ),
+    'yogi': Rule(
+        lambda h, v: fedavg.server_yogi(h), fedavg.ServerYogiHparams,
+        ('yogi_beta_1', 'yogi_beta_2', 'yogi_epsilon', 'yogi_initial_accumulator'),
+    ),
+    'adagrad': Rule(
+        lambda h, v: fedavg.server_adagrad(h), fedavg.ServerAdagradHparams,
+        ('adagrad_epsilon', 'adagrad_initial_accumulator'),
     ),
     'global_gc': Rule(
         gc_fed.global_gc, gc_fed.GcFedHparams,
@@ -105,8 +121,9 @@ def build_process(
 
   Args:
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
-    client_rule: A key of `CLIENT_RULES`: 'sgd', 'sgdm', 'zmg_sgdm' or 'local_gc'.
-    server_rule: A key of `SERVER_RULES`: 'sgd', 'adam' or 'global_gc'.
+    client_rule: A key of `CLIENT_RULES`: 'sgd', 'sgdm', 'zmg_sgdm', 'prox_sgd',
+      'prox_zmg_sgdm' or 'local_gc'.
+    server_rule: A key of `SERVER_RULES`: 'sgd', 'adam', 'yogi', 'adagrad' or 'global_gc'.
     client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` or `UNIFORM`.
     client_learning_rate: Client learning rate `eta_l`, > 0.
     server_learning_rate: Server learning rate `eta_g`, > 0.
