@@ -212,6 +212,14 @@ def plain_tf_round_fn(
   return run_round
 
 
+def _build(algo: str, task):
+  """Algorithm `algo` at its defaults, as `launch.train` builds it for `task`."""
+  return registry.build(
+      algo, task.model_fn, keras_model_fn=task.keras_model_fn,
+      num_clients=len(task.datasets.train_data.client_ids),
+  )
+
+
 def client_rule_optimizer(algo: str, task) -> tff.learning.optimizers.Optimizer:
   """The TFF optimizer of a stateless algorithm's client rule at the algorithm's defaults."""
   spec = registry.get(algo)
@@ -307,7 +315,7 @@ def contenders(
     fns[f'{IN_PROCESS}/{TFF_FEDAVG}'] = on_context(in_process_context, _tff_fedavg(task), None)
   bounds = {}
   for algo in algos:
-    process = registry.build(algo, task.model_fn, keras_model_fn=task.keras_model_fn)
+    process = _build(algo, task)
     bounds[algo] = f'{PLAIN_TF}/{algo}'
     fns[bounds[algo]] = local_update_round_fn(
         algo, task, process, process.initialize(), datasets
@@ -379,7 +387,7 @@ def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, st
   threads = worker_intra_op_threads(num_clients, max_concurrent)
   with cpp_worker.execution_context(max_concurrent, intra_op_threads=threads):
     fn = _process_round_fn(
-        registry.build(algo, task.model_fn, keras_model_fn=task.keras_model_fn),
+        _build(algo, task),
         datasets, os.path.join(state_dir, algo),
     )
     fn()

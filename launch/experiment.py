@@ -826,6 +826,7 @@ def run(config: ExperimentConfig) -> dict:
   )
   process = registry.build(
       config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
+      num_clients=len(task.datasets.train_data.client_ids),
       loop_implementation=loop, **config.hparams,
   )
   stateful = isinstance(process, stateful_clients.StatefulClientsLearningProcess)

@@ -16,30 +16,14 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_zmg.algorithms import registry
+import tiny_models
 
 FEATURES, CLASSES, BATCH = 4, 3, 2
 # Unequal example counts (example weighting shows) and several local steps per client.
 CLIENT_EXAMPLES = (6, 4, 5)
 
 
-def _keras_model():
-  return tf.keras.Sequential([
-      tf.keras.layers.InputLayer(input_shape=(FEATURES,)),
-      tf.keras.layers.Dense(
-          CLASSES, kernel_initializer=tf.keras.initializers.RandomNormal(seed=1),
-          bias_initializer=tf.keras.initializers.RandomNormal(seed=2),
-      ),
-  ])
-
-
-def model_fn():
-  return tff.learning.models.from_keras_model(
-      _keras_model(),
-      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      input_spec=collections.OrderedDict(
-          x=tf.TensorSpec([None, FEATURES], tf.float32), y=tf.TensorSpec([None], tf.int32)
-      ),
-  )
+model_fn = tiny_models.softmax_regression_model_fn(FEATURES, CLASSES)
 
 
 def _client_arrays():
@@ -72,19 +56,6 @@ def _run(process, rounds=2):
   return _weights(process, state)
 
 
-def _gradient(kernel, bias, x, y):
-  """Mean softmax cross-entropy of `x @ kernel + bias`: its gradient, by hand."""
-  logits = x @ kernel + bias
-  p = np.exp(logits - logits.max(axis=1, keepdims=True))
-  p /= p.sum(axis=1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  return x.T @ p / len(y), p.mean(axis=0)
-
-
-def _np_project(g):
-  return g - g.mean(axis=tuple(range(g.ndim - 1)), keepdims=True)
-
-
 def _np_client_round(w, hp, mu, project=True):
   """One round of FedZMG (or, without `project`, SGD(M)) clients on `g + mu (w_k - w^t)`:
   the example-weighted mean update `u`."""
@@ -93,10 +64,11 @@ def _np_client_round(w, hp, mu, project=True):
     x, y = np.float64(x), y
     wk, v = [t.copy() for t in w], [np.zeros_like(t) for t in w]
     for start in range(0, len(y), BATCH):
-      g = _gradient(*wk, x[start:start + BATCH], y[start:start + BATCH])
+      g = tiny_models.np_softmax_regression_gradient(
+          wk, x[start:start + BATCH], y[start:start + BATCH])
       g = [gi + mu * (a - b) for gi, a, b in zip(g, wk, w)]
       if project:
-        g = [_np_project(g[0]), g[1]]  # The kernel is projected, the bias is not.
+        g = [tiny_models.np_project(g[0]), g[1]]  # The kernel is projected, the bias is not.
       v = [hp.get('client_momentum', 0.0) * vi + gi for vi, gi in zip(v, g)]
       lr, decay = hp['client_learning_rate'], hp.get('weight_decay', 0.0)
       wk = [a - lr * vi - lr * decay * a for a, vi in zip(wk, v)]

@@ -14,6 +14,7 @@ from absl import flags
 import numpy as np
 import psutil
 import pytest
+import tensorflow as tf
 
 from launch import experiment
 from launch import train
@@ -177,22 +178,31 @@ def _latest_client_states(experiment_dir):
 _UNINTERRUPTED = {}
 
 
-@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
+def _server_state(experiment_dir, version):
+  """The leaves of checkpoint `version`'s server state (model, optimizers, shared)."""
+  module = tf.saved_model.load(str(experiment_dir / 'checkpoints' / f'program_state_{version}'))
+  return [np.asarray(v) for v in tf.nest.flatten(module())]
+
+
+@pytest.mark.parametrize('algo, runtime', [
+    ('fedrkmgc', 'tff_worker'), ('fedrkmgc', 'in_process'), ('scaffold', 'in_process'),
+])
 def test_killed_run_resumes_to_the_uninterrupted_result(
-    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir, runtime
+    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir, algo, runtime
 ):
-  # FedRKMGC, so that the clients' states must resume exactly too. Checkpoints every
-  # 2 rounds: the kill after round 3 leaves states of round 3 that no checkpoint has,
-  # which the resumed run must discard and recompute.
-  args = ['--task=emnist', '--algo=fedrkmgc', '--total_rounds=4',
+  # Stateful clients (FedRKMGC's corrections, SCAFFOLD's control variates c_i and the
+  # server's c), so that the clients' and the server's states must resume exactly too.
+  # Checkpoints every 2 rounds: the kill after round 3 leaves states of round 3 that no
+  # checkpoint has, which the resumed run must discard and recompute.
+  args = ['--task=emnist', f'--algo={algo}', '--total_rounds=4',
           '--rounds_per_checkpoint=2', f'--runtime={runtime}']
-  # The uninterrupted run, once, in process (it starts sooner): the runtimes agree to
-  # 1e-6, so both resumed runs must end where it ends.
-  if not _UNINTERRUPTED:
+  # The uninterrupted run, once per algorithm, in process (it starts sooner): the
+  # runtimes agree to 1e-6, so every resumed run must end where it ends.
+  if algo not in _UNINTERRUPTED:
     whole = args[:-1] + ['--runtime=in_process']
     root = tmp_path_factory.mktemp('uninterrupted')
     assert run_main(*whole, root=root)[0] == 0
-    _UNINTERRUPTED['dir'] = root / 'emnist_fedrkmgc_seed0'
+    _UNINTERRUPTED[algo] = root / f'emnist_{algo}_seed0'
   cmd = [sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
          f'--root_output_dir={tmp_path / "killed"}', *_SMALL, *args]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -213,7 +223,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
   threads = _cores_shared_by(min(3, CORES) if runtime == 'in_process' else 3)
   runtime_line, = [l for l in lines if l.startswith('runtime:')]
   assert f'{threads} thread{"s" if threads > 1 else ""} per TF op' in runtime_line
-  killed_dir = tmp_path / 'killed' / 'emnist_fedrkmgc_seed0'
+  killed_dir = tmp_path / 'killed' / f'emnist_{algo}_seed0'
   assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) < 4
   # Round 3 wrote its clients' states, but no checkpoint holds them.
   assert any(version == '00000003.tfstate'
@@ -221,8 +231,10 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
   rc, out, err = run_main(*args, root=tmp_path / 'killed')
   assert rc == 0, err
   assert 'round 3/4' in out and 'round 2/4' not in out  # Resumed from checkpoint 2.
-  whole_dir = _UNINTERRUPTED['dir']
+  whole_dir = _UNINTERRUPTED[algo]
   _assert_same_metrics(_rows(killed_dir / 'metrics.csv'), _rows(whole_dir / 'metrics.csv'))
+  for a, b in zip(_server_state(whole_dir, 4), _server_state(killed_dir, 4), strict=True):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
   whole_states = _latest_client_states(whole_dir)
   resumed_states = _latest_client_states(killed_dir)
   assert sorted(whole_states) == sorted(resumed_states)

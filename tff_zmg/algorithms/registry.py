@@ -24,6 +24,7 @@ from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import fedzmg
 from tff_zmg.algorithms import gc_fed
 from tff_zmg.algorithms import mime_lite
+from tff_zmg.algorithms import scaffold
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 
@@ -40,8 +41,9 @@ class AlgorithmSpec:
     builder: `builder(model_fn, hparams, *, loop_implementation[, keras_model_fn])
       -> LearningProcess` (or a `StatefulClientsLearningProcess` when `stateful`).
     hparams_class: The `Hparams` dataclass of its hyperparameters.
-    client_rule: The client rule: a key of `rules.CLIENT_RULES`, or
-      'corrected_sgdm' (FedRKMGC's stateful client work) or 'fedgps' (FedGPS's).
+    client_rule: The client rule: a key of `rules.CLIENT_RULES`, or the stateful
+      client work of FedRKMGC ('corrected_sgdm'), FedGPS ('fedgps') or SCAFFOLD
+      ('scaffold_sgd', 'scaffold_zmg_sgdm').
     server_rule: The key of `rules.SERVER_RULES` of its server step.
     client_weighting: How client updates are averaged.
     description: One line for `--help`.
@@ -51,6 +53,8 @@ class AlgorithmSpec:
       then also takes and returns the sampled clients' states).
     needs_keras_model: Whether the builder also takes the task's bare Keras
       model (`keras_model_fn`), as FedGPS does for its features.
+    needs_num_clients: Whether the builder also takes the number of training
+      clients (`num_clients`), as SCAFFOLD does for its server control variate.
   """
 
   name: str
@@ -63,6 +67,7 @@ class AlgorithmSpec:
   default_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   stateful: bool = False
   needs_keras_model: bool = False
+  needs_num_clients: bool = False
 
   def hparams(self, **values: Any) -> hp.Hparams:
     """The algorithm's hyperparameters: its defaults with `values`, checked.
@@ -199,6 +204,21 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             'FedRKMGC ablation: standard KM correction with relaxation.',
         ),
         _spec(
+            'scaffold', scaffold.build_scaffold, scaffold.ScaffoldHparams, 'scaffold_sgd',
+            'sgd', _UNIFORM,
+            'SCAFFOLD (option II): client SGD on g - c_i + c with client and server control'
+            ' variates, server SGD on the uniform mean (Karimireddy et al. 2020; stateful'
+            ' clients).',
+            stateful=True, needs_num_clients=True,
+        ),
+        _spec(
+            'fedzmg_scaffold', scaffold.build_fedzmg_scaffold,
+            scaffold.FedZmgScaffoldHparams, 'scaffold_zmg_sgdm', 'sgd', _UNIFORM,
+            'FedZMG-SCAFFOLD: FedZMG clients on the SCAFFOLD-controlled gradient'
+            ' P(g - c_i + c), server SGD on the uniform mean (stateful clients).',
+            stateful=True, needs_num_clients=True,
+        ),
+        _spec(
             'fedgps', fedgps.build_fedgps, fedgps.FedGpsHparams, 'fedgps', 'sgd', _UNIFORM,
             'FedGPS: surrogate-prototype objective, gradients at a look-ahead'
             ' along the other clients\' last update (stateful clients).',
@@ -247,6 +267,7 @@ def build(
     model_fn: compose.ModelFn,
     *,
     keras_model_fn: Optional[Callable[[], Any]] = None,
+    num_clients: Optional[int] = None,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
     **hyperparameters: Any,
 ) -> tff.learning.templates.LearningProcess:
@@ -259,6 +280,9 @@ def build(
     keras_model_fn: A no-arg function returning the same model as a bare Keras
       model (`task.keras_model_fn`); needed by algorithms with
       `needs_keras_model` (FedGPS), ignored by the others.
+    num_clients: The number of training clients (`len(task.datasets.train_data
+      .client_ids)`); needed by algorithms with `needs_num_clients` (SCAFFOLD),
+      ignored by the others.
     loop_implementation: The client training loop.
     **hyperparameters: Values for some fields of `get(name).hparams_class`.
 
@@ -268,8 +292,8 @@ def build(
 
   Raises:
     ValueError: If `name` is unknown, a hyperparameter is not one of the
-      algorithm's, a value is out of range, or `keras_model_fn` is missing for
-      an algorithm that needs it.
+      algorithm's, a value is out of range, or `keras_model_fn` or `num_clients`
+      is missing for an algorithm that needs it.
   """
   spec = get(name)
   hparams = spec.hparams(**hyperparameters)
@@ -281,6 +305,8 @@ def build(
           ' keras_model_fn=task.keras_model_fn'
       )
     options['keras_model_fn'] = keras_model_fn
+  if spec.needs_num_clients:
+    options['num_clients'] = num_clients
   return spec.builder(
       model_fn, hparams, loop_implementation=loop_implementation, **options
   )
