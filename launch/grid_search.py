@@ -12,6 +12,15 @@ each cell (--total_rounds defaults to 50 here, not 10):
   python -m launch.grid_search --task=emnist --algo=fedavg --data_source=synthetic \
       --client_learning_rates=0.01,0.1 --server_learning_rates=0.1,1.0 --total_rounds=5
 
+A third axis, one more hyperparameter of the algorithm, runs the client x server grid at
+each of its values (e.g. FedProx's mu over the FedProx paper's grid):
+
+  python -m launch.grid_search --task=emnist --algo=fedprox \
+      --hparam_grid=proximal_strength:0.001,0.01,0.1,1
+
+Each value's grid goes to `<grid>/<name>=<value>/` with its own grid.csv, grid.md, heatmap
+and best.json; `<grid>/best.json` is the best cell over all values.
+
 Each cell is an ordinary training run in `<root_output_dir>/<experiment_name>/<cell>/`
 (experiment_name defaults to grid_<task>_<algo>), trained by its own `launch.train`
 process, `--parallel` at a time; a cell's output is in `logs/<cell>.log` there.
@@ -27,10 +36,12 @@ resume); a cell failing otherwise passes on its own status.
 Every failure is one line `grid_search: error: ...` on stderr; --verbose adds the traceback.
 """
 
+import dataclasses
 import json
 import math
 import os
 import sys
+from typing import Optional
 
 from absl import flags
 import numpy as np
@@ -40,6 +51,7 @@ from launch import runner
 from launch import train
 from launch.papers import fedzmg as fedzmg_paper
 from tff_zmg import analysis
+from tff_zmg.algorithms import registry
 
 # The FedZMG paper's grid: 10^-3 ... 10^1 in half decades, 50 rounds per cell.
 HALF_DECADES = fedzmg_paper.HALF_DECADES
@@ -52,6 +64,12 @@ _CLIENT_LRS = flags.DEFINE_list(
 _SERVER_LRS = flags.DEFINE_list(
     'server_learning_rates', None,
     'Server learning rates to try (comma list). Default: 10^-3 ... 10^1 in half decades.',
+)
+_HPARAM_GRID = flags.DEFINE_string(
+    'hparam_grid', None,
+    'A third axis: one more hyperparameter of --algo and its values, name:v1,v2,... (e.g.'
+    ' proximal_strength:0.001,0.01,0.1,1, the FedProx paper\'s mu grid). The client x'
+    ' server grid runs at each value, in <grid>/<name>=<value>/.',
 )
 _SCORE_ROUNDS = flags.DEFINE_integer(
     'score_rounds', analysis.metrics.GRID_SCORE_ROUNDS,
@@ -75,6 +93,37 @@ def parse_learning_rates(name: str, values) -> tuple[float, ...]:
   if len(set(rates)) != len(rates):
     raise ValueError(f'--{name} has repeated values: {values}')
   return rates
+
+
+def parse_hparam_grid(text, algo: str) -> tuple[Optional[str], tuple]:
+  """(name, values) of `--hparam_grid` ('name:v1,v2,...'); (None, (None,)) when unset.
+
+  Raises:
+    ValueError: (one line) for a malformed axis, a name `algo` does not take, a
+      repeated value, or a value out of the hyperparameter's range.
+  """
+  if text is None:
+    return None, (None,)
+  name, sep, listed = text.partition(':')
+  if not sep or not name or not listed:
+    raise ValueError(f'--hparam_grid must be name:v1,v2,..., got {text!r}')
+  spec = registry.get(algo)
+  if name not in spec.hparams_class.names():
+    raise ValueError(
+        f'--hparam_grid: {name!r} is not a hyperparameter of --algo={algo}; its'
+        f' hyperparameters are {sorted(spec.hparams_class.names())}'
+    )
+  if name in ('client_learning_rate', 'server_learning_rate'):
+    raise ValueError(f'--hparam_grid: the grid sets {name}; give it with --{name}s')
+  values = tuple(spec.hparams(**{name: v}).as_dict()[name] for v in listed.split(','))
+  if len(set(values)) != len(values):
+    raise ValueError(f'--hparam_grid has repeated values: {listed}')
+  return name, values
+
+
+def axis_dir(grid_dir: str, name: Optional[str], value) -> str:
+  """The directory of the grid at one value of the third axis (`grid_dir` without one)."""
+  return grid_dir if name is None else os.path.join(grid_dir, f'{name}={value:g}')
 
 
 def cell_name(client_lr: float, server_lr: float) -> str:
@@ -182,29 +231,52 @@ def main(argv) -> int:
       flags.FLAGS.root_output_dir,
       flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
   )
-  cells = grid_runs(grid_dir, client_lrs, server_lrs, total_rounds)
+  axis, values = parse_hparam_grid(_HPARAM_GRID.value, flags.FLAGS.algo)
+  if axis is not None and flags.FLAGS[axis].present:
+    raise ValueError(f'the grid sets --{axis}; give its values with --hparam_grid')
+  grids = {}
+  for value in values:
+    cells = grid_runs(axis_dir(grid_dir, axis, value), client_lrs, server_lrs, total_rounds,
+                      None if axis is None else {axis: value})
+    if axis is not None:  # Names (and logs) unique across the values.
+      cells = {lrs: dataclasses.replace(run, name=f'{axis}{value:g}_{run.name}')
+               for lrs, run in cells.items()}
+    grids[value] = cells
+  third = '' if axis is None else f' x {len(values)} {axis} values'
   print(
       f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
-      f' {len(server_lrs)} server learning rates, {total_rounds} rounds per'
+      f' {len(server_lrs)} server learning rates{third}, {total_rounds} rounds per'
       f' cell, {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
   )
   score_rounds = _SCORE_ROUNDS.value
   states = runner.run_all(
-      list(cells.values()), parallel=runner.PARALLEL.value, log_dir=os.path.join(grid_dir, 'logs'),
+      [run for cells in grids.values() for run in cells.values()],
+      parallel=runner.PARALLEL.value, log_dir=os.path.join(grid_dir, 'logs'),
       describe=lambda run, state: f'score={cell_score(run, state, score_rounds):.4f}',
   )
-  best, heatmap_path = write_results(
-      grid_dir, cells, states, client_lrs, server_lrs, score_rounds)
-  print(f'table: {os.path.join(grid_dir, "grid.csv")}\nheatmap: {heatmap_path}')
+  best = None
+  for value, cells in grids.items():
+    found, heatmap_path = write_results(
+        axis_dir(grid_dir, axis, value), cells, states, client_lrs, server_lrs, score_rounds)
+    print(f'table: {os.path.join(axis_dir(grid_dir, axis, value), "grid.csv")}\n'
+          f'heatmap: {heatmap_path}')
+    if found is not None and axis is not None:
+      found[axis] = value
+    if found is not None and (best is None or found['score'] > best['score']):
+      best = found
   if best is None:
     print('best: none (every cell diverged)', flush=True)
     print('grid_search: error: every cell diverged; try smaller learning rates',
           file=sys.stderr, flush=True)
     return failures.EXIT_DIVERGED
+  if axis is not None:
+    with open(os.path.join(grid_dir, 'best.json'), 'w') as f:
+      json.dump(best, f, indent=2)
   print(
       f'best: --client_learning_rate={best["client_learning_rate"]!r}'
       f' --server_learning_rate={best["server_learning_rate"]!r}'
-      f' (score {best["score"]:.4f})', flush=True,
+      + ('' if axis is None else f' --{axis}={best[axis]!r}')
+      + f' (score {best["score"]:.4f})', flush=True,
   )
   return 0
 

@@ -146,6 +146,37 @@ def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_main, tmp_pa
   assert not os.listdir(tmp_path)
 
 
+def test_grid_search_covers_a_third_hyperparameter_axis(run_main, tmp_path):
+  """FedProx's mu as the third axis: a grid per value, the best over all of them."""
+  base = ['--task=emnist', '--algo=fedprox', f'--root_output_dir={tmp_path}', *_TINY,
+          '--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
+          '--score_rounds=1', f'--cache_dir={tmp_path / "cache"}']
+  for axis, message in [
+      ('proximal_strength:-1,0.1', 'proximal_strength must be >= 0, got'),
+      ('proximal_strength:0.1,0.1', 'repeated values'),
+      ('beta:0.1', "'beta' is not a hyperparameter of --algo=fedprox"),
+      ('proximal_strength', 'must be name:v1,v2'),
+  ]:
+    rc, _, err = run_main(grid_search, *base, f'--hparam_grid={axis}')
+    assert rc == 2 and err.startswith('grid_search: error:') and message in err, err
+    assert len(err.strip().splitlines()) == 1
+  rc, out, err = run_main(grid_search, *base, '--hparam_grid=proximal_strength:0.01,1')
+  assert rc == 0, err
+  grid_dir = tmp_path / 'grid_emnist_fedprox'
+  scores = {}
+  for mu in ('0.01', '1'):
+    (row,) = _rows(grid_dir / f'proximal_strength={mu}' / 'grid.csv')
+    assert row['status'] == runner.FINISHED
+    recorded = json.loads((grid_dir / f'proximal_strength={mu}' / 'clr0.1_slr1' /
+                           'flags.json').read_text())
+    assert recorded['hparams']['proximal_strength'] == float(mu)
+    scores[float(mu)] = float(row['score'])
+  best = json.loads((grid_dir / 'best.json').read_text())
+  assert best['score'] == max(scores.values())
+  assert scores[best['proximal_strength']] == best['score']
+  assert f"--proximal_strength={best['proximal_strength']!r}" in out
+
+
 # --- comparison -------------------------------------------------------------------------
 
 
