@@ -13,7 +13,9 @@ after a warm-up round each, with the median and spread over `--repeats`:
   dataset (the reference issue 8 was first measured against);
 - `plain_tf/<algo>`: each algorithm's client arithmetic without federation, its bound:
   a stateless algorithm's client rule stepped in `plain_tf`'s loop (so
-  `plain_tf/fedavg` is `plain_tf`); a stateful algorithm's `build_local_update()`, the
+  `plain_tf/fedavg` is `plain_tf`; Mime-Lite's after a pass that sums the gradients
+  at the round's weights, its full-batch gradient); a stateful algorithm's
+  `build_local_update()`, the
   very `tf.function` TFF's worker runs for one client, its states kept in memory; the
   clients in turn, in this process;
 - `tff_fedavg`: TFF's own `tff.learning.algorithms.build_weighted_fed_avg` on the
@@ -160,7 +162,7 @@ def client_datasets(task, num_clients: int, examples: int) -> list[tf.data.Datas
 
 def plain_tf_round_fn(
     task, datasets, optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-    keras_loop: bool = False,
+    keras_loop: bool = False, full_gradient_pass: bool = False,
 ):
   """One pass per client from the same weights, in one tf.function, nothing else.
 
@@ -172,6 +174,8 @@ def plain_tf_round_fn(
     keras_loop: True: Keras SGD in a `for` loop over the dataset (`plain_tf_keras`),
       which autograph turns into a while loop over an iterator and which was 1.5x
       slower here.
+    full_gradient_pass: First sum the gradients over the dataset at the initial
+      weights (Mime-Lite's full-batch gradient), then train.
   """
   model = task.keras_model_fn()
   loss_fn = task.spec.loss_fn()
@@ -199,6 +203,11 @@ def plain_tf_round_fn(
   def train_client(dataset):
     for v, w in zip(variables, initial):
       v.assign(w)
+    if full_gradient_pass:
+      dataset.reduce(
+          tuple(tf.zeros(s.shape, s.dtype) for s in specs),
+          lambda total, batch: tuple(t + g for t, g in zip(total, gradients(batch))),
+      )
     if keras_loop:
       for batch in dataset:
         keras_sgd.apply_gradients(zip(gradients(batch), variables))
@@ -235,8 +244,12 @@ def local_update_round_fn(algo: str, task, process, state, datasets):
   one client), every client from the weights of `state` and keeping its state from
   call to call, in memory.
   """
-  if not registry.get(algo).stateful:
-    return plain_tf_round_fn(task, datasets, client_rule_optimizer(algo, task))
+  spec = registry.get(algo)
+  if not spec.stateful:
+    return plain_tf_round_fn(
+        task, datasets, client_rule_optimizer(algo, task),
+        full_gradient_pass=spec.full_gradient_pass,
+    )
   weights = process.get_model_weights(state)
   local_update = process.build_local_update()
   round_input = process.round_input(state)

@@ -170,8 +170,8 @@ _INTRA_OP_THREADS = flags.DEFINE_integer(
 )
 _CLIENT_STATE_STORE = flags.DEFINE_enum(
     'client_state_store', 'disk', ['disk', 'memory'],
-    'Where clients that keep state (FedRKMGC, FedGPS) keep it between rounds: on disk, one'
-    ' file per client under <experiment>/client_states (memory flat in the'
+    'Where clients that keep state (FedRKMGC, FedGPS, SCAFFOLD) keep it between rounds: on'
+    ' disk, one file per client under <experiment>/client_states (memory flat in the'
     ' population), or in memory (faster; snapshots at each checkpoint).',
 )
 _WORKERS = flags.DEFINE_list(

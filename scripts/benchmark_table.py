@@ -5,8 +5,9 @@
   .venv/bin/python scripts/benchmark_table.py bench.json --write=docs/performance.md
 
 `--write` replaces what lies between the lines `<!-- benchmark-table: begin -->` and
-`<!-- benchmark-table: end -->` of that file, so the published figures are the measured ones,
-never copied by hand. Pure Python: reading the JSON needs neither TensorFlow nor TFF.
+`<!-- benchmark-table: end -->` of that file (with `--section=NAME`, between
+`<!-- benchmark-table NAME: begin -->` and `... NAME: end -->`: a second table from another
+run), so the published figures are the measured ones, never copied by hand. Pure Python: reading the JSON needs neither TensorFlow nor TFF.
 """
 
 import argparse
@@ -53,12 +54,21 @@ def render(report: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def replace_between_markers(text: str, table: str) -> str:
+def markers(section=None) -> tuple[str, str]:
+  """The BEGIN and END lines of the table (of `section`, a second table, if given)."""
+  if section is None:
+    return BEGIN, END
+  return (f'<!-- benchmark-table {section}: begin -->',
+          f'<!-- benchmark-table {section}: end -->')
+
+
+def replace_between_markers(text: str, table: str, section=None) -> str:
   """`text` with the lines between its BEGIN and END markers replaced by `table`."""
-  begin, end = text.find(BEGIN), text.find(END)
+  first, last = markers(section)
+  begin, end = text.find(first), text.find(last)
   if begin < 0 or end < begin:
-    raise ValueError(f'the file needs the lines {BEGIN} and {END}, in that order')
-  head = text[:begin + len(BEGIN)]
+    raise ValueError(f'the file needs the lines {first} and {last}, in that order')
+  head = text[:begin + len(first)]
   return f'{head}\n{table}{text[end:]}'
 
 
@@ -66,6 +76,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('report', help='the JSON file launch.benchmark --output wrote')
   parser.add_argument('--write', help='a Markdown file whose marked section to replace')
+  parser.add_argument('--section', help='the name of a second marked table in --write')
   args = parser.parse_args(argv)
   with open(args.report) as f:
     table = render(json.load(f))
@@ -73,7 +84,7 @@ def main(argv=None) -> int:
     sys.stdout.write(table)
     return 0
   with open(args.write) as f:
-    text = replace_between_markers(f.read(), table)
+    text = replace_between_markers(f.read(), table, args.section)
   with open(args.write, 'w') as f:
     f.write(text)
   return 0

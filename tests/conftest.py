@@ -91,6 +91,7 @@ _FILE_SECONDS = {
     'test_fedgps.py': 22, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,
     'test_synthetic.py': 16, 'test_readme.py': 14, 'test_reproduce.py': 13,
     'test_shakespeare_gru.py': 13, 'test_tasks.py': 8, 'test_client_states.py': 6,
+    'test_tff_baselines.py': 25, 'test_scaffold.py': 20,
 }
 
 

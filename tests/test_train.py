@@ -358,6 +358,14 @@ def test_divergence_is_judged_on_everything_a_round_reports():
          'built without CUDA'),
         (['--task=emnist', '--algo=fedrkmgc', '--runtime=in_process', '--client_learning_rate=-1'],
          'client_learning_rate'),
+        (['--task=emnist', '--algo=fedprox', '--proximal_strength=-0.1'],
+         'proximal_strength must be >= 0, got -0.1'),
+        (['--task=emnist', '--algo=fedyogi', '--yogi_epsilon=0'], 'yogi_epsilon must be > 0'),
+        (['--task=emnist', '--algo=fedadagrad', '--adagrad_epsilon=-1e-6'],
+         'adagrad_epsilon must be > 0'),
+        (['--task=emnist', '--algo=scaffold', '--client_learning_rate=0'],
+         'client_learning_rate must be > 0'),
+        (['--task=emnist', '--algo=fedavg', '--proximal_strength=0.1'], 'does not apply'),
     ],
 )
 def test_bad_values_end_with_one_line_and_write_nothing(run_main, tmp_path, args, message):

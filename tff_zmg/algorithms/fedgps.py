@@ -508,20 +508,9 @@ def _shared_state(initial, upload_type, aggregated_type):
         prototype_counts=counts,
     )
 
-  @tff.federated_computation
-  def initialize():
-    return tff.federated_eval(initial, tff.SERVER)
-
-  @tff.federated_computation(
-      tff.FederatedType(shared_type, tff.SERVER),
-      tff.FederatedType(upload_type, tff.CLIENTS),
-      tff.FederatedType(aggregated_type, tff.SERVER),
+  return stateful_clients.build_shared_state(
+      initial, upload_type, aggregated_type, weighted, server_update
   )
-  def next_fn(shared, uploads, aggregated):
-    sums = tff.federated_sum(tff.federated_map(weighted, uploads))
-    return tff.federated_map(server_update, (shared, sums, aggregated))
-
-  return stateful_clients.SharedState(initialize=initialize, next=next_fn)
 
 
 def build_fedgps(

@@ -55,6 +55,8 @@ class AlgorithmSpec:
       model (`keras_model_fn`), as FedGPS does for its features.
     needs_num_clients: Whether the builder also takes the number of training
       clients (`num_clients`), as SCAFFOLD does for its server control variate.
+    full_gradient_pass: Whether each client also computes its full-batch gradient at
+      the round's model, a second pass over its data (Mime-Lite).
   """
 
   name: str
@@ -68,6 +70,7 @@ class AlgorithmSpec:
   stateful: bool = False
   needs_keras_model: bool = False
   needs_num_clients: bool = False
+  full_gradient_pass: bool = False
 
   def hparams(self, **values: Any) -> hp.Hparams:
     """The algorithm's hyperparameters: its defaults with `values`, checked.
@@ -158,6 +161,7 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             _EXAMPLES,
             'Mime-Lite: client SGDM with the server\'s momentum frozen, server SGD'
             ' (Karimireddy et al. 2021; TFF\'s build_weighted_mime_lite).',
+            full_gradient_pass=True,
         ),
         _spec(
             'local_gc', gc_fed.build_local_gc, gc_fed.LocalGcHparams, 'local_gc', 'sgd', _UNIFORM,

@@ -136,29 +136,23 @@ def _shared_control(initial, upload_type, aggregated_type, num_clients: int):
   """`c` as shared server state: `c + sum_S(c_i+ - c_i) / N` after each round."""
   shared_type = initial.type_signature.result
 
-  @tff.tensorflow.computation(shared_type, upload_type.control_delta)
-  def server_update(shared, control_delta_sum):
+  @tff.tensorflow.computation(upload_type)
+  def control_delta(upload):
+    return upload['control_delta']
+
+  @tff.tensorflow.computation(
+      shared_type, control_delta.type_signature.result, aggregated_type
+  )
+  def server_update(shared, control_delta_sum, aggregated):
+    del aggregated  # `c` reads the clients' uploads only.
     return collections.OrderedDict(control=tuple(
         control_variates.next_server_control(c, s, float(num_clients))
         for c, s in zip(shared['control'], control_delta_sum)
     ))
 
-  @tff.federated_computation
-  def initialize():
-    return tff.federated_eval(initial, tff.SERVER)
-
-  @tff.federated_computation(
-      tff.FederatedType(shared_type, tff.SERVER),
-      tff.FederatedType(upload_type, tff.CLIENTS),
-      tff.FederatedType(aggregated_type, tff.SERVER),
+  return stateful_clients.build_shared_state(
+      initial, upload_type, aggregated_type, control_delta, server_update
   )
-  def next_fn(shared, uploads, aggregated):
-    del aggregated  # `c` reads the clients' uploads only.
-    return tff.federated_map(
-        server_update, (shared, tff.federated_sum(uploads.control_delta))
-    )
-
-  return stateful_clients.SharedState(initialize=initialize, next=next_fn)
 
 
 # The builders.

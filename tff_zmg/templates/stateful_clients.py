@@ -104,6 +104,39 @@ class SharedState:
   next: tff.Computation
 
 
+def build_shared_state(
+    initial: tff.Computation,
+    upload_type: tff.Type,
+    aggregated_type: tff.Type,
+    summarize: tff.Computation,
+    update: tff.Computation,
+) -> SharedState:
+  """The `SharedState` that sums what each client uploads, then updates the server's.
+
+  Args:
+    initial: `( -> X)`, the shared state's first value (a `tff.tensorflow.computation`).
+    upload_type: `U`, one client's upload (the client work's `upload_type`).
+    aggregated_type: `A`, the aggregated client update.
+    summarize: `(U -> V)`: what of a client's upload is summed over the round's clients.
+    update: `(<X, V, A> -> X)`: the next shared state from the sum and the update.
+  """
+
+  @tff.federated_computation
+  def initialize():
+    return tff.federated_eval(initial, tff.SERVER)
+
+  @tff.federated_computation(
+      tff.FederatedType(initial.type_signature.result, tff.SERVER),
+      tff.FederatedType(upload_type, tff.CLIENTS),
+      tff.FederatedType(aggregated_type, tff.SERVER),
+  )
+  def next_fn(shared, uploads, aggregated):
+    sums = tff.federated_sum(tff.federated_map(summarize, uploads))
+    return tff.federated_map(update, (shared, sums, aggregated))
+
+  return SharedState(initialize=initialize, next=next_fn)
+
+
 class StatefulClientsLearningProcess(tff.templates.IterativeProcess):
   """A `LearningProcess`-shaped process whose `next` also maps client states.
 
