@@ -37,6 +37,7 @@ from typing import Any, Mapping
 from absl import flags
 from absl import logging
 import tensorflow as tf
+import tensorflow_federated as tff
 
 import tasks
 from launch import experiment
@@ -48,8 +49,13 @@ from tff_zmg.templates import hparams as hparams_lib
 
 
 _TASK = flags.DEFINE_enum('task', None, list(tasks.TASK_NAMES), 'The federated task.')
+_WEIGHTS = {tff.learning.ClientWeighting.UNIFORM: 'uniform weights',
+            tff.learning.ClientWeighting.NUM_EXAMPLES: 'weights by examples'}
 _ALGO = flags.DEFINE_enum(
-    'algo', None, sorted(registry.ALGORITHMS), 'The algorithm (see the registry).'
+    'algo', None, sorted(registry.ALGORITHMS),
+    'The algorithm (docs/algorithms.md) and how the server weights client updates: '
+    + ' '.join(f'{name} ({_WEIGHTS[spec.client_weighting]}): {spec.description}'
+               for name, spec in registry.ALGORITHMS.items()),
 )
 _DATA_SOURCE = flags.DEFINE_enum(
     'data_source', 'tff', ['tff', 'synthetic'],

@@ -54,6 +54,9 @@ SPEC_TABLE = {
     # Stateful clients, surrogate objective (tests/test_fedgps.py checks them).
     'fedgps': ('fedgps', 'sgd', UNIFORM),
     'fedgps_cf': ('fedgps', 'sgd', UNIFORM),
+    # Stateful clients, control variates (tests/test_scaffold.py checks them).
+    'scaffold': ('scaffold_sgd', 'sgd', UNIFORM),
+    'fedzmg_scaffold': ('scaffold_zmg_sgdm', 'sgd', UNIFORM),
 }
 STATELESS = [n for n, s in registry.ALGORITHMS.items() if not s.stateful]
 

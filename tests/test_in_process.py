@@ -80,10 +80,11 @@ def assert_all_close(actual, expected):
 STATELESS = sorted(name for name, spec in registry.ALGORITHMS.items() if not spec.stateful)
 
 
-# Compared with the worker in test_fedrkmgc.py (VARIANTS) and test_fedgps.py.
+# Compared with the worker in test_fedrkmgc.py (VARIANTS), test_fedgps.py and
+# test_scaffold.py.
 STATEFUL_COMPARED_ELSEWHERE = {
     'fedrkmgc', 'fedrkmgc_raw', 'fedrkmgc_re', 'fedrkmgc_km', 'fedrkmgc_fast_km',
-    'fedrkmgc_re_km', 'fedgps', 'fedgps_cf',
+    'fedrkmgc_re_km', 'fedgps', 'fedgps_cf', 'scaffold', 'fedzmg_scaffold',
 }
 
 

@@ -4,7 +4,7 @@ A softmax regression (3 inputs, 2 classes) on N = 3 clients with 1, 2 and 3 loca
 (so K differs), three rounds with partial participation: client 2 sits out round 0 and
 client 0 round 1, keeping its `c_i`. The model weights, every client's `c_i` and the
 server's `c` must equal Karimireddy et al.'s Algorithm 1 (option II), the gradient of
-the mean cross-entropy computed here by hand.
+the mean cross-entropy computed here by hand, on TFF's worker and on the in-process runtime.
 """
 
 import collections
@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tff_zmg import client_states
 from tff_zmg.algorithms import registry
+from tff_zmg.runtime import in_process
 import tiny_models
 
 PARTICIPATION = ((0, 1), (1, 2), (0, 2))
@@ -80,12 +81,22 @@ def _np_run(w0, hp, rounds, project):
   return history
 
 
-def _run(name, hp, rounds):
-  """`rounds` rounds through the package's trainer and in-memory client-state store."""
+def _run(name, hp, rounds, runtime):
+  """`rounds` rounds through the package's trainer and in-memory client-state store, on
+  the test session's TFF worker or in process."""
   process = registry.build(name, model_fn, num_clients=NUM_CLIENTS, **hp)
   trainer = client_states.StatefulClientsTrainer(
       process, client_states.InMemoryClientStateStore()
   )
+  if runtime == 'tff_worker':
+    return _rounds(trainer, rounds)
+  with in_process.in_process_context() as context:
+    result = _rounds(trainer, rounds)
+  assert context.rounds_run == rounds  # The rounds ran in this process.
+  return result
+
+
+def _rounds(trainer, rounds):
   state = trainer.initialize()
   w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
   history = []
@@ -107,15 +118,16 @@ def _assert_close(actual, expected, what):
     np.testing.assert_allclose(a, e, rtol=2e-5, atol=1e-6, err_msg=f'{what}[{k}]')
 
 
+@pytest.mark.parametrize('runtime', ['tff_worker', 'in_process'])
 @pytest.mark.parametrize('name, hp, rounds, project', [
     ('scaffold', dict(client_learning_rate=0.3, server_learning_rate=0.7), 3, False),
     ('fedzmg_scaffold', dict(client_learning_rate=0.3, server_learning_rate=0.7,
                              client_momentum=0.5, weight_decay=0.1), 2, True),
 ])
 def test_weights_and_control_variates_follow_option_ii(tff_context, name, hp, rounds,
-                                                       project):
+                                                       project, runtime):
   del tff_context
-  w0, history = _run(name, hp, rounds)
+  w0, history = _run(name, hp, rounds, runtime)
   expected = _np_run(w0, hp, rounds, project)
   for t, ((weights, c_i, c), (w_np, c_i_np, c_np)) in enumerate(zip(history, expected)):
     _assert_close(weights, w_np, f'round {t} weights')
