@@ -40,6 +40,14 @@ from tff_zmg.algorithms import build_fedzmg_adam
 from tff_zmg.algorithms import build_gcfed
 from tff_zmg.algorithms import build_global_gc
 from tff_zmg.algorithms import build_local_gc
+from tff_zmg.algorithms import build_fedadagrad
+from tff_zmg.algorithms import build_fedprox
+from tff_zmg.algorithms import build_fedyogi
+from tff_zmg.algorithms import build_fedzmg_prox
+from tff_zmg.algorithms import build_fedzmg_scaffold
+from tff_zmg.algorithms import build_fedzmg_yogi
+from tff_zmg.algorithms import build_mime_lite
+from tff_zmg.algorithms import build_scaffold
 from tff_zmg.algorithms import build_process
 from tff_zmg.algorithms import CLIENT_RULES
 from tff_zmg.algorithms import registry
@@ -60,6 +68,14 @@ __all__ = [
     'build_gcfed',
     'build_global_gc',
     'build_local_gc',
+    'build_fedadagrad',
+    'build_fedprox',
+    'build_fedyogi',
+    'build_fedzmg_prox',
+    'build_fedzmg_scaffold',
+    'build_fedzmg_yogi',
+    'build_mime_lite',
+    'build_scaffold',
     'build_process',
     'runtime',
     'execution_context',

@@ -3,8 +3,8 @@
 One file per family, each holding its `Hparams` dataclass, its client and server steps
 and its `build_*` functions: `fedavg` (FedAvg, FedAdam, FedYogi, FedAdagrad), `fedzmg`
 (FedZMG, FedZMG-Adam, FedZMG-Yogi), `fedprox` (FedProx, FedZMG-Prox), `mime_lite`,
-`gc_fed` (LocalGC, GlobalGC, GC-Fed), `fedrkmgc` (FedRKMGC and its ablations), `fedgps`
-(FedGPS, FedGPS-CF). `registry` maps `--algo` names to them; `rules.build_process`
+`scaffold` (SCAFFOLD, FedZMG-SCAFFOLD), `gc_fed` (LocalGC, GlobalGC, GC-Fed), `fedrkmgc`
+(FedRKMGC and its ablations), `fedgps` (FedGPS, FedGPS-CF). `registry` maps `--algo` names to them; `rules.build_process`
 composes any client step with any server step by name.
 """
 
@@ -45,6 +45,10 @@ from tff_zmg.algorithms.registry import ALGORITHMS
 from tff_zmg.algorithms.rules import build_process
 from tff_zmg.algorithms.rules import CLIENT_RULES
 from tff_zmg.algorithms.rules import SERVER_RULES
+from tff_zmg.algorithms.scaffold import build_fedzmg_scaffold
+from tff_zmg.algorithms.scaffold import build_scaffold
+from tff_zmg.algorithms.scaffold import FedZmgScaffoldHparams
+from tff_zmg.algorithms.scaffold import ScaffoldHparams
 # The framework parts, where they were before `tff_zmg.templates`.
 from tff_zmg.templates.stateful_clients import compose_stateful_clients_process
 from tff_zmg.templates.stateful_clients import SharedState
@@ -66,6 +70,10 @@ __all__ = [
     'GlobalGcHparams',
     'LocalGcHparams',
     'SERVER_RULES',
+    'FedZmgScaffoldHparams',
+    'ScaffoldHparams',
+    'build_fedzmg_scaffold',
+    'build_scaffold',
     'FedAdagradHparams',
     'FedYogiHparams',
     'FedProxHparams',
