@@ -148,3 +148,19 @@ def test_scaffold_needs_the_number_of_clients():
     registry.build('scaffold', model_fn)
   with pytest.raises(ValueError, match=r'client_learning_rate must be > 0, got -0.1'):
     registry.build('scaffold', model_fn, num_clients=3, client_learning_rate=-0.1)
+
+
+def test_a_client_that_runs_no_step_keeps_its_control_variate(tff_context):
+  """K = 0 (no batch): option II would divide by zero; the client keeps c_i."""
+  del tff_context
+  process = registry.build('scaffold', model_fn, num_clients=NUM_CLIENTS)
+  state = process.initialize()
+  c_i = (np.full((3, 2), 0.5, np.float32), np.full((2,), -0.5, np.float32))
+  output = process.build_local_update()(
+      process.get_model_weights(state), _dataset(0).take(0),
+      collections.OrderedDict(control=c_i), process.round_input(state),
+  )
+  assert float(output.result.update_weight) == 1.0  # Kept, not dropped as non-finite.
+  for new, old in zip(output.state['control'], c_i):
+    np.testing.assert_array_equal(new, old)
+  assert all(not np.any(d) for d in output.upload['control_delta'])

@@ -87,14 +87,13 @@ def _scaffold_rule(model_fn, hparams, build_optimizer) -> stateful_clients.Clien
   def final(context, loop_state, delta):
     client_control, server_control = context
     steps = tf.cast(loop_state[1], tf.float32)
-    new_control = tuple(
-        tf.cond(
-            steps > 0,
-            lambda ci=ci, c=c, d=d: control_variates.next_client_control(
-                ci, c, d, steps, learning_rate),
-            lambda ci=ci: tf.identity(ci),
-        )
-        for ci, c, d in zip(client_control, server_control, delta)
+    new_control = tf.cond(
+        steps > 0,
+        lambda: tuple(
+            control_variates.next_client_control(ci, c, d, steps, learning_rate)
+            for ci, c, d in zip(client_control, server_control, delta)
+        ),
+        lambda: tuple(tf.identity(ci) for ci in client_control),  # No step: c_i kept.
     )
     return stateful_clients.ClientFinal(
         state=collections.OrderedDict(control=new_control),
