@@ -108,18 +108,13 @@ def _corrected_sgdm_rule(
 
   def step(context, optimizer_state, batch):
     client_state, _ = context
-    with tf.GradientTape() as tape:
-      output = model.forward_pass(batch, training=True)
-    gradients = tape.gradient(output.loss, trainable)
-    # Embedding gradients arrive as IndexedSlices; the correction is dense.
-    corrected = tuple(
-        correction_lib.corrected_gradient(tf.convert_to_tensor(g), d)
-        for g, d in zip(gradients, client_state['correction'])
+    return stateful_clients.optimizer_step(
+        model, trainable, optimizer, optimizer_state, batch,
+        lambda gradients: tuple(
+            correction_lib.corrected_gradient(g, d)
+            for g, d in zip(gradients, client_state['correction'])
+        ),
     )
-    optimizer_state, updated = optimizer.next(optimizer_state, trainable, corrected)
-    for variable, value in zip(trainable, updated):
-      variable.assign(value)
-    return optimizer_state
 
   def final(context, optimizer_state, delta):
     del optimizer_state
@@ -174,18 +169,11 @@ def build_corrected_sgdm_client_work(
     A `StatefulClientWork` whose client state is `OrderedDict(correction=D_n,
     raw_correction=Dt_n, participations=int32)`.
   """
-  # The one model built outside a computation: its types and metric finalizers.
-  with tf.Graph().as_default():
-    model = model_fn()
-    metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(
-        model.metric_finalizers()
-    )
-    data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
-    weights_type = tff.learning.models.weights_type_from_model(model)
+  types = stateful_clients.model_types(model_fn)
 
   @tff.tensorflow.computation
   def initial_client_state():
-    zeros = stateful_clients.trainable_zeros(weights_type.trainable)
+    zeros = stateful_clients.trainable_zeros(types.weights_type.trainable)
     return collections.OrderedDict(
         correction=zeros,
         raw_correction=zeros,
@@ -199,11 +187,11 @@ def build_corrected_sgdm_client_work(
           hparams,
           correction=correction,
       ),
-      weights_type=weights_type,
-      data_type=data_type,
+      weights_type=types.weights_type,
+      data_type=types.data_type,
       round_input_type=tff.TensorType(np.int32),
       initial_client_state=initial_client_state,
-      metrics_aggregation_fn=metrics_aggregation_fn,
+      metrics_aggregation_fn=types.metrics_aggregation_fn,
       loop_implementation=loop_implementation,
   )
 

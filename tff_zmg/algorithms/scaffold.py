@@ -72,16 +72,13 @@ def _scaffold_rule(model_fn, hparams, build_optimizer) -> stateful_clients.Clien
   def step(context, loop_state, batch):
     client_control, server_control = context
     optimizer_state, steps = loop_state
-    with tf.GradientTape() as tape:
-      output = model.forward_pass(batch, training=True)
-    gradients = tape.gradient(output.loss, trainable)
-    directions = tuple(
-        control_variates.controlled_gradient(tf.convert_to_tensor(g), ci, c)
-        for g, ci, c in zip(gradients, client_control, server_control)
+    optimizer_state = stateful_clients.optimizer_step(
+        model, trainable, optimizer, optimizer_state, batch,
+        lambda gradients: tuple(
+            control_variates.controlled_gradient(g, ci, c)
+            for g, ci, c in zip(gradients, client_control, server_control)
+        ),
     )
-    optimizer_state, updated = optimizer.next(optimizer_state, trainable, directions)
-    for variable, value in zip(trainable, updated):
-      variable.assign(value)
     return optimizer_state, steps + 1
 
   def final(context, loop_state, delta):
@@ -160,24 +157,19 @@ def _shared_control(initial, upload_type, aggregated_type, num_clients: int):
 def _build(model_fn, hparams, build_optimizer, num_clients, loop_implementation):
   num_clients = _check_num_clients(num_clients)
   initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
-  weights_type = initial_model_weights_fn.type_signature.result
-  with tf.Graph().as_default():
-    model = model_fn()
-    metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(
-        model.metric_finalizers()
-    )
-    data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
+  types = stateful_clients.model_types(model_fn)
+  weights_type = types.weights_type
   initial_shared = _zero_control(weights_type)
   client_work = stateful_clients.build_stateful_client_work(
       functools.partial(_scaffold_rule, model_fn, hparams, build_optimizer),
       weights_type=weights_type,
-      data_type=data_type,
+      data_type=types.data_type,
       round_input_type=tff.StructWithPythonType(
           [('round_num', np.int32), ('shared', initial_shared.type_signature.result)],
           collections.OrderedDict,
       ),
       initial_client_state=initial_shared,
-      metrics_aggregation_fn=metrics_aggregation_fn,
+      metrics_aggregation_fn=types.metrics_aggregation_fn,
       loop_implementation=loop_implementation,
   )
   distributor, aggregator, finalizer = compose.build_server_parts(

@@ -590,6 +590,51 @@ def _state_file_computations(client_state_type: tff.Type):
   return read_state, write_state
 
 
+class ModelTypes(NamedTuple):
+  """What a client work needs of a `VariableModel` outside any computation."""
+
+  weights_type: tff.Type  # The model weights the server broadcasts.
+  data_type: tff.Type  # One client's data, a sequence of the model's input spec.
+  metrics_aggregation_fn: Any  # Sums the clients' unfinalized metrics, then finalizes.
+
+
+def model_types(model_fn: Callable[[], tff.learning.models.VariableModel]) -> ModelTypes:
+  """The types and metric aggregation of `model_fn()`, from one model in a spare graph."""
+  with tf.Graph().as_default():
+    model = model_fn()
+    return ModelTypes(
+        weights_type=tff.learning.models.weights_type_from_model(model),
+        data_type=tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec)),
+        metrics_aggregation_fn=tff.learning.metrics.sum_then_finalize(
+            model.metric_finalizers()
+        ),
+    )
+
+
+def optimizer_step(model, trainable, optimizer, optimizer_state, batch, directions):
+  """One local step along `directions(gradients)` of the model's loss on `batch`.
+
+  Args:
+    model: The `VariableModel` whose `forward_pass` gives the loss.
+    trainable: Its trainable variables, updated in place.
+    optimizer: A `tff.learning.optimizers.Optimizer`.
+    optimizer_state: Its state before the step.
+    batch: One batch of the client's data.
+    directions: `(gradients) -> directions`, per trainable tensor; the gradients are
+      dense (an embedding's `IndexedSlices` converted).
+
+  Returns:
+    The optimizer's state after the step.
+  """
+  with tf.GradientTape() as tape:
+    output = model.forward_pass(batch, training=True)
+  gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(output.loss, trainable))
+  optimizer_state, updated = optimizer.next(optimizer_state, trainable, directions(gradients))
+  for variable, value in zip(trainable, updated):
+    variable.assign(value)
+  return optimizer_state
+
+
 def trainable_zeros(trainable_type: tff.Type) -> tuple[tf.Tensor, ...]:
   """Zero tensors shaped like a model's trainable weights (inside TF graphs)."""
   return tuple(tf.zeros(t.shape, t.dtype) for t in trainable_type)  # pytype: disable=attribute-error
