@@ -16,6 +16,7 @@ from launch import compare
 from launch import grid_search
 from launch import papers
 from launch import runner
+from launch import train
 from launch.reproduce import scales
 from tasks import sources
 from tasks import tfds_source
@@ -93,10 +94,9 @@ class Plan:
     # The protocol's data and participation flags, explicit so that the scale can cap
     # them (its hyperparameters are left to launch.train, which skips the ones an
     # algorithm does not take).
-    base = {} if protocol is None else {
-        k: v for k, v in papers.get_protocol(protocol).flag_values().items()
-        if k not in papers.get_protocol(protocol).hparams and not flags.FLAGS[k].present
-    }
+    base = {} if protocol is None else papers.values_for_unset(
+        protocol, train.settings_from_flags().given, algo_hparams=()
+    )
     values = {**base, **self.paper.flags, **setting.flags, 'task': self.task(setting)}
     if 'clients_per_round' in values:
       values['clients_per_round'] = self.scale.cap(
