@@ -1,14 +1,34 @@
 #!/usr/bin/env bash
 # Creates .venv and installs tff_zmg with its tested dependency set. Idempotent: a second
 # run with unchanged requirements only checks a stamp and returns in well under a second.
+#
+#   bash scripts/bootstrap.sh          # the set every machine needs (TensorFlow's CUDA build)
+#   bash scripts/bootstrap.sh --gpu    # and the CUDA 11.8 / cuDNN 8.7 wheels it loads on a GPU
+#                                      # (requirements/gpu.txt: about 2 GB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+gpu=0
+for arg in "$@"; do
+  case "$arg" in
+    --gpu) gpu=1 ;;
+    *) echo "bootstrap: unknown argument '$arg' (the only one is --gpu)" >&2; exit 2 ;;
+  esac
+done
+
 venv=.venv
 stamp="$venv/.tff_zmg-installed"
-want=$(cat requirements/constraints.txt requirements/overrides.txt requirements/requirements.txt setup.py | sha256sum | cut -d' ' -f1)
-if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  exit 0
+cpu_set=$(cat requirements/constraints.txt requirements/overrides.txt requirements/requirements.txt setup.py | sha256sum | cut -d' ' -f1)
+# The GPU set's stamp covers the CPU set's too: a plain run after `--gpu` has nothing to do,
+# and `--gpu` after a plain run installs the GPU wheels.
+gpu_set=$(printf '%s\n' "$cpu_set" | cat - requirements/gpu.txt | sha256sum | cut -d' ' -f1)
+want=$cpu_set
+(( gpu )) && want=$gpu_set
+if [[ -x "$venv/bin/python" && -f "$stamp" ]]; then
+  have=$(cat "$stamp")
+  if [[ "$have" == "$want" || ( $gpu == 0 && "$have" == "$gpu_set" ) ]]; then
+    exit 0
+  fi
 fi
 
 # TFF 0.87.0 supports CPython 3.9-3.11 only; take the newest such interpreter on PATH.
@@ -39,6 +59,11 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # requirements and give them the rest, with jax 0.4.13, from the constraints file.
 "${pip[@]}" install --no-deps -c requirements/constraints.txt tensorflow-federated google-vizier
 "${pip[@]}" install -c requirements/constraints.txt -r requirements/requirements.txt
+if (( gpu )); then
+  # Under the same constraints, so that only the listed wheels are added (gpu.txt says why
+  # each, and why TensorRT is left out).
+  "${pip[@]}" install -c requirements/constraints.txt -r requirements/gpu.txt
+fi
 # Then the versions the resolver cannot pick, each with its reason (overrides.txt).
 "${pip[@]}" install --no-deps -r requirements/overrides.txt
 "${pip[@]}" install --no-deps --no-build-isolation -e .
