@@ -7,6 +7,9 @@ One labelled line each:
 
 - `tf_build`: TensorFlow's version, whether it is a CUDA build, its CUDA and cuDNN versions;
 - `tf_gpus`: the GPUs TensorFlow sees (physical and logical), `tf_logical_devices`: all;
+- `no_gpu_cause`, when it sees none: why, and the command that fixes it
+  (`tff_zmg.runtime.gpu_diagnosis`: a CPU-only TensorFlow, no NVIDIA driver, the first CUDA
+  library that does not load, CUDA_VISIBLE_DEVICES, the driver's refusal);
 - `tff_worker`: the device lines TFF's C++ `worker_binary` logs when it creates its first
   session ('Found devices: ...', 'Found: N GPUs ...'); TFF 0.87's pip worker is built without
   CUDA, so it lists the CPU only;
@@ -44,6 +47,7 @@ import tasks
 from launch import failures
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
+from tff_zmg.runtime import gpu_diagnosis
 from tff_zmg.runtime import in_process
 from tff_zmg.runtime import tf_computation
 
@@ -145,6 +149,8 @@ def main(argv) -> int:
   physical_gpus = [d.name for d in tf.config.list_physical_devices('GPU')]
   gpus = in_process.visible_gpus()  # Memory growth on, before TensorFlow starts.
   print(f'tf_gpus: physical={physical_gpus or "none"} logical={gpus or "none"}', flush=True)
+  if not gpus:
+    print(f'no_gpu_cause: {gpu_diagnosis.no_gpu_cause()}', flush=True)
   print(
       'tf_logical_devices: '
       + ' '.join(f'{d.name}({d.device_type})' for d in tf.config.list_logical_devices()),

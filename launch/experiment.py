@@ -788,10 +788,10 @@ def run(config: ExperimentConfig) -> dict:
   in_process_threads = _set_in_process_threads(config)  # Before any TF op runs.
   flags_agree = False if config.overwrite else _check_resumable(config)
   if config.executor == 'gpu' and not in_process.visible_gpus():
+    from tff_zmg.runtime import gpu_diagnosis  # pylint: disable=g-import-not-at-top
     raise ExperimentError(
-        '--executor=gpu but TensorFlow sees no GPU in this process (CUDA build:'
-        f' {tf.test.is_built_with_cuda()}, CUDA_VISIBLE_DEVICES='
-        f'{os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}); use --executor=cpu'
+        '--executor=gpu but TensorFlow sees no GPU in this process:'
+        f' {gpu_diagnosis.no_gpu_cause()} (or use --executor=cpu)'
     )
   _check_run_directory(config)
   if config.workers:

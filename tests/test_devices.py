@@ -28,6 +28,7 @@ import psutil
 import pytest
 import tensorflow as tf
 
+from tff_zmg.runtime import gpu_diagnosis
 from tff_zmg.runtime import tf_computation
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,6 +296,12 @@ def test_check_devices_on_this_machine(tmp_path):
   assert completed.returncode == 0, (out + completed.stderr)[-5000:]
   assert re.search(r'^tf_build: version=\S+ is_cuda_build=\w+ cuda_version=', out, re.M), out
   assert re.search(r'^tf_gpus: physical=none logical=none$', out, re.M), out
+  # Why, in one line with its fix; here (CUDA_VISIBLE_DEVICES='' too) the missing driver first.
+  causes = re.findall(r'^no_gpu_cause: (.*)$', out, re.M)
+  assert len(causes) == 1, out
+  if gpu_diagnosis.driver_cause():
+    assert causes == [gpu_diagnosis.driver_cause()], out
+    assert causes[0].startswith('no NVIDIA driver: libcuda.so.1 cannot be loaded'), out
   assert 'no GPU: the in-process round ran on the CPU' in out
   assert re.search(r'^tff_worker: binary=\S*worker_binary', out, re.M), out
   assert re.search(r'^tff_worker_log: Found devices: \[/physical_device:CPU:0\]', out, re.M), out

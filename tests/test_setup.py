@@ -7,6 +7,7 @@ what it is asked to do.
 """
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -20,8 +21,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 import pytest
 
-_OVERRIDES = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'requirements',
-                          'overrides.txt')
+from tff_zmg.runtime import gpu_diagnosis
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OVERRIDES = os.path.join(_REPO, 'requirements', 'overrides.txt')
+_GPU = os.path.join(_REPO, 'requirements', 'gpu.txt')
+_CONSTRAINTS = os.path.join(_REPO, 'requirements', 'constraints.txt')
 
 
 def test_protobuf_is_the_override_and_runs_its_c_implementation():
@@ -35,9 +40,6 @@ def test_protobuf_is_the_override_and_runs_its_c_implementation():
 
 # --- The GPU set: `bash scripts/bootstrap.sh --gpu` (requirements/gpu.txt) ---
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_GPU = os.path.join(_REPO, 'requirements', 'gpu.txt')
-_CONSTRAINTS = os.path.join(_REPO, 'requirements', 'constraints.txt')
 # What pip prints when it cannot reach the index (urllib3's and pip's own words).
 _OFFLINE = re.compile(
     r'NewConnectionError|Max retries exceeded|Temporary failure in name resolution'
@@ -68,6 +70,35 @@ def test_gpu_pins_are_tensorflows_and_cuda_extra_without_tensorrt():
       extra[canonicalize_name(requirement.name)] = pinned.version
   assert extra.pop('tensorrt') == '8.5.3.1'  # Left out: no CPython 3.11 wheel (gpu.txt).
   assert _gpu_pins() == extra
+
+
+# Where each library TensorFlow loads at GPU start-up comes from: the wheel of gpu.txt and its
+# folder (the wheels' file lists: nvidia/<folder>/lib/<soname>).
+_WHEEL_OF_LIBRARY = {
+    'libcudart.so.11.0': ('nvidia-cuda-runtime-cu11', 'cuda_runtime'),
+    'libcublas.so.11': ('nvidia-cublas-cu11', 'cublas'),
+    'libcublasLt.so.11': ('nvidia-cublas-cu11', 'cublas'),
+    'libcufft.so.10': ('nvidia-cufft-cu11', 'cufft'),
+    'libcusolver.so.11': ('nvidia-cusolver-cu11', 'cusolver'),
+    'libcusparse.so.11': ('nvidia-cusparse-cu11', 'cusparse'),
+    'libcudnn.so.8': ('nvidia-cudnn-cu11', 'cudnn'),
+}
+
+
+def test_tensorflow_finds_the_wheels_libraries_without_ld_library_path():
+  # TensorFlow's libraries carry run paths to site-packages/nvidia/<folder>/lib ($ORIGIN is
+  # site-packages/tensorflow), so a dlopen of a library's soname finds the wheel's file.
+  if shutil.which('readelf') is None:
+    pytest.skip('readelf (binutils) is not installed')
+  assert set(gpu_diagnosis.CUDA_LIBRARIES) == set(_WHEEL_OF_LIBRARY)
+  tensorflow_dir = os.path.dirname(importlib.util.find_spec('tensorflow').origin)
+  for binary in ('libtensorflow_framework.so.2', 'libtensorflow_cc.so.2'):
+    dynamic = subprocess.run(['readelf', '-d', os.path.join(tensorflow_dir, binary)],
+                             capture_output=True, text=True, check=True).stdout
+    runpath = re.search(r'\(RUNPATH\)\s+Library runpath: \[(.*)\]', dynamic)[1].split(':')
+    for library, (wheel, folder) in _WHEEL_OF_LIBRARY.items():
+      assert wheel in _gpu_pins(), library
+      assert f'$ORIGIN/../nvidia/{folder}/lib' in runpath, (binary, library, runpath)
 
 
 @pytest.fixture(scope='module')

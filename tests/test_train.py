@@ -21,6 +21,7 @@ from launch import train
 from tff_zmg.algorithms import registry
 from tff_zmg.templates import hparams as hparams_lib
 from tff_zmg.runtime import cpp_worker
+from tff_zmg.runtime import gpu_diagnosis
 from tff_zmg.client_states import state_file
 import small_runs
 
@@ -460,6 +461,7 @@ def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
     rc, out, err = run_main('--task=emnist', '--algo=fedavg', '--executor=gpu',
                             f'--runtime={runtime}')
     assert rc == 2 and 'no GPU' in err and len(err.strip().splitlines()) == 1
+    assert gpu_diagnosis.no_gpu_cause() in err  # The cause and its fix, as check_devices says.
     assert not out  # Nothing claims a GPU that ran nothing.
     assert not os.listdir(tmp_path)
 
