@@ -23,7 +23,7 @@ cpu_set=$(cat requirements/constraints.txt requirements/overrides.txt requiremen
 # and `--gpu` after a plain run installs the GPU wheels.
 gpu_set=$(printf '%s\n' "$cpu_set" | cat - requirements/gpu.txt | sha256sum | cut -d' ' -f1)
 want=$cpu_set
-(( gpu )) && want=$gpu_set
+if (( gpu )); then want=$gpu_set; fi
 if [[ -x "$venv/bin/python" && -f "$stamp" ]]; then
   have=$(cat "$stamp")
   if [[ "$have" == "$want" || ( $gpu == 0 && "$have" == "$gpu_set" ) ]]; then
