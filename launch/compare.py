@@ -67,7 +67,7 @@ for _name in ('task', 'total_rounds', 'root_output_dir', 'parallel'):
 # flags.json settings that fix a run's data: runs compared in pairs must agree on them.
 DATA_SETTINGS = (
     'data_source', 'synthetic_settings', 'partition', 'dirichlet_alpha', 'num_clients',
-    'partition_seed', 'num_eval_clients',
+    'partition_seed', 'evaluation', 'eval_examples', 'num_eval_clients',
 )
 
 

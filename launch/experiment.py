@@ -27,6 +27,7 @@ import tensorflow_federated as tff
 import tree
 
 import tasks
+from tasks import evaluation
 from tasks import sources
 from tasks import tfds_source
 from launch import failures
@@ -99,7 +100,13 @@ class ExperimentConfig:
   max_elements_per_client: Optional[int] = None
   seed: int = 0
   rounds_per_eval: int = 1
-  num_eval_clients: int = 100
+  # One of evaluation.KINDS; None: 'global', or for a run recorded before this setting
+  # existed, the per-client evaluation it was started with (`resolve_evaluation`).
+  evaluation: Optional[str] = None
+  # global evaluation: a fixed subsample of this many test examples (None: all).
+  eval_examples: Optional[int] = None
+  # per_client evaluation: the first this many sorted test clients (None: all).
+  num_eval_clients: Optional[int] = None
   rounds_per_checkpoint: int = 1
   executor: str = 'cpu'
   # Who runs the rounds: 'in_process' (this process's TensorFlow, the only way to a GPU),
@@ -169,8 +176,8 @@ def _validate(config: ExperimentConfig) -> None:
       'rounds_per_checkpoint',
   ):
     validation.check_positive(name, getattr(config, name))
-  validation.check_non_negative('num_eval_clients', config.num_eval_clients)
   validation.check_non_negative('intra_op_threads', config.intra_op_threads)
+  evaluation.check_settings(config.evaluation, config.eval_examples, config.num_eval_clients)
   for name in ('client_batch_size', 'max_elements_per_client'):  # None: no setting.
     if getattr(config, name) is not None:
       validation.check_positive(name, getattr(config, name))
@@ -365,6 +372,26 @@ def _client_seed(seed: int, round_num: int, client_index: int) -> int:
   return int(np.random.SeedSequence([seed, round_num, client_index]).generate_state(1)[0])
 
 
+def resolve_evaluation(config: ExperimentConfig) -> ExperimentConfig:
+  """`config` with its evaluation settled: as given; for a run whose flags.json predates
+  the setting, the per-client evaluation of the test clients it recorded, so that it
+  resumes with the numbers it started with; otherwise 'global'."""
+  if config.evaluation is not None:
+    return config
+  recorded = None
+  path = os.path.join(config.output_dir, FLAGS_FILENAME)
+  if not config.overwrite and os.path.exists(path):
+    with contextlib.suppress(OSError, ValueError):  # `_check_resumable` says what is wrong.
+      with open(path) as f:
+        recorded = json.load(f)
+  if not isinstance(recorded, dict) or 'evaluation' in recorded:
+    return dataclasses.replace(config, evaluation=evaluation.GLOBAL)
+  clients = config.num_eval_clients
+  if clients is None:
+    clients = recorded.get('num_eval_clients') or None  # 0 was all.
+  return dataclasses.replace(config, evaluation=evaluation.PER_CLIENT, num_eval_clients=clients)
+
+
 def _check_resumable(config: ExperimentConfig) -> bool:
   """Refuses to continue a run whose flags.json records different settings.
 
@@ -407,14 +434,18 @@ def _lasting_settings(recorded: dict) -> dict:
   """The settings a resumed run must share with its start, as JSON reads them back:
   without the rounds to go, where it runs, and where its files are.
 
-  A record from before runs listed every hyperparameter holds only those given (`{}`
-  for the defaults): the algorithm's defaults fill in the rest, so that it reads as the
+  A record from before the evaluation setting evaluated each of its first
+  `num_eval_clients` test clients (0: all), which is the per-client evaluation; one from
+  before runs listed every hyperparameter holds only those given (`{}` for the defaults): the algorithm's defaults fill in the rest, so that it reads as the
   same run as today's record of the same command.
   """
   ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
   settings = {
       k: v for k, v in json.loads(json.dumps(recorded)).items() if k not in ignored
   }
+  if 'evaluation' not in settings:  # Before the setting: TFF's evaluation per client.
+    settings.update(evaluation=evaluation.PER_CLIENT, eval_examples=None,
+                    num_eval_clients=settings.get('num_eval_clients') or None)
   hparams = settings.get('hparams')
   if isinstance(hparams, dict) and settings.get('algo') in registry.ALGORITHMS:
     defaults = json.loads(json.dumps(dict(registry.get(settings['algo']).defaults)))
@@ -650,18 +681,39 @@ def _evaluation_due(config: ExperimentConfig, round_num: int) -> bool:
   return round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds
 
 
-def _evaluation_fn(task, training_process):
-  eval_process = tff.learning.algorithms.build_fed_eval(task.model_fn)
-  eval_state = eval_process.initialize()
+class _Evaluation:
+  """TFF's `evaluation_fn`: the run's held-out evaluation (tasks.evaluation) of a state's
+  model weights, in rounds `_evaluation_due` asks for (the selection is True)."""
 
-  def evaluate(state, data):
-    if data is None:  # Not a round to evaluate (see `run`).
+  def __init__(self, held_out, evaluator, training_process):
+    self.held_out = held_out
+    self._evaluator = evaluator
+    self._process = training_process
+
+  def __call__(self, state, due: bool) -> collections.OrderedDict:
+    if not due:
       return collections.OrderedDict()
-    weights = training_process.get_model_weights(state)
-    output = eval_process.next(eval_process.set_model_weights(eval_state, weights), data)
-    return collections.OrderedDict(output.metrics['client_work']['eval']['current_round_metrics'])
+    return self._evaluator(self._process.get_model_weights(state))
 
-  return evaluate
+  def close(self) -> None:
+    self._evaluator.close()
+
+
+def _evaluation_fn(config, task, training_process, runtime_context, in_process_threads):
+  """The run's evaluation, its test examples read once: on the first GPU under
+  --executor=gpu (the data kept there), else on the host, as many groups at once as the
+  in-process clients' threads per op leave cores for."""
+  device, parallel = None, 1
+  if config.executor == 'gpu':
+    device = runtime_context.devices[0]
+  elif runtime_context is not None and in_process_threads:
+    parallel = max(1, (os.cpu_count() or 1) // in_process_threads)
+  held_out = evaluation.read_held_out(
+      task, config.evaluation, num_examples=config.eval_examples,
+      num_clients=config.num_eval_clients, device=device,
+  )
+  evaluator = evaluation.Evaluator(task.model_fn, held_out, parallel=parallel, device=device)
+  return _Evaluation(held_out, evaluator, training_process)
 
 
 def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
@@ -764,7 +816,7 @@ def is_finished(config: ExperimentConfig) -> bool:
   Raises:
     ExperimentError: the directory holds a run with other settings.
   """
-  _check_resumable(config)
+  _check_resumable(resolve_evaluation(config))
   train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
   return max(train_loss, default=0) >= config.total_rounds
 
@@ -784,6 +836,7 @@ def run(config: ExperimentConfig) -> dict:
     tasks.MissingDataError, tasks.CorruptDataError: the data is not usable.
     ValueError: a hyperparameter out of its range.
   """
+  config = resolve_evaluation(config)
   _validate(config)
   in_process_threads = _set_in_process_threads(config)  # Before any TF op runs.
   flags_agree = False if config.overwrite else _check_resumable(config)
@@ -857,17 +910,6 @@ def run(config: ExperimentConfig) -> dict:
       return client_states.ClientSelection(round_num, ids, datasets)
     return datasets
 
-  # The same test clients at every evaluation and for every algorithm and seed, so that
-  # curves are comparable and paired tests are paired.
-  test_data = task.datasets.test_data
-  eval_ids = sorted(test_data.client_ids)
-  if config.num_eval_clients:
-    eval_ids = eval_ids[: config.num_eval_clients]
-  eval_datasets = [
-      task.datasets.eval_preprocess_fn(test_data.create_tf_dataset_for_client(cid))
-      for cid in eval_ids
-  ]
-
   start = time.monotonic()
   progress = _RoundReleaseManager(config.total_rounds)
   # One process per run from here on: checks made before are made again under the lock.
@@ -888,6 +930,8 @@ def run(config: ExperimentConfig) -> dict:
         config, progress
     ) as runtime_context:
       print(_runtime_line(config, runtime_context, in_process_threads), flush=True)
+      evaluate = _evaluation_fn(config, task, process, runtime_context, in_process_threads)
+      print(f'evaluation: {evaluate.held_out.description}', flush=True)
       resumed_from = _check_checkpoint(config, process)
       repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)
       if repaired:
@@ -919,15 +963,14 @@ def run(config: ExperimentConfig) -> dict:
           training_process=training_process,
           training_selection_fn=training_selection_fn,
           total_rounds=config.total_rounds,
-          evaluation_fn=_evaluation_fn(task, process),
-          evaluation_selection_fn=lambda round_num: (
-              eval_datasets if _evaluation_due(config, round_num) else None
-          ),
+          evaluation_fn=evaluate,
+          evaluation_selection_fn=lambda round_num: _evaluation_due(config, round_num),
           rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
           program_state_manager=state_manager,
           rounds_per_saving_program_state=config.rounds_per_checkpoint,
           metrics_managers=[progress],
       )
+      evaluate.close()
       runtime_record = _record_runtime(config, runtime_context, in_process_threads)
   wall = time.monotonic() - start
   eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
@@ -942,4 +985,5 @@ def run(config: ExperimentConfig) -> dict:
       tensorboard_dir=os.path.join(config.output_dir, TENSORBOARD_DIRNAME),
       runtime=runtime_record['runtime'],
       client_devices=runtime_record['client_devices'],
+      evaluation=evaluate.held_out.description,
   )

@@ -65,7 +65,6 @@ def _child(settings: dict) -> None:
       ),
       total_rounds=settings['rounds'],
       clients_per_round=settings['cohort'],
-      num_eval_clients=2,
       rounds_per_eval=settings['rounds'],
       rounds_per_checkpoint=settings['rounds'],
       client_state_store=settings['store'],

@@ -43,6 +43,7 @@ import tasks
 from launch import experiment
 from launch import failures
 from launch import papers
+from tasks import evaluation
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import registry
 from tff_zmg.templates import hparams as hparams_lib
@@ -133,9 +134,23 @@ _ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', 1,
     'Evaluate on the test clients every this many rounds, and after the last round.'
 )
+_EVALUATION = flags.DEFINE_enum(
+    'evaluation', None, list(evaluation.KINDS),
+    'How the model is evaluated on the held-out test set. global (the default, the'
+    " papers'): the accuracy over every test example, pooled; per_client: each test"
+    " client apart, reporting the mean and standard deviation of the clients' own"
+    ' accuracies beside the pooled ones. A run started before this setting existed'
+    ' resumes with its per-client evaluation.',
+)
+_EVAL_EXAMPLES = flags.DEFINE_integer(
+    'eval_examples', None,
+    'global evaluation only: a fixed subsample (the same for every algorithm and seed)'
+    ' of this many test examples, for quick runs (default: every test example).',
+)
 _NUM_EVAL_CLIENTS = flags.DEFINE_integer(
-    'num_eval_clients', 100,
-    'Evaluate on the first this many test clients (sorted ids; 0 = all).',
+    'num_eval_clients', None,
+    'per_client evaluation only: the first this many test clients (sorted ids;'
+    ' default: all).',
 )
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
     'rounds_per_checkpoint', 1, 'Save a checkpoint every this many rounds.'
@@ -358,6 +373,8 @@ def experiment_config(settings: Settings) -> experiment.ExperimentConfig:
       max_elements_per_client=v['max_elements_per_client'],
       seed=v['seed'],
       rounds_per_eval=v['rounds_per_eval'],
+      evaluation=v['evaluation'],
+      eval_examples=v['eval_examples'],
       num_eval_clients=v['num_eval_clients'],
       rounds_per_checkpoint=v['rounds_per_checkpoint'],
       executor=v['executor'],

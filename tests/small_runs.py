@@ -11,5 +11,4 @@ FLAGS = [
     '--synthetic_test_clients=2',
     '--synthetic_examples_per_client=12',
     '--clients_per_round=3',
-    '--num_eval_clients=2',
 ]

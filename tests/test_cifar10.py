@@ -200,7 +200,7 @@ def run_main(tfds_dir, tmp_path, capsys):
     argv = ['train', '--task=cifar10', f'--cache_dir={tfds_dir}',
             f'--root_output_dir={tmp_path}', '--num_clients=2', '--clients_per_round=2',
             '--client_epochs_per_round=1', '--client_batch_size=2',
-            '--max_elements_per_client=4', '--total_rounds=2', '--num_eval_clients=2',
+            '--max_elements_per_client=4', '--total_rounds=2',
             '--rounds_per_eval=2', '--rounds_per_checkpoint=2', *args]
     flags.FLAGS.unparse_flags()
     flags.FLAGS(argv)

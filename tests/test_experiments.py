@@ -25,7 +25,7 @@ from tff_zmg import analysis
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TINY = [
     '--data_source=synthetic', '--synthetic_train_clients=4', '--synthetic_test_clients=2',
-    '--synthetic_examples_per_client=10', '--clients_per_round=2', '--num_eval_clients=2',
+    '--synthetic_examples_per_client=10', '--clients_per_round=2',
 ]
 
 

@@ -490,7 +490,7 @@ def run_main(synthetic_cache_dir, tmp_path, capsys):
     argv = ['train', f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
             '--data_source=synthetic', '--synthetic_train_clients=3',
             '--synthetic_test_clients=2', '--synthetic_examples_per_client=40',
-            '--clients_per_round=3', '--num_eval_clients=1', *args]
+            '--clients_per_round=3', *args]
     flags.FLAGS.unparse_flags()
     flags.FLAGS(argv)
     rc = train.main(['train'])

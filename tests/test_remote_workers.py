@@ -113,8 +113,8 @@ def _flags(cache_dir, root, name, *extra):
   return [
       '--task=emnist', '--algo=fedzmg', '--data_source=synthetic', f'--cache_dir={cache_dir}',
       '--synthetic_train_clients=8', '--synthetic_test_clients=3',
-      '--synthetic_examples_per_client=20', '--clients_per_round=4', '--num_eval_clients=3',
-      # Evaluate at round 0 only: each evaluation compiles another mergeable computation.
+      '--synthetic_examples_per_client=20', '--clients_per_round=4',
+      # Evaluate at round 0 only (the trainer evaluates; the workers train).
       '--total_rounds=2', '--rounds_per_eval=100',
       f'--root_output_dir={root}', f'--experiment_name={name}', *extra,
   ]

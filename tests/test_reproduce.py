@@ -23,7 +23,7 @@ _ALGOS = ('fedzmg', 'fedavg', 'fedadam')
 _LONG = os.environ.get('TFF_ZMG_LONG_TESTS') == '1'
 _TINY = [
     '--data_source=synthetic', '--synthetic_train_clients=4', '--synthetic_test_clients=2',
-    '--synthetic_examples_per_client=10', '--num_eval_clients=2', '--client_batch_size=5',
+    '--synthetic_examples_per_client=10', '--client_batch_size=5',
     '--rounds_per_checkpoint=1000',
 ]
 

@@ -58,9 +58,10 @@ SCALES = {
     'small': Scale(
         name='small',
         description='a tenth of the rounds (at least 10, grid at least 5), a 3 x 3 grid'
-        ' (the ends and middle of each axis), 3 seeds, evaluation on 20 test clients',
+        ' (the ends and middle of each axis), 3 seeds, evaluation on a fixed subsample of'
+        ' 5,000 test examples',
         rounds_factor=0.1, min_rounds=(10, 5), grid_shape=(3, 3), max_seeds=3,
-        flags=dict(num_eval_clients=20),
+        flags=dict(eval_examples=5000),
     ),
     'ci': Scale(
         name='ci',
@@ -70,7 +71,7 @@ SCALES = {
         rounds_factor=0.0, min_rounds=(4, 2), grid_rates=((0.01, 0.1), (0.1,)), max_seeds=2,
         max_clients_per_round=2, max_num_clients=4,
         flags=dict(
-            num_eval_clients=2, client_batch_size=5, synthetic_train_clients=4,
+            client_batch_size=5, synthetic_train_clients=4,
             synthetic_test_clients=2, synthetic_examples_per_client=10,
             rounds_per_checkpoint=1000,
         ),

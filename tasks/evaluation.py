@@ -1,0 +1,235 @@
+"""Evaluation of a task's model on its held-out test set, as the papers report it.
+
+Two kinds (`KINDS`), both read the test examples once into pre-batched tensors and run
+TFF's own model (`task.model_fn()`: its loss, accuracy and example counts) over them in
+this process, on the run's devices:
+
+* `global` (the default): the accuracy and loss over every test example (or a fixed,
+  seeded subsample of `num_examples`), the test clients' examples pooled and batched at
+  the task's evaluation batch size: GC-Fed's "held-out set", FedRKMGC's ACC_G, FedZMG's
+  validation accuracy;
+* `per_client`: each test client's batches apart (as TFF's federated evaluation batches
+  them), reporting the pooled metrics beside the mean and standard deviation of the
+  clients' own accuracies (FedRKMGC's ACC_L), over the first `num_clients` sorted test
+  clients (None: all). Its pooled numbers are those of `tff.learning.algorithms.
+  build_fed_eval` over the same clients (TFF sums every metric's variables over clients,
+  then finalizes: accuracy = correct / total, loss = example-weighted mean).
+
+The batches are cut into fixed groups (a client, or `_GROUP_BATCHES` batches) that run
+`parallel` at a time, each on a model of its own; the groups' metric sums are added in
+group order, so the result does not depend on `parallel` or timing.
+"""
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+GLOBAL, PER_CLIENT = 'global', 'per_client'
+KINDS = (GLOBAL, PER_CLIENT)
+# The seed of `num_examples`' subsample: one subsample for every algorithm and seed of an
+# experiment, so that curves are comparable and paired tests are paired.
+SUBSAMPLE_SEED = 0
+# Batches per group of the global evaluation: large enough that a group's call overhead is
+# small, small enough that `parallel` groups keep every slot busy.
+_GROUP_BATCHES = 8
+# The per-client metrics added to TFF's (pooled) ones.
+LOCAL_ACCURACY_MEAN = 'local_accuracy_mean'
+LOCAL_ACCURACY_STD = 'local_accuracy_std'
+NUM_CLIENTS = 'num_clients'
+ACCURACY = 'sparse_categorical_accuracy'
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+  """Pre-batched test examples: `groups[g]` is a list of batches (dicts of tensors).
+
+  Attributes:
+    kind: One of `KINDS`.
+    groups: The batches, grouped (a test client each for `per_client`).
+    num_examples: The examples in all batches (Shakespeare: 80-character sequences).
+    description: What was read, for logs and the run's record.
+  """
+
+  kind: str
+  groups: tuple[tuple[collections.OrderedDict, ...], ...]
+  num_examples: int
+  description: str
+
+
+def _to_tensors(batches, device: Optional[str]) -> tuple:
+  with tf.device(device) if device else contextlib.nullcontext():
+    return tuple(tf.nest.map_structure(tf.identity, b) for b in batches)
+
+
+def _batches(dataset: tf.data.Dataset) -> list:
+  return [tf.nest.map_structure(np.asarray, b) for b in dataset.as_numpy_iterator()]
+
+
+def _examples(batches) -> int:
+  return sum(len(tf.nest.flatten(b)[0]) for b in batches)
+
+
+def _subsample(batches, num_examples: int, batch_size: int) -> list:
+  """A fixed subsample of `num_examples` of the batches' examples, in their order,
+  batched again at `batch_size`."""
+  pooled = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
+  total = len(tf.nest.flatten(pooled)[0])
+  rng = np.random.default_rng(SUBSAMPLE_SEED)
+  chosen = np.sort(rng.choice(total, size=min(num_examples, total), replace=False))
+  return [
+      tf.nest.map_structure(lambda a: a[chosen[i: i + batch_size]], pooled)
+      for i in range(0, len(chosen), batch_size)
+  ]
+
+
+def check_settings(kind: str, num_examples: Optional[int], num_clients: Optional[int]):
+  """Raises ValueError (one line) for a bad kind, or a count that does not fit it."""
+  if kind not in KINDS:
+    raise ValueError(f'evaluation must be one of {list(KINDS)}, got {kind!r}')
+  if num_examples is not None and (kind != GLOBAL or num_examples < 1):
+    raise ValueError(f'eval_examples must be a positive number and subsamples the {GLOBAL}'
+                     f' evaluation only; got {num_examples} with evaluation={kind}')
+  if num_clients is not None and (kind != PER_CLIENT or num_clients < 1):
+    raise ValueError(f'num_eval_clients must be a positive number and chooses the clients'
+                     f' of the {PER_CLIENT} evaluation only; got {num_clients} with'
+                     f' evaluation={kind}')
+
+
+def read_held_out(
+    task,
+    kind: str = GLOBAL,
+    *,
+    num_examples: Optional[int] = None,
+    num_clients: Optional[int] = None,
+    device: Optional[str] = None,
+) -> HeldOut:
+  """Reads `task`'s test split once into batches for `Evaluator`.
+
+  Args:
+    task: A `tasks.Task` (its test data and evaluation preprocessing).
+    kind: One of `KINDS`.
+    num_examples: `global` only: a fixed subsample of this many examples (None: all).
+    num_clients: `per_client` only: the first this many sorted test clients (None: all).
+    device: Where the tensors are kept (None: TensorFlow's default, the host).
+
+  Raises:
+    ValueError: a bad kind or count, or a test split with no examples.
+  """
+  check_settings(kind, num_examples, num_clients)
+  test_data = task.datasets.test_data
+  preprocess = task.datasets.eval_preprocess_fn
+  if kind == PER_CLIENT:
+    ids = sorted(test_data.client_ids)[:num_clients]
+    groups = [_batches(preprocess(test_data.create_tf_dataset_for_client(c))) for c in ids]
+    groups = [g for g in groups if g]  # A client without examples has no accuracy.
+    described = f'{len(groups)} test clients apart'
+  else:
+    # Clients in a fixed order (TFF's default shuffles them): one subsample per seed.
+    pooled = test_data.create_tf_dataset_from_all_clients(seed=SUBSAMPLE_SEED)
+    batches = _batches(preprocess(pooled))
+    if num_examples is not None and batches:
+      batch_size = len(tf.nest.flatten(batches[0])[0])
+      batches = _subsample(batches, num_examples, batch_size)
+    groups = [batches[i: i + _GROUP_BATCHES] for i in range(0, len(batches), _GROUP_BATCHES)]
+    described = 'the whole test set' if num_examples is None else (
+        f'a fixed subsample (seed {SUBSAMPLE_SEED}) of the test set')
+  if not groups:
+    raise ValueError(f'the test split of {task.name} has no examples to evaluate on')
+  groups = tuple(_to_tensors(g, device) for g in groups)
+  count = sum(_examples(g) for g in groups)
+  return HeldOut(kind=kind, groups=groups, num_examples=count,
+                 description=f'{kind}: {count} examples, {described}')
+
+
+class Evaluator:
+  """Evaluates model weights on a `HeldOut` set: `evaluator(weights) -> metrics`.
+
+  `weights` is a `tff.learning.models.ModelWeights` (what a learning process's
+  `get_model_weights` returns). The metrics are TFF's model metrics (`loss`,
+  `sparse_categorical_accuracy`, `num_examples`, `num_batches`), pooled over the held-out
+  examples; `per_client` adds `num_clients`, `local_accuracy_mean` and
+  `local_accuracy_std` (over clients, population standard deviation).
+  """
+
+  def __init__(self, model_fn, held_out: HeldOut, *, parallel: int = 1,
+               device: Optional[str] = None):
+    self._held_out = held_out
+    parallel = max(1, min(parallel, len(held_out.groups)))
+    with tf.device(device) if device else contextlib.nullcontext():
+      self._models = [model_fn() for _ in range(parallel)]
+      # Finalizes pooled sums: TFF's `metric_finalizers` build a Keras metric in a
+      # tf.function, which runs once per process only outside TFF's graph mode.
+      self._finalizing = {m.name: m for m in model_fn().get_metrics()}
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        parallel, thread_name_prefix='tff_zmg-evaluation') if parallel > 1 else None
+
+  def _group_sums(self, slot: int, weights) -> list:
+    """The unfinalized metric sums of groups slot, slot + parallel, ..., one model."""
+    model = self._models[slot]
+    weights.assign_weights_to(model)
+    sums = []
+    for group in self._held_out.groups[slot::len(self._models)]:
+      model.reset_metrics()
+      for batch in group:
+        model.forward_pass(batch, training=False)
+      sums.append(tf.nest.map_structure(np.asarray, model.report_local_unfinalized_metrics()))
+    return sums
+
+  def _finalize(self, unfinalized) -> dict:
+    """Each metric's result from its variables' values (as Keras computes it)."""
+    results = {}
+    for name, values in unfinalized.items():
+      metric = self._finalizing[name]
+      for variable, value in zip(metric.variables, values):
+        variable.assign(value)
+      results[name] = float(metric.result())
+    return results
+
+  def __call__(self, weights) -> collections.OrderedDict:
+    slots = range(len(self._models))
+    if self._pool is None:
+      per_slot = [self._group_sums(0, weights)]
+    else:
+      per_slot = list(self._pool.map(lambda s: self._group_sums(s, weights), slots))
+    # Back in group order: group g was the (g // parallel)-th of slot g % parallel.
+    groups = [per_slot[g % len(slots)][g // len(slots)]
+              for g in range(len(self._held_out.groups))]
+    pooled = tf.nest.map_structure(lambda *parts: np.sum(parts, axis=0), *groups)
+    metrics = collections.OrderedDict(self._finalize(pooled))
+    if self._held_out.kind == PER_CLIENT:
+      local = np.array([self._finalize({ACCURACY: g[ACCURACY]})[ACCURACY] for g in groups])
+      local = local[np.isfinite(local)]  # A client whose targets are all padding.
+      metrics[NUM_CLIENTS] = len(local)
+      metrics[LOCAL_ACCURACY_MEAN] = float(np.mean(local)) if len(local) else math.nan
+      metrics[LOCAL_ACCURACY_STD] = float(np.std(local)) if len(local) else math.nan
+    return metrics
+
+  def close(self) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(wait=True)
+
+
+def plain_forward_seconds(keras_model_fn, held_out: HeldOut, repeats: int = 1) -> float:
+  """The floor: seconds of a bare `tf.function` Keras forward pass over the same batches
+  (no loss, no metrics, one at a time), the best of `repeats` after a warm-up."""
+  model = keras_model_fn()
+  forward = tf.function(lambda x: model(x, training=False))
+  batches = [b['x'] for g in held_out.groups for b in g]
+  for x in {tuple(x.shape): x for x in batches}.values():  # Trace each shape once.
+    forward(x).numpy()
+  import time  # pylint: disable=g-import-not-at-top
+  best = math.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for x in batches:
+      out = forward(x)
+    out.numpy()
+    best = min(best, time.perf_counter() - start)
+  return best

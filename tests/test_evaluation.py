@@ -1,0 +1,161 @@
+"""tasks.evaluation: the held-out evaluation, checked against NumPy and TFF's own."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import evaluation
+from tests import small_runs
+
+
+def _weights(task, seed=1):
+  """Random (not initial) model weights, so that accuracies are not all alike."""
+  model = task.keras_model_fn()
+  rng = np.random.default_rng(seed)
+  for v in model.trainable_weights:
+    v.assign(rng.normal(0, 0.1, v.shape).astype(np.float32))
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  return tf.nest.map_structure(np.asarray, weights), model
+
+
+def _client_arrays(task):
+  """Per test client (sorted ids): its preprocessed (x, y) as NumPy arrays."""
+  test = task.datasets.test_data
+  out = []
+  for cid in sorted(test.client_ids):
+    batches = list(task.datasets.eval_preprocess_fn(
+        test.create_tf_dataset_for_client(cid)).as_numpy_iterator())
+    out.append((np.concatenate([b['x'] for b in batches]),
+                np.concatenate([b['y'] for b in batches])))
+  return out
+
+
+def _correct_and_count(logits, y):
+  """Correct predictions and targets that count (Shakespeare's padding, y < 0, does not)."""
+  mask = y >= 0
+  return int(np.sum((np.argmax(logits, -1) == y) & mask)), int(np.sum(mask))
+
+
+@pytest.mark.parametrize('name', ['emnist', 'shakespeare'])
+def test_global_evaluation_covers_every_test_example_with_its_accuracy(small_task, name):
+  task = small_task(name)
+  weights, model = _weights(task)
+  held_out = evaluation.read_held_out(task)
+  metrics = evaluation.Evaluator(task.model_fn, held_out)(weights)
+  clients = _client_arrays(task)
+  correct = count = examples = 0
+  for x, y in clients:
+    c, n = _correct_and_count(model(x, training=False).numpy(), y)
+    correct, count, examples = correct + c, count + n, examples + len(x)
+  assert held_out.num_examples == examples == metrics['num_examples']
+  assert metrics['sparse_categorical_accuracy'] == pytest.approx(correct / count, abs=1e-7)
+
+
+def test_global_loss_is_the_example_weighted_mean_of_the_batches_losses(small_task):
+  task = small_task('emnist')
+  weights, model = _weights(task)
+  held_out = evaluation.read_held_out(task)
+  metrics = evaluation.Evaluator(task.model_fn, held_out)(weights)
+  x = np.concatenate([x for x, _ in _client_arrays(task)])
+  y = np.concatenate([y for _, y in _client_arrays(task)])
+  logits = model(x, training=False).numpy().astype(np.float64)
+  log_softmax = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
+                                       keepdims=True)) - logits.max(-1, keepdims=True)
+  per_example = -log_softmax[np.arange(len(y)), y]
+  # Every example weighs the same in the pooled mean, however the batches are cut.
+  assert metrics['loss'] == pytest.approx(per_example.mean(), rel=1e-5)
+
+
+def test_per_client_pools_as_tffs_federated_evaluation_and_spreads_by_hand(
+    small_task, tff_context):
+  del tff_context  # TFF's own evaluation runs in the managed worker.
+  task = small_task('shakespeare')
+  weights, model = _weights(task, seed=2)
+  held_out = evaluation.read_held_out(task, evaluation.PER_CLIENT)
+  metrics = evaluation.Evaluator(task.model_fn, held_out, parallel=2)(weights)
+
+  local = []
+  for x, y in _client_arrays(task):
+    correct, count = _correct_and_count(model(x, training=False).numpy(), y)
+    local.append(correct / count)
+  # After the Keras model's use: TFF builds its models in graph mode.
+  fed_eval = tff.learning.algorithms.build_fed_eval(task.model_fn)
+  test = task.datasets.test_data
+  data = [task.datasets.eval_preprocess_fn(test.create_tf_dataset_for_client(c))
+          for c in sorted(test.client_ids)]
+  tff_metrics = fed_eval.next(fed_eval.set_model_weights(fed_eval.initialize(), weights),
+                              data).metrics['client_work']['eval']['current_round_metrics']
+  for name in ('sparse_categorical_accuracy', 'loss', 'num_examples', 'num_batches'):
+    assert metrics[name] == pytest.approx(float(tff_metrics[name]), rel=1e-6), name
+
+  assert metrics['num_clients'] == len(local) == len(test.client_ids)
+  assert metrics['local_accuracy_mean'] == pytest.approx(np.mean(local), abs=1e-7)
+  assert metrics['local_accuracy_std'] == pytest.approx(np.std(local), abs=1e-7)
+
+
+def test_results_do_not_depend_on_how_many_groups_run_at_once(small_task):
+  task = small_task('emnist')
+  weights, _ = _weights(task)
+  for kind in evaluation.KINDS:
+    held_out = evaluation.read_held_out(task, kind)
+    one = evaluation.Evaluator(task.model_fn, held_out, parallel=1)(weights)
+    three = evaluation.Evaluator(task.model_fn, held_out, parallel=3)(weights)
+    assert one == three
+
+
+def test_a_subsample_is_fixed_and_drawn_from_the_test_examples(small_task):
+  task = small_task('emnist')
+  first = evaluation.read_held_out(task, num_examples=25)
+  again = evaluation.read_held_out(task, num_examples=25)
+  assert first.num_examples == 25
+  pixels = lambda h: np.concatenate([b['x'].numpy() for g in h.groups for b in g])
+  np.testing.assert_array_equal(pixels(first), pixels(again))
+  every = {x.tobytes() for x, _ in [(x, 0) for a, _ in _client_arrays(task) for x in a]}
+  assert all(x.tobytes() in every for x in pixels(first))
+
+
+@pytest.mark.parametrize('args, says', [
+    (['--num_eval_clients=2'], 'num_eval_clients must be a positive number and chooses'),
+    (['--evaluation=per_client', '--eval_examples=5'], 'eval_examples must be a positive'),
+    (['--eval_examples=0'], 'eval_examples must be a positive number'),
+])
+def test_settings_that_do_not_fit_the_evaluation_end_in_one_line(tmp_path, args, says):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.train', '--task=emnist', '--algo=fedavg',
+       f'--root_output_dir={tmp_path}', f'--cache_dir={tmp_path}/data', *small_runs.FLAGS,
+       *args], cwd=small_runs.REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+  assert not os.listdir(tmp_path) or os.listdir(tmp_path) == ['data']
+
+
+def test_a_run_recorded_before_the_setting_resumes_with_its_per_client_evaluation(tmp_path):
+  base = [sys.executable, '-m', 'launch.train', '--task=emnist', '--algo=fedavg',
+          f'--root_output_dir={tmp_path}', f'--cache_dir={tmp_path}/data',
+          '--experiment_name=old', *small_runs.FLAGS]
+  first = subprocess.run([*base, '--total_rounds=1', '--evaluation=per_client',
+                          '--num_eval_clients=1'],
+                         cwd=small_runs.REPO, capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stderr
+  run_dir = tmp_path / 'old'
+  # As an older version wrote them: no evaluation settings, num_eval_clients=1.
+  for path, part in ((run_dir / 'flags.json', None),
+                     (run_dir / 'checkpoints' / 'run_identity.json', 'settings')):
+    record = json.loads(path.read_text())
+    settings = record if part is None else record[part]
+    del settings['evaluation'], settings['eval_examples']
+    path.write_text(json.dumps(record))
+  resumed = subprocess.run([*base, '--total_rounds=2'], cwd=small_runs.REPO,
+                           capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr
+  assert 'evaluation: per_client' in resumed.stdout and '1 test clients' in resumed.stdout
+  recorded = json.loads((run_dir / 'flags.json').read_text())
+  assert (recorded['evaluation'], recorded['num_eval_clients']) == ('per_client', 1)
+  header = (run_dir / 'metrics.csv').read_text().splitlines()[0]
+  assert 'evaluation/local_accuracy_mean' in header
