@@ -29,6 +29,13 @@ after a warm-up round each, with the median and spread over `--repeats`:
   process's TensorFlow, `--in_process_clients_per_device` clients at once), timed in
   the same repeats as the worker's, so `paired_*` compares the two runtimes directly.
 
+With `--evaluation` (the default), the evaluation `launch.train` runs (`evaluation`: the
+global one over the whole test set, `tasks.evaluation`), its floor (`plain_tf_forward`: a
+bare forward pass over the same batches at the same batch size) and TFF's federated
+evaluation of the same test clients (`tff_fed_eval`), each with `ratio` to the floor; then
+per algorithm `round_as_run/<algo>`: its training round plus the evaluation, `ratio_floor`
+to the floors of both parts and `ratio_tff_fed_eval` to the same round evaluated by TFF.
+
 One parseable line per contender: `ratio` to its own bound, `ratio_plain_sgd` to the
 floor, `ratio_tff_fedavg` to TFF's FedAvg (ratios of medians); `paired_bound`,
 `paired_plain_sgd`, `paired_tff_fedavg` and `paired_fedavg`, medians of per-repeat ratios
@@ -62,6 +69,7 @@ import tensorflow_federated as tff
 import tasks
 from launch import failures
 from launch import resources
+from tasks import evaluation
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
@@ -105,6 +113,17 @@ _INTRA_OP_THREADS = flags.DEFINE_integer(
     lower_bound=0,
 )
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the results as JSON here.')
+_EVALUATION = flags.DEFINE_bool(
+    'evaluation', True,
+    'Also time the evaluation launch.train runs (the global one over the whole test set)'
+    ' beside its floor, a bare forward pass over the same batches, and TFF\'s federated'
+    ' evaluation of the same clients; and a round as users run it (training +'
+    ' evaluation) beside the floors of both parts.',
+)
+_TEST_CLIENTS = flags.DEFINE_integer(
+    'synthetic_test_clients', 20,
+    'Test clients of the synthetic data (the evaluation\'s examples).', lower_bound=1,
+)
 _IN_PROCESS = flags.DEFINE_bool(
     'in_process', True,
     'Also time TFF\'s FedAvg and each algorithm on the in-process runtime (on the devices'
@@ -134,6 +153,9 @@ PLAIN_TF_KERAS = 'plain_tf_keras'
 TFF_FEDAVG = 'tff_fedavg'
 TFF_FEDAVG_STOCK = 'tff_fedavg_stock'
 IN_PROCESS = 'in_process'
+EVALUATION = 'evaluation'
+PLAIN_TF_FORWARD = 'plain_tf_forward'
+TFF_FED_EVAL = 'tff_fed_eval'
 _SERVER_LR = 1.0
 _CLIENT_LR = 0.1
 
@@ -343,6 +365,50 @@ def contenders(
   return fns, bounds
 
 
+def evaluation_contenders(task, parallel: int) -> tuple[dict, str]:
+  """({name: evaluation function}, what is evaluated) at the model's initial weights:
+
+  - `evaluation`: `tasks.evaluation`'s global evaluation, as `launch.train` runs it
+    (`parallel` groups at once), its data read once before;
+  - `plain_tf_forward`: its floor, a bare `tf.function` Keras forward pass over the same
+    batches, one after another (no loss, no metrics);
+  - `tff_fed_eval`: TFF's `build_fed_eval` over every test client in TFF's worker (what
+    `launch.train` ran before, for its first 100 test clients; in TFF's worker so that the
+    in-process contenders' device counts stay theirs).
+  """
+  # Built first: TFF builds its models in graph mode, which invalidates Keras models made
+  # eagerly before.
+  fed_eval = tff.learning.algorithms.build_fed_eval(task.model_fn)
+  test = task.datasets.test_data
+  clients = [task.datasets.eval_preprocess_fn(test.create_tf_dataset_for_client(c))
+             for c in sorted(test.client_ids)]
+
+  def tff_round():
+    state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
+    fed_eval.next(state, clients)
+
+  held_out = evaluation.read_held_out(task)
+  model = task.model_fn()
+  weights = tf.nest.map_structure(
+      lambda v: v.numpy(), tff.learning.models.ModelWeights.from_model(model))
+  evaluator = evaluation.Evaluator(task.model_fn, held_out, parallel=parallel)
+  keras_model = task.keras_model_fn()
+  weights.assign_weights_to(keras_model)
+  forward = tf.function(lambda x: keras_model(x, training=False))
+  batches = [b['x'] for group in held_out.groups for b in group]
+
+  def plain_forward():
+    for x in batches:
+      out = forward(x)
+    out.numpy()
+
+  fns = collections.OrderedDict()
+  fns[PLAIN_TF_FORWARD] = plain_forward
+  fns[EVALUATION] = lambda: evaluator(weights)
+  fns[TFF_FED_EVAL] = tff_round
+  return fns, held_out.description
+
+
 def time_alternating(fns: dict, repeats: int) -> dict:
   """{name: (seconds per round, peak bytes)}: warm-up, then rounds in turn."""
   peaks = {}
@@ -434,6 +500,41 @@ def set_process_threads() -> Optional[int]:
   return threads
 
 
+def evaluation_lines(evaluation_timed: dict, timed: dict, bounds: dict, algos) -> dict:
+  """Prints and returns the evaluation's lines (`ratio` to the bare forward pass), then
+  one `round_as_run/<algo>` line per algorithm: its round's training (in process where
+  timed) plus the evaluation, against the floors of both parts (`ratio_floor`) and
+  against the same training with TFF's federated evaluation (`ratio_tff_fed_eval`)."""
+  if not evaluation_timed:
+    return {}
+  medians = {name: statistics.median(s) for name, (s, _) in evaluation_timed.items()}
+  floor = medians[PLAIN_TF_FORWARD]
+  results = collections.OrderedDict()
+  for name, (seconds, peak) in evaluation_timed.items():
+    paired = paired_ratio(seconds, evaluation_timed[PLAIN_TF_FORWARD][0])
+    print(f'{name:<24} median_s={medians[name]:.3f} min_s={min(seconds):.3f}'
+          f' max_s={max(seconds):.3f} ratio={medians[name] / floor:.2f}'
+          f' paired_bound={paired:.2f} peak_rss_mib={peak / 2**20:.0f}', flush=True)
+    results[name] = dict(seconds=seconds, median_s=medians[name], bound=PLAIN_TF_FORWARD,
+                         ratio=medians[name] / floor, paired=dict(bound=paired))
+  for algo in algos:
+    trained = f'{IN_PROCESS}/{algo}' if f'{IN_PROCESS}/{algo}' in timed else algo
+    train_s = statistics.median(timed[trained][0])
+    floor_s = statistics.median(timed[bounds[trained]][0]) + floor
+    total = train_s + medians[EVALUATION]
+    line = dict(train_s=train_s, evaluation_s=medians[EVALUATION], total_s=total,
+                floor_s=floor_s, ratio_floor=total / floor_s)
+    text = (f'round_as_run/{algo:<12} train_s={train_s:.3f}'
+            f' evaluation_s={medians[EVALUATION]:.3f} total_s={total:.3f}'
+            f' floor_s={floor_s:.3f} ratio_floor={total / floor_s:.2f}')
+    before = train_s + medians[TFF_FED_EVAL]
+    line['ratio_tff_fed_eval'] = total / before
+    text += f' ratio_tff_fed_eval={total / before:.2f}'
+    print(text, flush=True)
+    results[f'round_as_run/{algo}'] = line
+  return results
+
+
 def _algorithms(names) -> list[str]:
   if list(names) == ['all']:
     return list(registry.ALGORITHMS)
@@ -456,7 +557,7 @@ def main(argv) -> int:
     # Enough clients with enough examples for every table (volumes are lognormal).
     synthetic = dict(
         num_train_clients=2 * num_clients,
-        num_test_clients=2,
+        num_test_clients=_TEST_CLIENTS.value,
         mean_examples_per_client=2 * _EXAMPLES.value,
     )
   task = tasks.get(
@@ -495,6 +596,14 @@ def main(argv) -> int:
         task, algos, datasets, state_dir, stock_context, in_process_context
     )
     timed = time_alternating(fns, _REPEATS.value)
+    evaluation_timed = {}
+    if _EVALUATION.value:
+      # As launch.train runs it: as many groups at once as the clients' threads leave.
+      parallel = max(1, (os.cpu_count() or 1) // process_threads) if process_threads else 1
+      evaluation_fns, evaluated = evaluation_contenders(task, parallel)
+      print(f'evaluation: {evaluated}, batch {task.spec.eval_batch_size},'
+            f' {parallel} group(s) at once', flush=True)
+      evaluation_timed = time_alternating(evaluation_fns, _REPEATS.value)
   in_process_devices = {}
   if in_process_context is not None:
     # Where the in-process clients ran, read from the tensors they returned.
@@ -522,6 +631,8 @@ def main(argv) -> int:
         ratio_plain_sgd=medians[name] / medians[PLAIN_TF],
         paired=paired, peak_rss_mib=peak / 2**20,
     )
+
+  evaluation_results = evaluation_lines(evaluation_timed, timed, bounds, algos)
 
   with tempfile.TemporaryDirectory() as state_dir:
     scaling_rows = []
@@ -558,7 +669,8 @@ def main(argv) -> int:
           dict(command=sys.argv[1:], date=time.strftime('%Y-%m-%d'), cpus=os.cpu_count(),
                contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
                worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
-               in_process_client_devices=in_process_devices),
+               in_process_client_devices=in_process_devices,
+               evaluation=evaluation_results),
           f, indent=2,
       )
   return 0

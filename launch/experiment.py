@@ -155,6 +155,8 @@ class ExperimentConfig:
     """
     values = dataclasses.asdict(self)
     values.pop('overwrite')
+    # Unsettled (`resolve_evaluation`) only where no run exists yet: a new run's.
+    values['evaluation'] = self.evaluation or evaluation.GLOBAL
     values['hparams'] = dict(self._resolved_hparams)
     return values
 
@@ -774,14 +776,16 @@ def _threads(count: int) -> str:
 
 
 def _record_runtime(
-    config: ExperimentConfig, runtime_context, in_process_threads: Optional[int]
+    config: ExperimentConfig, runtime_context, in_process_threads: Optional[int], held_out
 ) -> dict:
-  """Writes `runtime.json`: the runtime, where the clients' computations ran, and the
-  threads per TF op on this machine's CPU (None: TensorFlow's default, or remote).
+  """Writes `runtime.json`: the runtime, where the clients' computations ran, the
+  threads per TF op on this machine's CPU (None: TensorFlow's default, or remote), and
+  what the evaluation covered and the device its test examples were kept on.
 
-  In process, the devices are read from the tensors each client's computation returned
-  (with how many client computations, training and evaluation, ran on each); TFF's
-  worker returns NumPy values, and its pip build has only a CPU device.
+  In process, the devices are read from the tensors each client's training computation
+  returned (with how many ran on each); TFF's worker returns NumPy values, and its pip
+  build has only a CPU device. The evaluation runs in this process (`tasks.evaluation`);
+  its device is read from its tensors too.
   """
   runtime = resolved_runtime(config)
   if runtime_context is not None:
@@ -792,7 +796,8 @@ def _record_runtime(
     client_devices = {f'CPU of {where} (a build without CUDA)': None}
     threads = None if config.workers else local_intra_op_threads(config)
   record = collections.OrderedDict(
-      runtime=runtime, client_devices=client_devices, intra_op_threads=threads
+      runtime=runtime, client_devices=client_devices, intra_op_threads=threads,
+      evaluation=dict(covered=held_out.description, device=held_out.groups[0][0]['x'].device),
   )
   with open(os.path.join(config.output_dir, RUNTIME_FILENAME), 'w') as f:
     json.dump(record, f, indent=2)
@@ -971,7 +976,8 @@ def run(config: ExperimentConfig) -> dict:
           metrics_managers=[progress],
       )
       evaluate.close()
-      runtime_record = _record_runtime(config, runtime_context, in_process_threads)
+      runtime_record = _record_runtime(
+          config, runtime_context, in_process_threads, evaluate.held_out)
   wall = time.monotonic() - start
   eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
   train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')

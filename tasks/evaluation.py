@@ -214,22 +214,3 @@ class Evaluator:
   def close(self) -> None:
     if self._pool is not None:
       self._pool.shutdown(wait=True)
-
-
-def plain_forward_seconds(keras_model_fn, held_out: HeldOut, repeats: int = 1) -> float:
-  """The floor: seconds of a bare `tf.function` Keras forward pass over the same batches
-  (no loss, no metrics, one at a time), the best of `repeats` after a warm-up."""
-  model = keras_model_fn()
-  forward = tf.function(lambda x: model(x, training=False))
-  batches = [b['x'] for g in held_out.groups for b in g]
-  for x in {tuple(x.shape): x for x in batches}.values():  # Trace each shape once.
-    forward(x).numpy()
-  import time  # pylint: disable=g-import-not-at-top
-  best = math.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for x in batches:
-      out = forward(x)
-    out.numpy()
-    best = min(best, time.perf_counter() - start)
-  return best

@@ -76,6 +76,23 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
       assert float(fields[field]) == round(sum(ratios) / 2, 2), (name, field)
       assert r['paired'][field[len('paired_'):]] == sum(ratios) / 2
     assert float(fields['peak_rss_mib']) > 100
+  # The evaluation beside its floor, and a round as users run it beside both floors.
+  evaluation = report['evaluation']
+  assert list(evaluation) == ['plain_tf_forward', 'evaluation', 'tff_fed_eval',
+                              *(f'round_as_run/{algo}' for algo in _ALGOS)]
+  floor = evaluation['plain_tf_forward']['median_s']
+  for name in ('evaluation', 'tff_fed_eval'):
+    assert evaluation[name]['ratio'] == evaluation[name]['median_s'] / floor
+    assert re.search(rf'^{name} +median_s=.* ratio={evaluation[name]["ratio"]:.2f} ', text,
+                     re.MULTILINE), text
+  for algo in _ALGOS:
+    line = evaluation[f'round_as_run/{algo}']
+    assert line['train_s'] == results[f'in_process/{algo}']['median_s']
+    assert line['total_s'] == line['train_s'] + evaluation['evaluation']['median_s']
+    assert line['floor_s'] == results[f'plain_tf/{algo}']['median_s'] + floor
+    assert line['ratio_tff_fed_eval'] == line['total_s'] / (
+        line['train_s'] + evaluation['tff_fed_eval']['median_s'])
+    assert f'round_as_run/{algo}' in text
 
 
 def test_an_unknown_algorithm_fails_before_any_timing(tmp_path):

@@ -11,7 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import evaluation
-from tests import small_runs
+import small_runs
 
 
 def _weights(task, seed=1):
@@ -159,3 +159,36 @@ def test_a_run_recorded_before_the_setting_resumes_with_its_per_client_evaluatio
   assert (recorded['evaluation'], recorded['num_eval_clients']) == ('per_client', 1)
   header = (run_dir / 'metrics.csv').read_text().splitlines()[0]
   assert 'evaluation/local_accuracy_mean' in header
+
+
+_ON_A_SECOND_DEVICE = '''
+import sys
+import numpy as np
+import tensorflow as tf
+cpu, = tf.config.list_physical_devices('CPU')
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tensorflow_federated as tff
+import tasks
+from tasks import evaluation
+task = tasks.get('emnist', data_source='synthetic', cache_dir=sys.argv[1], synthetic_settings=dict(
+    num_train_clients=2, num_test_clients=3, mean_examples_per_client=40))
+weights = tf.nest.map_structure(np.asarray, tff.learning.models.ModelWeights.from_model(
+    task.keras_model_fn()))
+results = []
+for device in (None, '/device:CPU:1'):
+  held_out = evaluation.read_held_out(task, device=device)
+  print('data on', {b['x'].device for g in held_out.groups for b in g})
+  results.append(evaluation.Evaluator(task.model_fn, held_out, device=device)(weights))
+print('same', results[0] == results[1])
+'''
+
+
+def test_the_test_examples_and_models_stay_on_the_device_asked_for(tmp_path):
+  # A second logical CPU stands in for a GPU (this machine has none).
+  proc = subprocess.run([sys.executable, '-c', _ON_A_SECOND_DEVICE, str(tmp_path)],
+                        cwd=small_runs.REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert lines[0] == "data on {'/job:localhost/replica:0/task:0/device:CPU:0'}"
+  assert lines[1] == "data on {'/job:localhost/replica:0/task:0/device:CPU:1'}"
+  assert lines[2] == 'same True'
