@@ -106,8 +106,8 @@ class Plan:
       why.append(f'a {len(client)} x {len(server)} grid, not the paper\'s'
                  f' {len(grid.client_learning_rates)} x {len(grid.server_learning_rates)}')
     if search.final_rounds < grid.total_rounds:
-      why.append(f'cells scored after {search.final_rounds} rounds, not the paper\'s'
-                 f' {grid.total_rounds}')
+      why.append(f'cells scored after {search.final_rounds} of the paper\'s'
+                 f' {grid.total_rounds} rounds')
     if cohort < grid.clients_per_round:
       why.append(f'cohort {cohort}, not {grid.clients_per_round}')
     return '; '.join(why) or None

@@ -197,8 +197,9 @@ def tuning_section(plan: plan_lib.Plan, best: dict) -> list[str]:
         f' fewer). The paper: {len(grid.client_learning_rates)} x'
         f' {len(grid.server_learning_rates)}, every cell {grid.total_rounds} rounds, the'
         f' last {grid.score_rounds} scored.'
-        + (' The pick is re-run with another seed; if that diverges, its best adjacent cell'
-           ' whose re-run does not replaces it.' if search.stability_check else '')
+        + (f' The pick is re-run with another seed for {search.final_rounds} rounds; if that'
+           ' diverges, its best adjacent cell whose re-run does not replaces it.'
+           if search.stability_check else '')
         + '\n\n']
   rows, total_rounds, total_seconds = [], 0, 0.0
   for (key, algo), record in best.items():
@@ -219,6 +220,8 @@ def tuning_section(plan: plan_lib.Plan, best: dict) -> list[str]:
         'score': f'{record["score"]:.4f}',
         'rounds scored': f'{record["total_rounds"] - record["score_rounds"] + 1}-'
                          f'{record["total_rounds"]}',
+        'rungs (cells x rounds)': ', '.join(f'{r["cells"]} x {r["rounds"]}'
+                                            for r in record['rungs']),
         'stability': stable,
         'rounds trained': str(record['cost']['rounds']),
         'time in rounds': f'{record["cost"]["seconds"]:.0f} s',
