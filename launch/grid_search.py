@@ -357,9 +357,10 @@ def run_search(
         orders, lambda key: _neighbours(grids, key), check)
   outcomes = {}
   for group, cells in members.items():
-    group_rungs = tuple(
+    cells = set(cells)
+    group_rungs = tuple(  # The rungs this group's cells reached.
         halving.Rung(rung.rounds, {k: v for k, v in rung.scores.items() if k in cells})
-        for rung in rungs)
+        for rung in rungs if cells & set(rung.scores))
     checked = None if stability is None else stability[group]
     pick = orders[group][0] if orders[group] else None
     if checked is not None:
@@ -391,22 +392,21 @@ def _rates(grids, key) -> dict:
 def _record(grids, search: Search, rungs, key, stability) -> dict:
   """best.json: the pick, its score and the rounds scored, the search and its cost."""
   grid = grids[key[0]]
-  rounds, score = halving.last_scores(rungs)[key]
+  last = halving.last_scores(rungs)
+  rounds, score = last[key]
   config = grid.run(key[1:], rounds).config
-  cost_rounds, seconds = 0, 0.0
-  for cell, (last, _) in halving.last_scores(rungs).items():
-    n, t = run_cost(grids[cell[0]].run(cell[1:], last).config.output_dir, last)
-    cost_rounds, seconds = cost_rounds + n, seconds + t
   record = dict(
       task=config.task, algo=config.algo, **_rates(grids, key), score=score,
       score_rounds=search.scored_rounds(rounds), total_rounds=rounds, search=search.kind,
       rungs=[dict(rounds=r.rounds, cells=len(r.scores)) for r in rungs],
   )
+  # Each cell up to its last rung (a cell continued by a later search is not charged
+  # here for rounds this one did not ask for), and the stability re-runs.
+  trained = [(grids[cell[0]].run(cell[1:], r).config.output_dir, r)
+             for cell, (r, _) in last.items()]
   if stability is not None:
-    for cell, _ in stability.checked:
-      n, t = run_cost(_stability_run(grids, cell, search).config.output_dir,
-                      search.final_rounds)
-      cost_rounds, seconds = cost_rounds + n, seconds + t
+    trained += [(_stability_run(grids, cell, search).config.output_dir, search.final_rounds)
+                for cell, _ in stability.checked]
     record['stability'] = dict(
         seed=grid.stability_seed(), rounds=search.final_rounds,
         checked=[dict(**_rates(grids, cell), stable=stable)
@@ -414,7 +414,8 @@ def _record(grids, search: Search, rungs, key, stability) -> dict:
         replaced=stability.replaced,
         diverged_best=_rates(grids, stability.best) if stability.replaced else None,
     )
-  record['cost'] = dict(rounds=cost_rounds, seconds=seconds)
+  costs = [run_cost(run_dir, up_to) for run_dir, up_to in trained]
+  record['cost'] = dict(rounds=sum(n for n, _ in costs), seconds=sum(t for _, t in costs))
   return record
 
 
@@ -541,10 +542,9 @@ def main(argv) -> int:
     raise ValueError(f'the grid sets --{axis}; give its values with --hparam_grid')
   grids = [
       Grid(directory=axis_dir(grid_dir, axis, value), client_lrs=client_lrs,
-           server_lrs=server_lrs) if axis is None else
-      Grid(directory=axis_dir(grid_dir, axis, value), client_lrs=client_lrs,
-           server_lrs=server_lrs, overrides={axis: value}, prefix=f'{axis}{value:g}_',
-           label={axis: value})  # Names (and logs) unique across the values.
+           server_lrs=server_lrs, **({} if axis is None else dict(
+               overrides={axis: value}, label={axis: value},
+               prefix=f'{axis}{value:g}_')))  # Names (and logs) unique across the values.
       for value in values
   ]
   for grid in grids:  # Refuses bad settings before anything trains.
