@@ -18,8 +18,23 @@ each of its values (e.g. FedProx's mu over the FedProx paper's grid):
   python -m launch.grid_search --task=emnist --algo=fedprox \
       --hparam_grid=proximal_strength:0.001,0.01,0.1,1
 
-Each value's grid goes to `<grid>/<name>=<value>/` with its own grid.csv, grid.md, heatmap
-and best.json; `<grid>/best.json` is the best cell over all values.
+Each value's grid goes to `<grid>/<name>=<value>/` with its own grid.csv, grid.md and
+heatmap; the cells of all values are one search, and `<grid>/best.json` is its pick.
+
+Successive halving (`launch/halving.py`) reaches the same rounds for a third of the
+cost: every cell trains a fifth of the rounds, the best third go on to two fifths, the
+best ninth to all (--rung_rounds sets other rungs); a promoted cell is its run continued:
+
+  python -m launch.grid_search --task=emnist --algo=fedavg --search=halving --parallel=2
+
+A cell scores at each rung the mean of its last --score_rounds rounds of that rung (all of
+them when the rung is shorter); a cell that diverged before a rung's last round fails
+there and is never promoted nor picked. The pick is then re-run with another seed (--seed
++ 1) for the last rung's rounds; if that diverges, its adjacent cells (half a decade away
+in either or both rates) are tried best first and the first that does not diverge is
+picked (--nostability_check skips this). best.json records the pick, the rounds its
+score averages, the rungs, the stability check and the cost (rounds trained and their
+seconds, from the runs' metrics.csv).
 
 Each cell is an ordinary training run in `<root_output_dir>/<experiment_name>/<cell>/`
 (experiment_name defaults to grid_<task>_<algo>), trained by its own `launch.train`
@@ -27,10 +42,11 @@ process, `--parallel` at a time; a cell's output is in `logs/<cell>.log` there.
 Re-running the same command resumes an interrupted search: finished cells are not run
 again, unfinished ones resume from their checkpoints. A diverging cell is recorded as
 diverged (score NaN); --overwrite retrains every cell from scratch. Outputs, next to the
-cells: grid.csv, grid.md, grid_heatmap.png and best.json (the best pair).
+cells: grid.csv, grid.md, grid_heatmap.png and best.json (the pick).
 
 Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
-settings or data, 3 every cell diverged, 4 a TFF worker lost, 5 the machine refused (disk
+settings or data, 3 every cell diverged (or the pick and all its neighbours did with
+another seed), 4 a TFF worker lost, 5 the machine refused (disk
 full, permissions), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to
 resume); a cell failing otherwise passes on its own status.
 Every failure is one line `grid_search: error: ...` on stderr; --verbose adds the traceback.
@@ -41,12 +57,14 @@ import json
 import math
 import os
 import sys
-from typing import Optional
+from typing import Hashable, Mapping, Optional, Sequence
 
 from absl import flags
 import numpy as np
 
+from launch import experiment
 from launch import failures
+from launch import halving
 from launch import runner
 from launch import train
 from launch.papers import fedzmg as fedzmg_paper
@@ -56,6 +74,8 @@ from tff_zmg.algorithms import registry
 # The FedZMG paper's grid: 10^-3 ... 10^1 in half decades, 50 rounds per cell.
 HALF_DECADES = fedzmg_paper.HALF_DECADES
 DEFAULT_TOTAL_ROUNDS = fedzmg_paper.GRID.total_rounds
+EXHAUSTIVE, HALVING = 'exhaustive', 'halving'
+STABILITY_DIRNAME = 'stability'
 
 _CLIENT_LRS = flags.DEFINE_list(
     'client_learning_rates', None,
@@ -73,7 +93,26 @@ _HPARAM_GRID = flags.DEFINE_string(
 )
 _SCORE_ROUNDS = flags.DEFINE_integer(
     'score_rounds', analysis.metrics.GRID_SCORE_ROUNDS,
-    'A cell scores the mean validation accuracy of its last this many rounds.',
+    'A cell scores the mean validation accuracy of its last this many rounds (of a'
+    ' rung\'s rounds, when fewer).',
+)
+_SEARCH = flags.DEFINE_enum(
+    'search', EXHAUSTIVE, [EXHAUSTIVE, HALVING],
+    'exhaustive: every cell trains --total_rounds. halving: successive halving, every'
+    f' cell trains the first of --rung_rounds, the best 1/{halving.ETA} of them continue'
+    ' to the next, and so on; the pick is the best cell of the last rung.',
+)
+_RUNG_ROUNDS = flags.DEFINE_list(
+    'rung_rounds', None,
+    'With --search=halving: the rounds of each rung (increasing comma list; the last is'
+    ' the rounds of the pick). Default: '
+    + ', '.join(f'{f:g}' for f in halving.RUNG_FRACTIONS)
+    + ' of --total_rounds, rounded up (10,20,50 for 50 rounds).',
+)
+_STABILITY_CHECK = flags.DEFINE_bool(
+    'stability_check', True,
+    'Re-run the best cell with another seed (--seed + 1) for the last rung\'s rounds; if'
+    ' it diverges, pick its best adjacent cell whose re-run does not.',
 )
 for _name in ('task', 'algo', 'total_rounds', 'root_output_dir', 'experiment_name',
               'parallel'):
@@ -130,15 +169,351 @@ def cell_name(client_lr: float, server_lr: float) -> str:
   return f'clr{client_lr:.3g}_slr{server_lr:.3g}'
 
 
-def cell_score(run: runner.Run, state: str, score_rounds: int) -> float:
-  """The mean validation accuracy of the last rounds; NaN if diverged or not evaluated."""
-  if state != runner.FINISHED:
-    return math.nan
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """How grids are searched.
+
+  Attributes:
+    rung_rounds: The rounds of each rung of successive halving (`launch.halving`); one
+      rung is the exhaustive search, every cell trained to it.
+    score_rounds: A cell scores the mean accuracy of its last this many rounds of a rung
+      (all of them, when the rung has fewer).
+    stability_check: Re-run the pick with another seed for the last rung's rounds.
+  """
+
+  rung_rounds: tuple[int, ...]
+  score_rounds: int
+  stability_check: bool = True
+
+  def __post_init__(self):
+    halving.check_rung_rounds(self.rung_rounds)
+    if self.score_rounds < 1:
+      raise ValueError(f'score_rounds must be >= 1, got {self.score_rounds}')
+
+  @property
+  def kind(self) -> str:
+    return HALVING if len(self.rung_rounds) > 1 else EXHAUSTIVE
+
+  @property
+  def final_rounds(self) -> int:
+    return self.rung_rounds[-1]
+
+  def scored_rounds(self, rounds: int) -> int:
+    """The rounds a cell's score at a rung of `rounds` rounds averages."""
+    return min(self.score_rounds, rounds)
+
+  def rungs(self, num_cells: int) -> list[tuple[int, int]]:
+    """(cells, rounds) of each rung, at most: fewer cells go on if some fail."""
+    return list(zip(halving.rung_sizes(num_cells, len(self.rung_rounds)), self.rung_rounds))
+
+  def describe(self, num_cells: int) -> str:
+    """'successive halving: 81 cells x 10 rounds, 27 x 20, 9 x 50' or 'exhaustive: ...'."""
+    rungs = ', '.join(f'{c} x {r}' for c, r in self.rungs(num_cells))
+    return (f'{"successive halving" if self.kind == HALVING else "exhaustive"}: {rungs}'
+            f' (cells x rounds)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """One client x server learning-rate grid: its directory, axes and its runs' flags.
+
+  Attributes:
+    directory: Its cells go to `<directory>/<cell>/`, its stability re-runs to
+      `<directory>/stability/`, its grid.csv, grid.md and heatmap beside them.
+    client_lrs, server_lrs: The axes.
+    overrides: `launch.train` flags of every cell (e.g. task, algo, a third axis' value).
+    group: Grids of one group are one search (their cells compete); each group gets a
+      pick of its own.
+    prefix: Of its runs' names (progress lines, logs), unique across grids.
+    label: Fields of the pick's record saying which grid it is (e.g. the third axis').
+  """
+
+  directory: str
+  client_lrs: tuple[float, ...]
+  server_lrs: tuple[float, ...]
+  overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
+  group: Hashable = None
+  prefix: str = ''
+  label: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+  @property
+  def cells(self) -> list[tuple[float, float]]:
+    """(client lr, server lr) of every cell, server-major."""
+    return [(c, s) for s in self.server_lrs for c in self.client_lrs]
+
+  def run(self, cell, rounds: int, seed: Optional[int] = None,
+          continued: bool = False) -> runner.Run:
+    """The cell's run trained to `rounds`; with `seed`, its stability re-run.
+
+    A cell is one run at every rung: asked for more rounds, it continues (launch.train
+    resumes a run whose --total_rounds grew). `continued`: a later rung, which never
+    starts a cell afresh, even with --overwrite (the first rung did).
+    """
+    c, s = cell
+    name = cell_name(c, s)
+    values = {**self.overrides, 'root_output_dir': self.directory, 'experiment_name': name,
+              'client_learning_rate': c, 'server_learning_rate': s, 'total_rounds': rounds}
+    if continued:
+      values['overwrite'] = False
+    if seed is not None:
+      name = f'{name}_seed{seed}'
+      values.update(seed=seed, experiment_name=f'{STABILITY_DIRNAME}/{name}')
+    return dataclasses.replace(runner.train_run(name, values), name=self.prefix + name)
+
+  def stability_seed(self) -> int:
+    """Another seed than the cells': theirs + 1."""
+    return self.run(self.cells[0], 1).config.seed + 1
+
+
+def rung_score(run_dir: str, rounds: int, score_rounds: int) -> float:
+  """A cell's score at a rung: its mean accuracy over the last min(score_rounds, rounds)
+  of its first `rounds` rounds; NaN (failed) unless it trained all `rounds` of them.
+
+  Rounds beyond `rounds` (a cell continued to a later rung) are not looked at, so a
+  resumed search scores every rung as the first pass did.
+  """
+  if analysis.runs.completed_rounds(run_dir) < rounds:
+    return math.nan  # It diverged before (a diverged round is never recorded).
   try:
-    rounds, acc = analysis.accuracy_series(run.config.output_dir)
+    got, acc = analysis.accuracy_series(run_dir)
   except (OSError, ValueError):
     return math.nan
-  return analysis.mean_of_last_rounds(acc, rounds, score_rounds) if acc.size else math.nan
+  keep = got <= rounds
+  if not keep.any():
+    return math.nan
+  return analysis.mean_of_last_rounds(acc[keep], got[keep], min(score_rounds, rounds))
+
+
+def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
+  """(rounds trained up to round `up_to`, their training and evaluation seconds).
+
+  From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
+  """
+  path = os.path.join(run_dir, analysis.runs.METRICS_FILENAME)
+  trained = {r: t for r, t in experiment.read_metric(
+      path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
+  evaluated = experiment.read_metric(path, 'evaluation/evaluation_time_in_seconds')
+  seconds = sum(trained.values()) + sum(t for r, t in evaluated.items() if r <= up_to)
+  return len(trained), seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """One group's search.
+
+  Attributes:
+    rungs: The rungs of its cells (keys (grid index, client lr, server lr)).
+    stability: The stability check (None: not run).
+    best: The pick's record (best.json); None when nothing could be picked.
+  """
+
+  rungs: tuple[halving.Rung, ...]
+  stability: Optional[halving.StablePick]
+  best: Optional[dict]
+
+
+def run_search(
+    grids: Sequence[Grid], search: Search, *, parallel: int, log_dir: str, stream=None,
+) -> dict[Hashable, Outcome]:
+  """Searches every group of `grids` side by side; group -> its `Outcome`.
+
+  Each rung's runs of all groups go together, `parallel` at a time; so do the stability
+  re-runs. Cells are keyed (grid index, client lr, server lr).
+  """
+  stream = stream or sys.stdout
+
+  def train_and_score(keys, rounds):
+    k = search.rung_rounds.index(rounds) + 1
+    print(f'rung {k}/{len(search.rung_rounds)}: {len(keys)} cells to {rounds} rounds',
+          file=stream, flush=True)
+    runs = {key: grids[key[0]].run(key[1:], rounds, continued=k > 1) for key in keys}
+    runner.run_all(
+        list(runs.values()), parallel=parallel, log_dir=log_dir, stream=stream,
+        describe=lambda run, state: f'score={_score(run, rounds):.4f}',
+    )
+    return {key: _score(run, rounds) for key, run in runs.items()}
+
+  def _score(run, rounds):
+    return rung_score(run.config.output_dir, rounds, search.score_rounds)
+
+  def check(keys):
+    print(f'stability: {len(keys)} picks re-run with another seed for'
+          f' {search.final_rounds} rounds', file=stream, flush=True)
+    runs = {key: _stability_run(grids, key, search) for key in keys}
+    states = runner.run_all(list(runs.values()), parallel=parallel, log_dir=log_dir,
+                            stream=stream)
+    return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
+
+  keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]
+  rungs = halving.successive_halving(
+      keys, search.rung_rounds, train_and_score, group=lambda key: grids[key[0]].group)
+  members = {}
+  for key in keys:
+    members.setdefault(grids[key[0]].group, []).append(key)
+  orders = {group: halving.ranking(rungs, cells) for group, cells in members.items()}
+  stability = None
+  if search.stability_check:
+    stability = halving.stable_picks(
+        orders, lambda key: _neighbours(grids, key), check)
+  outcomes = {}
+  for group, cells in members.items():
+    cells = set(cells)
+    group_rungs = tuple(  # The rungs this group's cells reached.
+        halving.Rung(rung.rounds, {k: v for k, v in rung.scores.items() if k in cells})
+        for rung in rungs if cells & set(rung.scores))
+    checked = None if stability is None else stability[group]
+    pick = orders[group][0] if orders[group] else None
+    if checked is not None:
+      pick = checked.pick
+    outcomes[group] = Outcome(
+        rungs=group_rungs, stability=checked,
+        best=None if pick is None else _record(grids, search, group_rungs, pick, checked))
+  return outcomes
+
+
+def _stability_run(grids, key, search: Search) -> runner.Run:
+  grid = grids[key[0]]
+  return grid.run(key[1:], search.final_rounds, seed=grid.stability_seed())
+
+
+def _neighbours(grids, key) -> set:
+  """The cells a half decade (one step of either axis) from `key`, in its grid."""
+  i, c, s = key
+  grid = grids[i]
+  return {(i, *cell) for cell in halving.grid_neighbours((c, s), (grid.client_lrs,
+                                                                   grid.server_lrs))}
+
+
+def _rates(grids, key) -> dict:
+  i, c, s = key
+  return dict(client_learning_rate=c, server_learning_rate=s, **grids[i].label)
+
+
+def _record(grids, search: Search, rungs, key, stability) -> dict:
+  """best.json: the pick, its score and the rounds scored, the search and its cost."""
+  grid = grids[key[0]]
+  last = halving.last_scores(rungs)
+  rounds, score = last[key]
+  config = grid.run(key[1:], rounds).config
+  record = dict(
+      task=config.task, algo=config.algo, **_rates(grids, key), score=score,
+      score_rounds=search.scored_rounds(rounds), total_rounds=rounds, search=search.kind,
+      rungs=[dict(rounds=r.rounds, cells=len(r.scores)) for r in rungs],
+  )
+  # Each cell up to its last rung (a cell continued by a later search is not charged
+  # here for rounds this one did not ask for), and the stability re-runs.
+  trained = [(grids[cell[0]].run(cell[1:], r).config.output_dir, r)
+             for cell, (r, _) in last.items()]
+  if stability is not None:
+    trained += [(_stability_run(grids, cell, search).config.output_dir, search.final_rounds)
+                for cell, _ in stability.checked]
+    record['stability'] = dict(
+        seed=grid.stability_seed(), rounds=search.final_rounds,
+        checked=[dict(**_rates(grids, cell), stable=stable)
+                 for cell, stable in stability.checked],
+        replaced=stability.replaced,
+        diverged_best=_rates(grids, stability.best) if stability.replaced else None,
+    )
+  costs = [run_cost(run_dir, up_to) for run_dir, up_to in trained]
+  record['cost'] = dict(rounds=sum(n for n, _ in costs), seconds=sum(t for _, t in costs))
+  return record
+
+
+def write_results(grid: Grid, index: int, search: Search, outcome: Outcome) -> str:
+  """Writes grid.csv, grid.md and grid_heatmap.png of `grid` (`run_search`'s `index`-th)
+  from its group's outcome; returns the heatmap's path.
+
+  A row per cell: the rounds of the last rung it trained at, its score there (NaN:
+  failed: diverged before) and the rounds that score averages; with halving, its score
+  at each rung too.
+  """
+  last = halving.last_scores(outcome.rungs)
+  rows = []
+  scores = np.full((len(grid.server_lrs), len(grid.client_lrs)), np.nan)
+  for c, s in grid.cells:
+    rounds, score = last[(index, c, s)]
+    scores[grid.server_lrs.index(s), grid.client_lrs.index(c)] = score
+    row = dict(client_learning_rate=c, server_learning_rate=s,
+               status=runner.DIVERGED if halving.failed(score) else runner.FINISHED,
+               rounds=rounds, score=score, score_rounds=search.scored_rounds(rounds))
+    if search.kind == HALVING:
+      row.update({f'score_at_{rung.rounds}': rung.scores.get((index, c, s), math.nan)
+                  for rung in outcome.rungs})
+    rows.append(dict(row, output_dir=grid.run((c, s), rounds).config.output_dir))
+  analysis.write_csv(os.path.join(grid.directory, 'grid.csv'), rows)
+  with open(os.path.join(grid.directory, 'grid.md'), 'w') as f:
+    f.write(analysis.markdown_table(rows, [
+        'client_learning_rate', 'server_learning_rate', 'status', 'rounds', 'score']))
+  best = outcome.best
+  highlight = None
+  if best is not None and all(best.get(k) == v for k, v in grid.label.items()):
+    highlight = (grid.server_lrs.index(best['server_learning_rate']),
+                 grid.client_lrs.index(best['client_learning_rate']))
+  config = grid.run(grid.cells[0], search.final_rounds).config
+  path = os.path.join(grid.directory, 'grid_heatmap.png')
+  where = ('each cell at the last rung it reached (grid.csv)' if search.kind == HALVING
+           else f'{search.final_rounds} rounds')
+  analysis.heatmap(
+      scores, [f'{s:.3g}' for s in grid.server_lrs], [f'{c:.3g}' for c in grid.client_lrs],
+      path, xlabel='client learning rate', ylabel='server learning rate',
+      title=f'{config.algo} on {config.task}, {search.kind} search\nmean validation'
+      f' accuracy of the last {search.score_rounds} rounds, {where}',
+      colorbar_label='validation accuracy', highlight=highlight,
+  )
+  return path
+
+
+def write_best(path: str, best: dict) -> None:
+  with open(path, 'w') as f:
+    json.dump(best, f, indent=2)
+
+
+def describe_pick(best: dict) -> str:
+  """One line: the pick, its score and rounds, and a stability replacement if any."""
+  text = (f'client {best["client_learning_rate"]:.3g}, server'
+          f' {best["server_learning_rate"]:.3g}'
+          + ''.join(f', {k} {v:g}' for k, v in best.items() if k not in _RECORD_FIELDS)
+          + f' (score {best["score"]:.4f}: mean of rounds'
+          f' {best["total_rounds"] - best["score_rounds"] + 1}-{best["total_rounds"]})')
+  stability = best.get('stability')
+  if stability and stability['replaced']:
+    old = stability['diverged_best']
+    text += (f'; the best cell, client {old["client_learning_rate"]:.3g}, server'
+             f' {old["server_learning_rate"]:.3g}, diverged with seed {stability["seed"]}'
+             ' and was replaced by its best stable neighbour')
+  return text
+
+
+_RECORD_FIELDS = frozenset({
+    'task', 'algo', 'client_learning_rate', 'server_learning_rate', 'score',
+    'score_rounds', 'total_rounds', 'search', 'rungs', 'stability', 'cost'})
+
+
+def search_from_flags() -> Search:
+  """The search --search, --rung_rounds, --total_rounds, --score_rounds and
+  --stability_check describe (--total_rounds defaults to the paper's 50 here)."""
+  total = flags.FLAGS['total_rounds']
+  final = total.value if total.present else DEFAULT_TOTAL_ROUNDS
+  if _SEARCH.value == EXHAUSTIVE:
+    if _RUNG_ROUNDS.value is not None:
+      raise ValueError('--rung_rounds needs --search=halving')
+    rungs = (final,)
+  elif _RUNG_ROUNDS.value is None:
+    rungs = halving.default_rung_rounds(final)
+  else:
+    try:
+      rungs = tuple(int(r) for r in _RUNG_ROUNDS.value)
+    except ValueError:
+      raise ValueError(f'--rung_rounds must be a comma list of integers, got'
+                       f' {",".join(_RUNG_ROUNDS.value)}') from None
+    halving.check_rung_rounds(rungs)
+    if total.present and rungs[-1] != final:
+      raise ValueError(f'--rung_rounds ends at {rungs[-1]} rounds but --total_rounds is'
+                       f' {final}; give one of them')
+  if _SCORE_ROUNDS.value < 1:
+    raise ValueError(f'--score_rounds must be >= 1, got {_SCORE_ROUNDS.value}')
+  return Search(rung_rounds=rungs, score_rounds=_SCORE_ROUNDS.value,
+                stability_check=_STABILITY_CHECK.value)
 
 
 def _check_flags() -> None:
@@ -148,72 +523,6 @@ def _check_flags() -> None:
   for name in ('client_learning_rate', 'server_learning_rate'):
     if flags.FLAGS[name].present:
       raise ValueError(f'the grid sets --{name}; give the values with --{name}s')
-  if _SCORE_ROUNDS.value < 1:
-    raise ValueError(f'--score_rounds must be >= 1, got {_SCORE_ROUNDS.value}')
-
-
-def grid_runs(
-    grid_dir: str, client_lrs, server_lrs, total_rounds: int, overrides=None,
-) -> dict[tuple[float, float], runner.Run]:
-  """(client lr, server lr) -> the cell's run in `<grid_dir>/<cell>/`, server-major order.
-
-  `overrides` are further `launch.train` flags set on every cell (e.g. the task).
-  """
-  cells = {}
-  for s in server_lrs:
-    for c in client_lrs:
-      cells[(c, s)] = runner.train_run(cell_name(c, s), {
-          **(overrides or {}), 'root_output_dir': grid_dir, 'experiment_name': cell_name(c, s),
-          'client_learning_rate': c, 'server_learning_rate': s, 'total_rounds': total_rounds,
-      })
-  return cells
-
-
-def write_results(
-    grid_dir: str, cells, states, client_lrs, server_lrs, score_rounds: int,
-):
-  """Writes grid.csv, grid.md, grid_heatmap.png and best.json (unless all diverged).
-
-  Args:
-    cells: `grid_runs`' dict; states: run name -> `runner` state.
-
-  Returns:
-    (best, heatmap path): best is the best.json dict, or None when every cell diverged.
-  """
-  rows = []
-  scores = np.full((len(server_lrs), len(client_lrs)), np.nan)
-  for (c, s), run in cells.items():
-    score = cell_score(run, states[run.name], score_rounds)
-    scores[server_lrs.index(s), client_lrs.index(c)] = score
-    rows.append(dict(
-        client_learning_rate=c, server_learning_rate=s, status=states[run.name],
-        score=score, output_dir=run.config.output_dir,
-    ))
-  analysis.write_csv(os.path.join(grid_dir, 'grid.csv'), rows)
-  with open(os.path.join(grid_dir, 'grid.md'), 'w') as f:
-    f.write(analysis.markdown_table(rows, [
-        'client_learning_rate', 'server_learning_rate', 'status', 'score']))
-  config = next(iter(cells.values())).config
-  best = None
-  if np.isfinite(scores).any():
-    i, j = np.unravel_index(np.nanargmax(scores), scores.shape)
-    best = dict(
-        task=config.task, algo=config.algo, client_learning_rate=client_lrs[j],
-        server_learning_rate=server_lrs[i], score=float(scores[i, j]),
-        score_rounds=score_rounds, total_rounds=config.total_rounds,
-    )
-    with open(os.path.join(grid_dir, 'best.json'), 'w') as f:
-      json.dump(best, f, indent=2)
-  heatmap_path = os.path.join(grid_dir, 'grid_heatmap.png')
-  analysis.heatmap(
-      scores, [f'{s:.3g}' for s in server_lrs], [f'{c:.3g}' for c in client_lrs],
-      heatmap_path, xlabel='client learning rate', ylabel='server learning rate',
-      title=f'{config.algo} on {config.task}, {config.total_rounds} rounds\nmean'
-      f' validation accuracy of the last {score_rounds} rounds',
-      colorbar_label='validation accuracy',
-      highlight=None if best is None else (i, j),
-  )
-  return best, heatmap_path
 
 
 @failures.one_line_errors('grid_search')
@@ -221,12 +530,9 @@ def main(argv) -> int:
   del argv
   train.quiet_libraries()
   _check_flags()
+  search = search_from_flags()
   client_lrs = parse_learning_rates('client_learning_rates', _CLIENT_LRS.value)
   server_lrs = parse_learning_rates('server_learning_rates', _SERVER_LRS.value)
-  total_rounds = (
-      flags.FLAGS.total_rounds if flags.FLAGS['total_rounds'].present
-      else DEFAULT_TOTAL_ROUNDS
-  )
   grid_dir = os.path.join(
       flags.FLAGS.root_output_dir,
       flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
@@ -234,44 +540,39 @@ def main(argv) -> int:
   axis, values = parse_hparam_grid(_HPARAM_GRID.value, flags.FLAGS.algo)
   if axis is not None and flags.FLAGS[axis].present:
     raise ValueError(f'the grid sets --{axis}; give its values with --hparam_grid')
-  grids = {}
-  for value in values:
-    cells = grid_runs(axis_dir(grid_dir, axis, value), client_lrs, server_lrs, total_rounds,
-                      None if axis is None else {axis: value})
-    if axis is not None:  # Names (and logs) unique across the values.
-      cells = {lrs: dataclasses.replace(run, name=f'{axis}{value:g}_{run.name}')
-               for lrs, run in cells.items()}
-    grids[value] = cells
+  grids = [
+      Grid(directory=axis_dir(grid_dir, axis, value), client_lrs=client_lrs,
+           server_lrs=server_lrs, **({} if axis is None else dict(
+               overrides={axis: value}, label={axis: value},
+               prefix=f'{axis}{value:g}_')))  # Names (and logs) unique across the values.
+      for value in values
+  ]
+  for grid in grids:  # Refuses bad settings before anything trains.
+    grid.run(grid.cells[0], search.final_rounds)
   third = '' if axis is None else f' x {len(values)} {axis} values'
+  cells = len(client_lrs) * len(server_lrs) * len(values)
   print(
       f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
-      f' {len(server_lrs)} server learning rates{third}, {total_rounds} rounds per'
-      f' cell, {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
+      f' {len(server_lrs)} server learning rates{third}, {search.describe(cells)},'
+      f' {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
   )
-  score_rounds = _SCORE_ROUNDS.value
-  states = runner.run_all(
-      [run for cells in grids.values() for run in cells.values()],
-      parallel=runner.PARALLEL.value, log_dir=os.path.join(grid_dir, 'logs'),
-      describe=lambda run, state: f'score={cell_score(run, state, score_rounds):.4f}',
-  )
-  best = None
-  for value, cells in grids.items():
-    found, heatmap_path = write_results(
-        axis_dir(grid_dir, axis, value), cells, states, client_lrs, server_lrs, score_rounds)
-    print(f'table: {os.path.join(axis_dir(grid_dir, axis, value), "grid.csv")}\n'
-          f'heatmap: {heatmap_path}')
-    if found is not None and axis is not None:
-      found[axis] = value
-    if found is not None and (best is None or found['score'] > best['score']):
-      best = found
+  (outcome,) = run_search(grids, search, parallel=runner.PARALLEL.value,
+                          log_dir=os.path.join(grid_dir, 'logs')).values()
+  for index, grid in enumerate(grids):
+    heatmap_path = write_results(grid, index, search, outcome)
+    print(f'table: {os.path.join(grid.directory, "grid.csv")}\nheatmap: {heatmap_path}')
+  best = outcome.best
   if best is None:
-    print('best: none (every cell diverged)', flush=True)
-    print('grid_search: error: every cell diverged; try smaller learning rates',
-          file=sys.stderr, flush=True)
+    why = ('every cell diverged' if outcome.stability is None or not outcome.stability.checked
+           else 'the best cell and each of its neighbours diverged with another seed')
+    print(f'best: none ({why})', flush=True)
+    print(f'grid_search: error: {why}; try smaller learning rates', file=sys.stderr,
+          flush=True)
     return failures.EXIT_DIVERGED
-  if axis is not None:
-    with open(os.path.join(grid_dir, 'best.json'), 'w') as f:
-      json.dump(best, f, indent=2)
+  write_best(os.path.join(grid_dir, 'best.json'), best)
+  print(f'search: {best["cost"]["rounds"]} rounds trained,'
+        f' {best["cost"]["seconds"]:.0f} s in rounds', flush=True)
+  print(f'picked: {describe_pick(best)}', flush=True)
   print(
       f'best: --client_learning_rate={best["client_learning_rate"]!r}'
       f' --server_learning_rate={best["server_learning_rate"]!r}'

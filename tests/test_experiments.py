@@ -70,7 +70,7 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
       f'--root_output_dir={tmp_path}', *_TINY, '--total_rounds=2', '--rounds_per_checkpoint=2',
       '--client_batch_size=5', '--client_learning_rates=0.05,1e30',
       '--server_learning_rates=1,0.5', '--parallel=2', '--partition=dirichlet',
-      '--num_clients=4', '--dirichlet_alpha=0.5',
+      '--num_clients=4', '--dirichlet_alpha=0.5', '--nostability_check',
   ]
   grid = tmp_path / 'grid_emnist_fedavg'
   cells = ['clr0.05_slr1', 'clr1e+30_slr1', 'clr0.05_slr0.5', 'clr1e+30_slr0.5']
@@ -129,6 +129,58 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
   assert image.ndim == 3 and min(image.shape[:2]) > 100
 
 
+def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_another_seed(
+    synthetic_cache_dir, tmp_path, run_main
+):
+  """2 cells x 1 round, the best third (1 cell) on to 3 rounds, then a re-run with seed 1.
+
+  The client rate 1e30 diverges in round 1: it scores as failed and is never promoted,
+  though the rung keeps a third of 2 cells, one. The promoted cell is its rung-1 run
+  continued (a second process that trains rounds 2-3 only).
+  """
+  args = [
+      '--task=emnist', '--algo=fedavg', f'--cache_dir={synthetic_cache_dir}',
+      f'--root_output_dir={tmp_path}', *_TINY, '--client_batch_size=5',
+      '--search=halving', '--rung_rounds=1,3', '--score_rounds=2',
+      '--client_learning_rates=1e30,0.05', '--server_learning_rates=1', '--parallel=2',
+  ]
+  rc, out, err = run_main(grid_search, *args)
+  assert rc == 0, err
+  grid = tmp_path / 'grid_emnist_fedavg'
+  assert 'rung 1/2: 2 cells to 1 rounds' in out and 'rung 2/2: 1 cells to 3 rounds' in out
+  rounds, acc = analysis.accuracy_series(str(grid / 'clr0.05_slr1'))
+  assert list(rounds) == [1, 2, 3]
+  log = grid / 'logs' / 'clr0.05_slr1.log'
+  assert _attempts(log) == 2
+  assert 'round 1/3' not in log.read_text() and 'round 3/3' in log.read_text()  # Continued.
+  rows = {r['client_learning_rate']: r for r in _rows(grid / 'grid.csv')}
+  assert rows['1e+30']['status'] == 'diverged' and rows['1e+30']['rounds'] == '1'
+  assert rows['1e+30']['score_at_1'] == rows['1e+30']['score'] == 'nan'
+  row = rows['0.05']
+  assert float(row['score_at_1']) == pytest.approx(acc[0])
+  assert (row['rounds'], row['score_rounds']) == ('3', '2')
+  assert float(row['score']) == float(row['score_at_3']) == pytest.approx(np.mean(acc[1:]))
+
+  best = json.loads((grid / 'best.json').read_text())
+  assert best['client_learning_rate'] == 0.05 and best['search'] == 'halving'
+  assert (best['total_rounds'], best['score_rounds']) == (3, 2)
+  assert best['rungs'] == [{'rounds': 1, 'cells': 2}, {'rounds': 3, 'cells': 1}]
+  check = grid / 'stability' / 'clr0.05_slr1_seed1'
+  assert json.loads((check / 'flags.json').read_text())['seed'] == 1
+  assert list(analysis.accuracy_series(str(check))[0]) == [1, 2, 3]
+  assert best['stability']['checked'] == [
+      {'client_learning_rate': 0.05, 'server_learning_rate': 1.0, 'stable': True}]
+  assert not best['stability']['replaced']
+  # Rounds trained: 3 (the promoted cell) + 0 (diverged in round 1) + 3 (the re-run).
+  assert best['cost']['rounds'] == 6 and best['cost']['seconds'] > 0
+  assert 'picked: client 0.05, server 1 (score' in out and 'mean of rounds 2-3' in out
+
+  # Re-run: nothing trains; the same pick.
+  rc, out, err = run_main(grid_search, *args)
+  assert rc == 0 and ': started' not in out, err
+  assert json.loads((grid / 'best.json').read_text()) == best
+
+
 def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_main, tmp_path):
   np.testing.assert_allclose(grid_search.parse_learning_rates('x', None),
                              [1e-3, 10**-2.5, 1e-2, 10**-1.5, 0.1, 10**-0.5, 1, 10**0.5, 10])
@@ -140,6 +192,10 @@ def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_main, tmp_pa
       (['--client_learning_rates=a'], 'comma list of numbers'),
       (['--client_learning_rate=0.1'], 'give the values with --client_learning_rates'),
       (['--gc_lambda=0.5'], 'does not apply'),
+      (['--rung_rounds=5,10'], '--rung_rounds needs --search=halving'),
+      (['--search=halving', '--rung_rounds=10,5'], 'positive and increasing'),
+      (['--search=halving', '--rung_rounds=a'], 'comma list of integers'),
+      (['--search=halving', '--rung_rounds=5,10', '--total_rounds=20'], 'give one of them'),
   ]:
     rc, _, err = run_main(grid_search, *base, *args)
     assert rc == 2 and err.startswith('grid_search: error:') and message in err, err
@@ -150,7 +206,7 @@ def test_grid_search_covers_a_third_hyperparameter_axis(run_main, tmp_path):
   """FedProx's mu as the third axis: a grid per value, the best over all of them."""
   base = ['--task=emnist', '--algo=fedprox', f'--root_output_dir={tmp_path}', *_TINY,
           '--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
-          '--score_rounds=1', f'--cache_dir={tmp_path / "cache"}']
+          '--score_rounds=1', f'--cache_dir={tmp_path / "cache"}', '--nostability_check']
   for axis, message in [
       ('proximal_strength:-1,0.1', 'proximal_strength must be >= 0, got'),
       ('proximal_strength:0.1,0.1', 'repeated values'),

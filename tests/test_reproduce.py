@@ -166,8 +166,8 @@ def _designed_args(root, cache_dir):
 def designed(tmp_path_factory, synthetic_cache_dir):
   """FedZMG's EMNIST tables over designed finished runs and one real grid cell.
 
-  Every grid cell but one and every comparison run is written beforehand as
-  `launch.train` leaves a finished run, with accuracy curves that reach the thresholds
+  Every grid cell but one, the stability re-run of each pick and every comparison run
+  are written beforehand as `launch.train` leaves a finished run, with accuracy curves that reach the thresholds
   (a real 12-round run on synthetic data reaches none); the left-out cell is trained by
   `launch.reproduce` itself, and its score enters the grid search.
 
@@ -180,16 +180,21 @@ def designed(tmp_path_factory, synthetic_cache_dir):
     plan = reproduce.make_plan()
     rng = np.random.default_rng(0)
     best = {}
-    for (key, algo), (_, cells) in reproduce.grid_groups(plan).items():
-      for (c, s), run in cells.items():
+    rounds = plan.search().final_rounds
+    for (key, algo), grid in reproduce.grid_groups(plan).items():
+      for c, s in grid.cells:
         if (algo, c, s) == _REAL_CELL:
           continue
         # A smooth optimum away from the corners, 0.9 at its peak (a real 1-round cell
-        # on synthetic data scores far below), and one diverged corner.
+        # on synthetic data scores far below), and one corner diverged in round 1 (so,
+        # as launch.train leaves it, with no round recorded).
         score = 0.9 - 0.05 * (math.log10(c) + 1.5) ** 2 - 0.05 * (math.log10(s) + 0.5) ** 2
-        _write_run(run, [score], diverged=(c, s) == (10.0, 10.0))
+        corner = (c, s) == (10.0, 10.0)
+        _write_run(grid.run((c, s), rounds), [] if corner else [score], diverged=corner)
         if (c, s) == (10.0 ** -1.5, 10.0 ** -0.5):
           best[(key, algo)] = dict(client_learning_rate=c, server_learning_rate=s)
+          # Its stability re-run with seed 1, finished: stable.
+          _write_run(grid.run((c, s), rounds, seed=1), [score])
     speed = {'fedzmg': 2.0, 'fedavg': 4.0, 'fedadam': 3.0}
     for run in reproduce.comparison_runs(plan, best):
       rounds = np.arange(1, plan.total_rounds + 1)
@@ -234,6 +239,14 @@ def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
   assert list(_accuracy(real_dir)[0]) == [1]
   _check_report(plan, path, _THRESHOLDS, tuple(range(5)))
   text = open(path).read()
+  # 1-round cells: the report says the rates were not tuned honestly, and why.
+  assert ('**Not a result: the learning rates were not tuned honestly at this scale**'
+          " (cells scored after 1 of the paper's 50 rounds)") in text
+  assert json.load(open(os.path.join(plan.directory, 'report.json')))['tuned_honestly'] is False
+  for algo in _ALGOS:
+    row = next(line for line in text.splitlines() if line.startswith(f'| emnist | {algo} |'))
+    assert '| 0.0316 | 0.316 | 0.9000 | 1-1 | 81 x 1 | stable with seed 1 |' in row, row
+  assert 'exhaustive: 81 x 1 (cells x rounds)' in text
   for algo in _ALGOS:  # Designed so that every run reaches both thresholds.
     row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))
     assert 'not reached' not in row and '[5/5]' in row, row
@@ -242,26 +255,28 @@ def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
 def test_a_second_run_trains_nothing_and_reuses_every_run(designed, synthetic_cache_dir):
   root, plan, path, _, _ = designed
   mtimes = _metrics_mtimes(plan.directory)
-  assert len(mtimes) == 243 + 15  # The designed diverged corners have a metrics.csv too.
+  # The designed diverged corners have a metrics.csv too; 3 stability re-runs.
+  assert len(mtimes) == 243 + 3 + 15
   before = json.load(open(os.path.join(plan.directory, 'report.json')))
   _, path_again, out = _reproduce(_designed_args(root, synthetic_cache_dir))
   assert path_again == path and ': started' not in out
-  assert len(re.findall(r': already finished', out)) == 243 - 3 + 15
+  assert len(re.findall(r': already finished', out)) == 243 - 3 + 3 + 15
   assert len(re.findall(r': already diverged', out)) == 3
   assert _metrics_mtimes(plan.directory) == mtimes
   assert json.load(open(os.path.join(plan.directory, 'report.json'))) == before
 
 
-@pytest.mark.skipif(not _LONG, reason='12 real training runs, ~10 CPU minutes: set'
+@pytest.mark.skipif(not _LONG, reason='15 real training runs, ~12 CPU minutes: set'
                     ' TFF_ZMG_LONG_TESTS=1')
 def test_ci_scale_trains_the_whole_protocol_and_then_reuses_it(tmp_path, synthetic_cache_dir):
-  """The ci scale for real: 3 x 2 grid cells and 3 x 2 comparison runs, then a re-run."""
+  """The ci scale for real: 3 x 2 grid cells, 3 stability re-runs and 3 x 2 comparison
+  runs, then a re-run; the report says the rates were not tuned honestly."""
   args = ['--paper=fedzmg', '--table=5,6', '--scale=ci', '--data_source=synthetic',
           f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
           '--parallel=2', '--thresholds=0.0,0.05']
   plan, path, out = _reproduce(args)
   assert 'grid search, 6 runs' in out and 'comparison, 6 runs' in out
-  assert len(re.findall(r': started', out)) == 12
+  assert len(re.findall(r': started', out)) == 15
   for algo in _ALGOS:
     chosen = json.load(open(os.path.join(plan.directory, 'grid', 'emnist', algo, 'best.json')))
     for seed in (0, 1):
@@ -269,49 +284,73 @@ def test_ci_scale_trains_the_whole_protocol_and_then_reuses_it(tmp_path, synthet
       recorded = json.load(open(os.path.join(run_dir, 'flags.json')))
       assert recorded['hparams']['client_learning_rate'] == chosen['client_learning_rate']
   _check_report(plan, path, (0.0, 0.05), (0, 1))
+  assert 'not tuned honestly at this scale** (a 2 x 1 grid' in open(path).read()
   mtimes = _metrics_mtimes(plan.directory)
   _, _, out = _reproduce(args)
-  assert ': started' not in out and len(re.findall(r': already', out)) == 12
+  assert ': started' not in out and len(re.findall(r': already', out)) == 15
   assert _metrics_mtimes(plan.directory) == mtimes
 
 
+def _dry_run(root, *args):
+  _parse('--paper=fedzmg', '--dry_run', f'--root_output_dir={root}', *args)
+  try:
+    out = io.StringIO()
+    counts = reproduce.dry_run(reproduce.make_plan(), stream=out)
+  finally:
+    flags.FLAGS.unparse_flags()
+  return counts, out.getvalue()
+
+
 def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
-  """The full FedZMG protocol: 9 x 9 cells x 3 algorithms x 3 tasks, then 3 x 5 x 3 runs.
+  """The full FedZMG protocol: 9 x 9 cells x 3 algorithms x 3 tasks, a stability re-run
+  per grid, then 3 x 5 x 3 runs.
 
   The round time is read from the newest earlier run with two rounds (so nothing trains).
   """
   root, plan = designed[:2]
-  for table, grid, comparison in (([], 81 * 3 * 3, 3 * 5 * 3), (['--table=5'], 81 * 3, 15)):
-    _parse('--paper=fedzmg', '--dry_run', f'--root_output_dir={root}', *table)
-    try:
-      out = io.StringIO()
-      counts = reproduce.dry_run(reproduce.make_plan(), stream=out)
-    finally:
-      flags.FLAGS.unparse_flags()
-    out = out.getvalue()
-    assert (counts['grid'], counts['comparison']) == (grid, comparison)
-    assert f'total: {grid + comparison} runs' in out
-    assert out.count('\n  grid-') == grid and out.count(' seed=') == comparison
+  for table, grids, comparison in (([], 3 * 3, 3 * 5 * 3), (['--table=5'], 3, 15)):
+    counts, out = _dry_run(root, *table)
+    grid = 81 * grids
+    assert (counts['grid'], counts['stability'], counts['comparison']) == (
+        grid, grids, comparison)
+    assert f'total: {grid + grids + comparison} runs' in out
+    assert out.count('\n  grid-') == grid and out.count(' seed=') == comparison + grids
     assert 'read from the earlier run' in out and counts['seconds'] > 0
     assert counts['timing']['source'].startswith(os.path.join(plan.directory, 'runs'))
   assert '  grid-emnist-fedadam-clr10_slr10: emnist fedadam clr=10 slr=10 rounds=50 cohort=10\n' in out
   assert '  emnist-emnist_fedzmg_seed4: emnist fedzmg seed=4 rounds=1000 cohort=10\n' in out
-  # 50-round cells and 1000-round comparison runs at the measured speed.
+  # 50-round cells, 50-round stability re-runs and 1000-round comparison runs at the
+  # measured speed.
   timing = reproduce.RoundTime(**counts['timing'])
   per_round = lambda cohort: cohort * timing.train_s_per_client + timing.eval_s
-  expected = (grid * (timing.startup_s + 50 * per_round(10))
+  expected = ((grid + grids) * (timing.startup_s + 50 * per_round(10))
               + comparison * (timing.startup_s + 1000 * per_round(10)))
   assert counts['seconds'] == pytest.approx(expected)
 
 
+def test_small_scale_halves_the_whole_grid_up_to_the_papers_rounds(designed):
+  """81 cells x 10 rounds, the best 27 on to 20, the best 9 on to 50, per grid."""
+  counts, out = _dry_run(designed[0], '--table=5', '--scale=small')
+  assert (counts['grid'], counts['stability'], counts['comparison']) == (
+      3 * (81 + 27 + 9), 3, 3 * 3)
+  assert counts['rounds'] == 3 * (81 * 10 + 27 * 10 + 9 * 30) + 3 * 50 + 9 * 100
+  assert 'successive halving: 81 x 10, 27 x 20, 9 x 50 (cells x rounds)' in out
+  assert ('  emnist fedzmg, rung 2: the best 27 of 81 cells continue to 20 rounds (+10 each)'
+          in out)
+  assert '  grid-emnist-fedzmg-clr10_slr10: emnist fedzmg clr=10 slr=10 rounds=10 cohort=10' in out
+  _parse('--paper=fedzmg', '--scale=small', f'--root_output_dir={designed[0]}')
+  try:
+    plan = reproduce.make_plan()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert plan.tuning_caveat() is None
+
+
 def test_scales_shrink_the_protocol_keeping_its_shape():
-  grid = papers.PAPERS['fedzmg'].grid
-  assert scales.thin(grid.client_learning_rates, 3) == (1e-3, 0.1, 10.0)
-  assert scales.thin(grid.client_learning_rates, 1) == (0.1,)
   small = scales.get_scale('small')
-  assert (small.rounds(1000), small.rounds(50, grid=True), small.seeds(range(5))) == (
-      100, 5, (0, 1, 2))
+  assert (small.rounds(1000), small.seeds(range(5)), small.halving) == (100, (0, 1, 2), True)
   assert scales.get_scale('0.25').rounds(1000) == 250
+  assert scales.get_scale('0.1').rounds(50, grid=True) == 5
   assert scales.get_scale('full').rounds(1000) == 1000
 
 

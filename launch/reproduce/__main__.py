@@ -4,7 +4,10 @@ Runs a paper's protocol (launch/papers/<paper>.py) end to end and writes a repor
 the numbers it published (kept in the same file):
 
 1. the learning-rate grid search where the paper tuned (FedZMG: 9 x 9 client x server
-   rates, 50 rounds, cohort 10, each algorithm on each task; `launch.grid_search`);
+   rates, 50 rounds, cohort 10, each algorithm on each task; `launch.grid_search`;
+   at --scale=small searched by successive halving up to the same 50 rounds), and a
+   re-run of each pick with another seed (a pick that diverges there gives way to its
+   best stable neighbour);
 2. the comparison: every algorithm on every setting of the chosen tables over the
    paper's seeds, all seeds on one data split, at the best rates of step 1
    (`launch.compare`);
@@ -18,7 +21,8 @@ the numbers it published (kept in the same file):
     python -m launch.reproduce --paper=fedzmg --dry_run      # the runs, their count, a time
 
 --scale: `full` (the paper's protocol), `small`, `ci`, or a number in (0, 1] that scales
-the rounds only (see `launch/reproduce/scales.py`). Every run is an ordinary `launch.train` run in
+the rounds only (see `launch/reproduce/scales.py`); where a scale cuts the grid or its
+rounds (`ci`, a fraction), report.md says first that the rates were not tuned honestly. Every run is an ordinary `launch.train` run in
 `<reproduce_dir>/grid/<setting>/<algo>/<cell>` or `<reproduce_dir>/runs/<setting>/`, so
 re-running the same command reuses finished runs and resumes unfinished ones. Other
 flags of `launch.train` (--cache_dir, --executor, --data_source, ...) pass on to every run;

@@ -91,17 +91,19 @@ def measure_round_time(plan: plan_lib.Plan, stream) -> RoundTime:
   return timing
 
 
-def estimate_seconds(runs, timing: RoundTime, parallel: int) -> float:
+def estimate_seconds(planned, timing: RoundTime, parallel: int) -> float:
   """sum over runs of (startup + rounds x (cohort x train per client + evaluation)) / parallel.
 
-  Runs are assumed to go `parallel` at a time at the measured speed; a rough guide only:
-  the real data's clients are larger than a small build's, and a process's TensorFlow
-  import and first tracing beyond its first round are not counted.
+  `planned`: `plan.planned_runs`' entries; a grid cell continued to a later rung counts
+  its start-up again and only its new rounds. Runs are assumed to go `parallel` at a
+  time at the measured speed; a rough guide only: the real data's clients are larger
+  than a small build's, and a process's TensorFlow import and first tracing beyond its
+  first round are not counted.
   """
   total = sum(
-      timing.startup_s + r.config.total_rounds * (
-          r.config.clients_per_round * timing.train_s_per_client + timing.eval_s)
-      for r in runs
+      timing.startup_s + p.rounds * (
+          p.run.config.clients_per_round * timing.train_s_per_client + timing.eval_s)
+      for p in planned
   )
   return total / max(1, parallel)
 
@@ -114,20 +116,37 @@ def _duration(seconds: float) -> str:
 def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
   """Prints every run (grid cells, then comparison runs), the count and a time estimate."""
   stream = stream or sys.stdout
-  groups = plan_lib.grid_groups(plan)
-  cells = [run for _, group in groups.values() for run in group.values()]
-  comparison = plan_lib.comparison_runs(plan)
+  planned = plan_lib.planned_runs(plan)
+  by_stage = {stage: [p for p in planned if p.stage == stage]
+              for stage in ('grid', 'stability', 'comparison')}
   print(f'{plan.paper.name} at scale {plan.scale.name} ({plan.scale.description}), tables'
         f' {[t.number for t in plan.tables]}, data {plan.data_source}:', file=stream)
-  if cells:
-    print(f'grid search: {len(cells)} runs', file=stream)
-    for run in cells:
-      c = run.config
-      print(f'  {run.name}: {c.task} {c.algo} clr={c.hparams["client_learning_rate"]:.3g}'
+  if by_stage['grid']:
+    cells = len(plan.grid_axes()[0]) * len(plan.grid_axes()[1])
+    print(f'grid search: {len(by_stage["grid"])} runs at most ({plan.search().describe(cells)}'
+          ' per grid)', file=stream)
+    previous = None
+    for p in by_stage['grid']:
+      c = p.run.config
+      if p.note:  # A later rung: one line for the cells it continues.
+        if p.note != previous:
+          print(f'  {c.task} {c.algo}, {p.note} (+{p.rounds} each)', file=stream)
+        previous = p.note
+        continue
+      previous = None
+      print(f'  {p.run.name}: {c.task} {c.algo} clr={c.hparams["client_learning_rate"]:.3g}'
             f' slr={c.hparams["server_learning_rate"]:.3g} rounds={c.total_rounds}'
             f' cohort={c.clients_per_round}', file=stream)
+  if by_stage['stability']:
+    print(f'stability: {len(by_stage["stability"])} runs at least (one per grid)',
+          file=stream)
+    for p in by_stage['stability']:
+      c = p.run.config
+      print(f'  {c.task} {c.algo}: {p.note}, seed={c.seed} rounds={p.rounds}'
+            f' cohort={c.clients_per_round}', file=stream)
+  comparison = [p.run for p in by_stage['comparison']]
   print(f'comparison: {len(comparison)} runs'
-        + (' (learning rates from the grid search)' if cells else ''), file=stream)
+        + (' (learning rates from the grid search)' if by_stage['grid'] else ''), file=stream)
   for run in comparison:
     c = run.config
     print(f'  {run.name}: {c.task} {c.algo} seed={c.seed} rounds={c.total_rounds}'
@@ -139,10 +158,10 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
   if timing is None:
     timing = measure_round_time(plan, stream)
     how = 'measured now on'
-  runs = cells + comparison
-  seconds = estimate_seconds(runs, timing, runner.PARALLEL.value)
-  print(f'total: {len(runs)} runs ({len(cells)} grid, {len(comparison)} comparison),'
-        f' {sum(r.config.total_rounds for r in runs)} rounds', file=stream)
+  seconds = estimate_seconds(planned, timing, runner.PARALLEL.value)
+  print(f'total: {len(planned)} runs ({len(by_stage["grid"])} grid,'
+        f' {len(by_stage["stability"])} stability, {len(comparison)} comparison),'
+        f' {sum(p.rounds for p in planned)} rounds', file=stream)
   print(f'estimated time: {_duration(seconds)} at {runner.PARALLEL.value} at a time, from'
         f' round times {how} {timing.source} ({timing.train_s_per_client:.3g} s per client'
         f' per round, {timing.eval_s:.3g} s per evaluation, {timing.startup_s:.3g} s'
@@ -154,5 +173,7 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
           f' data, not this plan\'s {sorted({plan.task(s) for s in plan.settings})} on'
           f' {plan.data_source}: other models and real clients (larger than small synthetic'
           ' ones) take other times', file=stream, flush=True)
-  return dict(grid=len(cells), comparison=len(comparison), total=len(runs),
-              seconds=seconds, timing=dataclasses.asdict(timing))
+  return dict(grid=len(by_stage['grid']), stability=len(by_stage['stability']),
+              comparison=len(comparison), total=len(planned),
+              rounds=sum(p.rounds for p in planned), seconds=seconds,
+              timing=dataclasses.asdict(timing))

@@ -1,8 +1,9 @@
 """What one `launch.reproduce` command runs: the plan of its flags and the runs of it.
 
 A plan is a paper, its chosen tables and their settings, at a scale; its runs are the
-grid cells (where the paper tuned) and the comparison runs, each an ordinary
-`launch.train` run described by `runner.train_run`.
+grid cells (where the paper tuned), the stability re-runs of their picks and the
+comparison runs, each an ordinary `launch.train` run described by `runner.train_run`;
+`planned_runs` lists them with the rounds each trains.
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ from absl import flags
 import tasks
 from launch import compare
 from launch import grid_search
+from launch import halving
 from launch import papers
 from launch import runner
 from launch import train
@@ -70,20 +72,45 @@ class Plan:
     return self.scale.rounds(self.paper.total_rounds)
 
   def grid_axes(self):
-    """(client rates, server rates, rounds, cohort) of the scaled grid; None if none."""
+    """(client rates, server rates, cohort) of the grid at this scale; None if none."""
     grid = self.paper.grid
     if grid is None:
       return None
-    shape = self.scale.grid_shape or (None, None)
     client, server = self.scale.grid_rates or (
-        scales.thin(grid.client_learning_rates, shape[0]),
-        scales.thin(grid.server_learning_rates, shape[1]),
-    )
-    return (
-        client, server,
-        self.scale.rounds(grid.total_rounds, grid=True),
-        self.scale.cap(grid.clients_per_round, self.scale.max_clients_per_round),
-    )
+        grid.client_learning_rates, grid.server_learning_rates)
+    return client, server, self.scale.cap(grid.clients_per_round,
+                                          self.scale.max_clients_per_round)
+
+  def search(self) -> Optional[grid_search.Search]:
+    """How the grid is searched at this scale: halving up to the paper's grid rounds, or
+    every cell to the scaled rounds; None where the paper did not tune."""
+    grid = self.paper.grid
+    if grid is None:
+      return None
+    rungs = (halving.default_rung_rounds(grid.total_rounds) if self.scale.halving
+             else (self.scale.rounds(grid.total_rounds, grid=True),))
+    return grid_search.Search(rung_rounds=rungs, score_rounds=grid.score_rounds)
+
+  def tuning_caveat(self) -> Optional[str]:
+    """Why the rates are not tuned honestly at this scale, or None when they are.
+
+    Honest: the paper's whole grid and cohort, and the pick scored at the paper's grid
+    rounds (successive halving gets there with fewer rounds in all).
+    """
+    grid, axes, search = self.paper.grid, self.grid_axes(), self.search()
+    if grid is None:
+      return None
+    client, server, cohort = axes
+    why = []
+    if (client, server) != (grid.client_learning_rates, grid.server_learning_rates):
+      why.append(f'a {len(client)} x {len(server)} grid, not the paper\'s'
+                 f' {len(grid.client_learning_rates)} x {len(grid.server_learning_rates)}')
+    if search.final_rounds < grid.total_rounds:
+      why.append(f'cells scored after {search.final_rounds} of the paper\'s'
+                 f' {grid.total_rounds} rounds')
+    if cohort < grid.clients_per_round:
+      why.append(f'cohort {cohort}, not {grid.clients_per_round}')
+    return '; '.join(why) or None
 
   def task(self, setting: papers.base.Setting) -> str:
     return setting.task_for(self.data_source)
@@ -140,24 +167,20 @@ def _rename(run: runner.Run, name: str) -> runner.Run:
   return dataclasses.replace(run, name=name)
 
 
-def grid_groups(plan: Plan) -> dict[tuple[str, str], tuple[str, dict]]:
-  """(setting key, algo) -> (grid directory, its cells as `grid_search.grid_runs` gives)."""
+def grid_groups(plan: Plan) -> dict[tuple[str, str], grid_search.Grid]:
+  """(setting key, algo) -> its learning-rate grid; each is a search of its own."""
   axes = plan.grid_axes()
   if axes is None:
     return {}
-  client_lrs, server_lrs, rounds, cohort = axes
-  groups = {}
-  for setting in plan.settings:
-    for algo in plan.paper.algos:
-      grid_dir = os.path.join(plan.directory, 'grid', setting.key, algo)
-      cells = grid_search.grid_runs(grid_dir, client_lrs, server_lrs, rounds, {
-          **plan.overrides(setting), 'algo': algo, 'clients_per_round': cohort,
-      })
-      groups[(setting.key, algo)] = (grid_dir, {
-          lrs: _rename(run, f'grid-{setting.key}-{algo}-{run.name}')
-          for lrs, run in cells.items()
-      })
-  return groups
+  client_lrs, server_lrs, cohort = axes
+  return {
+      (setting.key, algo): grid_search.Grid(
+          directory=os.path.join(plan.directory, 'grid', setting.key, algo),
+          client_lrs=client_lrs, server_lrs=server_lrs,
+          overrides={**plan.overrides(setting), 'algo': algo, 'clients_per_round': cohort},
+          group=(setting.key, algo), prefix=f'grid-{setting.key}-{algo}-')
+      for setting in plan.settings for algo in plan.paper.algos
+  }
 
 
 def comparison_runs(plan: Plan, best: Optional[dict] = None) -> list[runner.Run]:
@@ -189,3 +212,46 @@ def check_data(plan: Plan) -> None:
       tfds_source.ensure_database(task, flags.FLAGS.cache_dir)
     else:
       sources.load_client_data(task, 'tff', flags.FLAGS.cache_dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+  """One run of a plan, or one rung of a grid cell continued from the rung before.
+
+  Attributes:
+    stage: 'grid', 'stability' or 'comparison'.
+    run: The run. Which cells reach a later rung, and which cell is re-run for
+      stability, the earlier scores decide: there it stands for any of them.
+    rounds: The rounds it trains in this stage (a promoted cell: those beyond the rung
+      before).
+    note: Where `run` stands for a cell chosen later: which and how many.
+  """
+
+  stage: str
+  run: runner.Run
+  rounds: int
+  note: str = ''
+
+
+def planned_runs(plan: Plan) -> list[PlannedRun]:
+  """Every run of the plan with its rounds: at most, rung by rung (fewer cells go on
+  when some diverge), one stability re-run per grid (more if it diverges: a
+  neighbour's each), then the comparison."""
+  planned = []
+  search = plan.search()
+  grids = grid_groups(plan)
+  for grid in grids.values():
+    cells = grid.cells
+    before = 0
+    for k, (count, rounds) in enumerate(search.rungs(len(cells))):
+      note = '' if k == 0 else (f'rung {k + 1}: the best {count} of {len(cells)} cells'
+                                f' continue to {rounds} rounds')
+      planned += [PlannedRun('grid', grid.run(cell, rounds), rounds - before, note)
+                  for cell in cells[:count]]
+      before = rounds
+    if search.stability_check:
+      planned.append(PlannedRun(
+          'stability', grid.run(cells[0], search.final_rounds, seed=grid.stability_seed()),
+          search.final_rounds, 'the pick, or its neighbours while re-runs diverge'))
+  return planned + [PlannedRun('comparison', run, run.config.total_rounds)
+                    for run in comparison_runs(plan)]

@@ -181,6 +181,60 @@ def table_summary(plan, spec, setting_tables, thresholds_of):
   return markdown, results, lines
 
 
+def tuning_section(plan: plan_lib.Plan, best: dict) -> list[str]:
+  """'## Tuning': the search that ran (rungs: cells and rounds), each pick with the rounds
+  its score averages, the stability check and any replacement, and the cost."""
+  search = plan.search()
+  if search is None:
+    return []
+  client, server, cohort = plan.grid_axes()
+  cells = len(client) * len(server)
+  grid = plan.paper.grid
+  md = ['## Tuning\n\n',
+        f'Each algorithm on each setting: {len(client)} client x {len(server)} server'
+        f' learning rates, cohort {cohort}, {search.describe(cells)}; a cell scores the mean'
+        f' validation accuracy of its last {search.score_rounds} rounds of a rung (all, when'
+        f' fewer). The paper: {len(grid.client_learning_rates)} x'
+        f' {len(grid.server_learning_rates)}, every cell {grid.total_rounds} rounds, the'
+        f' last {grid.score_rounds} scored.'
+        + (f' The pick is re-run with another seed for {search.final_rounds} rounds; if that'
+           ' diverges, its best adjacent cell whose re-run does not replaces it.'
+           if search.stability_check else '')
+        + '\n\n']
+  rows, total_rounds, total_seconds = [], 0, 0.0
+  for (key, algo), record in best.items():
+    stability = record.get('stability') or {}
+    if stability.get('replaced'):
+      old = stability['diverged_best']
+      stable = (f'best client {old["client_learning_rate"]:.3g} / server'
+                f' {old["server_learning_rate"]:.3g} diverged with seed {stability["seed"]};'
+                ' replaced by its best stable neighbour')
+    elif stability:
+      stable = f'stable with seed {stability["seed"]}'
+    else:
+      stable = 'not checked'
+    rows.append({
+        'setting': key, 'algorithm': algo,
+        'client lr': f'{record["client_learning_rate"]:.3g}',
+        'server lr': f'{record["server_learning_rate"]:.3g}',
+        'score': f'{record["score"]:.4f}',
+        'rounds scored': f'{record["total_rounds"] - record["score_rounds"] + 1}-'
+                         f'{record["total_rounds"]}',
+        'rungs (cells x rounds)': ', '.join(f'{r["cells"]} x {r["rounds"]}'
+                                            for r in record['rungs']),
+        'stability': stable,
+        'rounds trained': str(record['cost']['rounds']),
+        'time in rounds': f'{record["cost"]["seconds"]:.0f} s',
+    })
+    total_rounds += record['cost']['rounds']
+    total_seconds += record['cost']['seconds']
+  md.append(analysis.markdown_table(rows, list(rows[0]) if rows else []))
+  md.append(f'\nThe search trained {total_rounds} rounds in all ({total_seconds / 60:.1f}'
+            ' min of training and evaluation, from the runs\' metrics.csv; process start-up'
+            ' not counted).\n\n')
+  return md
+
+
 def _relative(plan: plan_lib.Plan, path: str) -> str:
   return os.path.relpath(path, plan.directory)
 
@@ -213,10 +267,13 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
     }
     setting_tables[setting.key] = tables_
 
-  grid = plan.grid_axes()
   scale = plan.scale
-  md = [
-      f'# Reproducing {plan.paper.title}\n\n',
+  caveat = plan.tuning_caveat()
+  md = [f'# Reproducing {plan.paper.title}\n\n']
+  if caveat:
+    md.append(f'**Not a result: the learning rates were not tuned honestly at this scale**'
+              f' ({caveat}). The tables below exercise the pipeline only.\n\n')
+  md += [
       f'Scale **{scale.name}**: {scale.description}. Data: **{plan.data_source}**'
       + ''.join(sorted({f' ({s.task} stood in for by synthetic {plan.task(s)} data, with'
                         f' its own model)' for s in plan.settings if plan.task(s) != s.task}))
@@ -225,13 +282,6 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
       f' {list(plan.seeds)} x {len(plan.settings)} setting(s), {plan.total_rounds} rounds'
       f' (the paper: {len(plan.paper.seeds)} seeds, {plan.paper.total_rounds} rounds).',
   ]
-  if grid:
-    md.append(
-        f' Grid search first: {len(grid[0])} client x {len(grid[1])} server learning'
-        f' rates, {grid[2]} rounds, cohort {grid[3]} (the paper:'
-        f' {len(plan.paper.grid.client_learning_rates)} x'
-        f' {len(plan.paper.grid.server_learning_rates)}, {plan.paper.grid.total_rounds}'
-        ' rounds).')
   md.append('\n\nEach cell reads **ours (paper)**. Ours are means over our seeds.\n\n')
   results, summary = {}, []
   for spec in plan.tables:
@@ -257,9 +307,10 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
               f'best client {rates["client_learning_rate"]:.3g}, server'
               f' {rates["server_learning_rate"]:.3g}')
     md.append(f'![{key} {algo} grid]({_relative(plan, path)}) ({key}, {algo}: {chosen})\n\n')
+  md += tuning_section(plan, best)
   md.append('## Summary\n\n')
   md += [f'- {line}\n' for line in summary]
-  caveat = (
+  closing = (
       f'These numbers come from the **{scale.name}** scale'
       + (' on **synthetic** data, which only exercises the pipeline: they say nothing about'
          ' the papers\' claims.' if plan.data_source == 'synthetic' else
@@ -267,14 +318,14 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
           ', fewer rounds, seeds or grid points than the paper: orderings can change with'
           ' the full protocol.'))
   )
-  md.append(f'\n{caveat}\n\n## Protocol choices\n\n')
+  md.append(f'\n{closing}\n\n## Protocol choices\n\n')
   md += [f'- {note}\n' for note in plan.paper.notes]
   path = os.path.join(plan.directory, REPORT_FILENAME)
   with open(path, 'w') as f:
     f.write(''.join(md))
   with open(os.path.join(plan.directory, RESULTS_FILENAME), 'w') as f:
     json.dump(dict(paper=plan.paper.name, scale=scale.name, data_source=plan.data_source,
-                   tables=results,
+                   tables=results, tuned_honestly=caveat is None, tuning_caveat=caveat,
                    best_learning_rates={f'{k}/{a}': v for (k, a), v in best.items()}),
               f, indent=2)
   return path

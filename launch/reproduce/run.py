@@ -25,29 +25,30 @@ def reproduce(plan: plan_lib.Plan, stream=None) -> str:
   os.makedirs(plan.directory, exist_ok=True)
   log_dir = os.path.join(plan.directory, 'logs')
   start = time.monotonic()
-  groups = plan_lib.grid_groups(plan)
+  grids = plan_lib.grid_groups(plan)
   best, heatmaps = {}, {}
-  if groups:
-    cells = [run for _, group in groups.values() for run in group.values()]
-    client_lrs, server_lrs, _, _ = plan.grid_axes()
-    score_rounds = plan.paper.grid.score_rounds
-    print(f'reproduce {plan.paper.name}: grid search, {len(cells)} runs'
-          f' ({len(groups)} grids of {len(client_lrs)} x {len(server_lrs)})', file=stream,
-          flush=True)
-    states = runner.run_all(
-        cells, parallel=runner.PARALLEL.value, log_dir=log_dir, stream=stream,
-        describe=lambda run, s: f'score={grid_search.cell_score(run, s, score_rounds):.4f}',
-    )
-    for (key, algo), (grid_dir, group) in groups.items():
-      best[(key, algo)], heatmaps[(key, algo)] = grid_search.write_results(
-          grid_dir, group, states, client_lrs, server_lrs, score_rounds)
-      if best[(key, algo)] is None:
-        raise ValueError(f'every grid cell of {algo} on {key} diverged ({grid_dir}); no'
-                         ' learning rates to compare with')
-      print(f'reproduce: {key} {algo}: best client learning rate'
-            f' {best[(key, algo)]["client_learning_rate"]:.3g}, server'
-            f' {best[(key, algo)]["server_learning_rate"]:.3g}', file=stream, flush=True)
-  runs = plan_lib.comparison_runs(plan, best if groups else None)
+  if grids:
+    search = plan.search()
+    client_lrs, server_lrs, _ = plan.grid_axes()
+    cells = len(client_lrs) * len(server_lrs)
+    print(f'reproduce {plan.paper.name}: grid search, {cells * len(grids)} runs'
+          f' ({len(grids)} grids of {len(client_lrs)} x {len(server_lrs)}), each'
+          f' {search.describe(cells)}', file=stream, flush=True)
+    outcomes = grid_search.run_search(
+        list(grids.values()), search, parallel=runner.PARALLEL.value, log_dir=log_dir,
+        stream=stream)
+    for index, ((key, algo), grid) in enumerate(grids.items()):
+      outcome = outcomes[grid.group]
+      heatmaps[(key, algo)] = grid_search.write_results(grid, index, search, outcome)
+      if outcome.best is None:
+        raise ValueError(
+            f'no stable learning rates for {algo} on {key} ({grid.directory}): every cell'
+            ' diverged, or the best and each of its neighbours diverged with another seed')
+      grid_search.write_best(os.path.join(grid.directory, 'best.json'), outcome.best)
+      best[(key, algo)] = outcome.best
+      print(f'reproduce: {key} {algo}: picked {grid_search.describe_pick(outcome.best)}',
+            file=stream, flush=True)
+  runs = plan_lib.comparison_runs(plan, best if grids else None)
   print(f'reproduce {plan.paper.name}: comparison, {len(runs)} runs', file=stream, flush=True)
   runner.run_all(runs, parallel=runner.PARALLEL.value, log_dir=log_dir, stream=stream)
   path = report.write_report(plan, best, heatmaps, stream=stream)
