@@ -1,11 +1,13 @@
 """`launch.reproduce`: a paper's protocol end to end at the ci scale, resumption, dry run."""
 
 import csv
+import dataclasses
 import io
 import json
 import math
 import os
 import re
+import time
 
 from absl import flags
 import numpy as np
@@ -16,6 +18,7 @@ from launch import compare
 from launch import grid_search
 from launch import papers
 from launch import reproduce
+from launch.reproduce import calibration
 from launch.reproduce import scales
 from tasks import sources
 
@@ -291,11 +294,20 @@ def test_ci_scale_trains_the_whole_protocol_and_then_reuses_it(tmp_path, synthet
   assert _metrics_mtimes(plan.directory) == mtimes
 
 
-def _dry_run(root, *args):
+def _dry_run(root, *args, timing=None):
+  """The dry run of the flags; with `timing`, every kind of its runs is timed at it
+  beforehand (so nothing trains)."""
   _parse('--paper=fedzmg', '--dry_run', f'--root_output_dir={root}', *args)
   try:
+    plan = reproduce.make_plan()
+    if timing is not None:
+      directory = os.path.join(plan.directory, 'dry_run')
+      os.makedirs(directory, exist_ok=True)
+      kinds = {calibration.kind_of(p.run.config) for p in reproduce.planned_runs(plan)}
+      with open(os.path.join(directory, calibration.CALIBRATION_FILENAME), 'w') as f:
+        json.dump({k: dataclasses.asdict(timing) for k in kinds}, f)
     out = io.StringIO()
-    counts = reproduce.dry_run(reproduce.make_plan(), stream=out)
+    counts = reproduce.dry_run(plan, stream=out)
   finally:
     flags.FLAGS.unparse_flags()
   return counts, out.getvalue()
@@ -303,29 +315,48 @@ def _dry_run(root, *args):
 
 def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   """The full FedZMG protocol: 9 x 9 cells x 3 algorithms x 3 tasks, a stability re-run
-  per grid, then 3 x 5 x 3 runs.
-
-  The round time is read from the newest earlier run with two rounds (so nothing trains).
-  """
+  per grid, then 3 x 5 x 3 runs, at timings kept from an earlier dry run."""
   root, plan = designed[:2]
+  timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept')
   for table, grids, comparison in (([], 3 * 3, 3 * 5 * 3), (['--table=5'], 3, 15)):
-    counts, out = _dry_run(root, *table)
+    counts, out = _dry_run(root, *table, timing=timing)
     grid = 81 * grids
     assert (counts['grid'], counts['stability'], counts['comparison']) == (
         grid, grids, comparison)
     assert f'total: {grid + grids + comparison} runs' in out
     assert out.count('\n  grid-') == grid and out.count(' seed=') == comparison + grids
-    assert 'read from the earlier run' in out and counts['seconds'] > 0
-    assert counts['timing']['source'].startswith(os.path.join(plan.directory, 'runs'))
+    assert 'timing 3 rounds' not in out  # Nothing trained.
   assert '  grid-emnist-fedadam-clr10_slr10: emnist fedadam clr=10 slr=10 rounds=50 cohort=10\n' in out
   assert '  emnist-emnist_fedzmg_seed4: emnist fedzmg seed=4 rounds=1000 cohort=10\n' in out
-  # 50-round cells, 50-round stability re-runs and 1000-round comparison runs at the
-  # measured speed.
-  timing = reproduce.RoundTime(**counts['timing'])
-  per_round = lambda cohort: cohort * timing.train_s_per_client + timing.eval_s
-  expected = ((grid + grids) * (timing.startup_s + 50 * per_round(10))
-              + comparison * (timing.startup_s + 1000 * per_round(10)))
+  # 50-round cells and stability re-runs, 1000-round comparison runs, each evaluated at
+  # round 0 and after every round, each its own process.
+  run_s = lambda rounds: 10.0 + rounds * 2.0 + (rounds + 1) * 0.5
+  expected = (grid + grids) * run_s(50) + comparison * run_s(1000)
   assert counts['seconds'] == pytest.approx(expected)
+  assert counts['tables'] == {5: pytest.approx(expected)}
+  assert 'table 5: ' in out and 'estimated time: ' in out
+
+
+def test_a_dry_runs_estimate_holds_for_a_plan_of_two_tasks(tmp_path, synthetic_cache_dir):
+  """FedAvg on FedZMG's CIFAR-100 and EMNIST tables at the ci scale, one grid cell and
+  one seed: the dry run times each kind of run (3 rounds), then the plan runs; its
+  wall time must be within 30% of the estimate."""
+  _parse('--paper=fedzmg', '--table=3,5', '--scale=ci', '--data_source=synthetic',
+         f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
+         '--parallel=1')
+  try:
+    plan = reproduce.make_plan()
+    plan = dataclasses.replace(
+        plan, paper=dataclasses.replace(plan.paper, algos=('fedavg',)),
+        scale=dataclasses.replace(plan.scale, max_seeds=1, grid_rates=((0.1,), (1.0,))))
+    counts = reproduce.dry_run(plan, stream=io.StringIO())
+    assert counts['total'] == 2 * 3 and set(counts['tables']) == {3, 5}
+    start = time.monotonic()
+    reproduce.reproduce(plan, stream=io.StringIO())
+    measured = time.monotonic() - start
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert abs(measured - counts['seconds']) <= 0.3 * measured, (measured, counts)
 
 
 def test_small_scale_halves_the_whole_grid_up_to_the_papers_rounds(designed):

@@ -3,12 +3,12 @@
   plan      what a command runs: the paper, tables and settings at a scale; the runs
             (`planned_runs`: each with the rounds it trains, for the estimate)
   scales    how much of a protocol to run (full, small, ci, a fraction of the rounds)
-  estimate  round times and the dry run's time estimate
+  calibration  what each kind of run costs here (a 3-round timing run), the estimate
+  estimate  the dry run: every run, their count, the time per table and in total
   report    the paper's tables with our numbers beside the published ones
   run       grid search, comparison, report; `main`
 """
 
-from launch.reproduce.estimate import RoundTime
 from launch.reproduce.estimate import dry_run
 from launch.reproduce.plan import Plan
 from launch.reproduce.plan import PlannedRun

@@ -18,7 +18,7 @@ the numbers it published (kept in the same file):
     python -m launch.reproduce --paper=fedzmg --scale=small --parallel=2
     python -m launch.reproduce --paper=gcfed --table=5 --cache_dir=~/tensorflow_datasets
     python -m launch.reproduce --paper=fedzmg --table=5,6 --scale=ci --data_source=synthetic
-    python -m launch.reproduce --paper=fedzmg --dry_run      # the runs, their count, a time
+    python -m launch.reproduce --paper=fedzmg --dry_run      # the runs, their count, the time
 
 --scale: `full` (the paper's protocol), `small`, `ci`, or a number in (0, 1] that scales
 the rounds only (see `launch/reproduce/scales.py`); where a scale cuts the grid or its

@@ -1,116 +1,25 @@
-"""How long a plan takes: round times read from earlier runs (or measured), and `dry_run`."""
+"""`dry_run`: every run of a plan, their count, and what they cost here (per table, in
+total), from the timing of each kind of run (`calibration`)."""
 
 import dataclasses
 import os
-import statistics
 import sys
-from typing import Optional
 
-from absl import flags
-
-from launch import experiment
+import tasks
 from launch import runner
+from launch.reproduce import calibration
 from launch.reproduce import plan as plan_lib
-from launch.reproduce import scales
-from tff_zmg import analysis
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundTime:
-  """Timings read from one run's metrics.csv (TFF's training and evaluation times)."""
-
-  source: str
-  train_s_per_client: float  # A later round's training time / its clients per round.
-  eval_s: float  # A later round's evaluation time.
-  startup_s: float  # The first round and first evaluation beyond a later round's.
-
-
-def read_round_time(run_dir: str) -> Optional[RoundTime]:
-  """The median later-round times of a finished run (None without two trained rounds)."""
-  recorded = analysis.runs.read_flags(run_dir)
-  csv_path = os.path.join(run_dir, analysis.runs.METRICS_FILENAME)
-  train = experiment.read_metric(csv_path, 'training_time_in_seconds')
-  evaluation = experiment.read_metric(csv_path, 'evaluation/evaluation_time_in_seconds')
-  later = sorted(r for r in train if r >= 2)
-  if not recorded or not later:
-    return None
-  steady_train = statistics.median(train[r] for r in later)
-  steady_eval = statistics.median([evaluation[r] for r in later if r in evaluation] or [0.0])
-  first = train.get(1, steady_train) + evaluation.get(0, steady_eval)
-  return RoundTime(
-      source=run_dir,
-      train_s_per_client=steady_train / max(1, recorded.get('clients_per_round') or 1),
-      eval_s=steady_eval,
-      startup_s=max(0.0, first - steady_train - steady_eval),
-  )
-
-
-def find_round_time(roots, prefer=()) -> Optional[RoundTime]:
-  """The timings of the newest finished run under the first root that has one.
-
-  Runs whose recorded (task, model) is in `prefer` come first: a ResNet's round says
-  little about a CNN's.
-  """
-  for root in roots:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-      dirnames[:] = [d for d in dirnames if d not in ('checkpoints', 'tensorboard',
-                                                      'client_states', 'logs')]
-      if analysis.runs.METRICS_FILENAME in filenames and 'flags.json' in filenames:
-        recorded = analysis.runs.read_flags(dirpath) or {}
-        found.append((
-            (recorded.get('task'), recorded.get('model')) in prefer,
-            os.path.getmtime(os.path.join(dirpath, 'metrics.csv')), dirpath,
-        ))
-    for _, _, run_dir in sorted(found, reverse=True):
-      timing = read_round_time(run_dir)
-      if timing is not None:
-        return timing
-  return None
-
-
-def measure_round_time(plan: plan_lib.Plan, stream) -> RoundTime:
-  """Trains 2 rounds of the paper's first algorithm at the ci scale on synthetic data.
-
-  Synthetic, so that a dry run never needs the real data.
-  """
-  small = dataclasses.replace(plan, data_source='synthetic', scale=scales.SCALES['ci'])
-  name = 'measure_round_time'
-  run = runner.train_run(name, {
-      **small.overrides(small.settings[0]), 'data_source': 'synthetic',
-      'algo': plan.paper.algos[0], 'total_rounds': 2, 'experiment_name': name,
-      'root_output_dir': os.path.join(plan.directory, 'dry_run'),
-  })
-  print('dry run: no earlier run to time; training 2 rounds of a small synthetic build to'
-        ' measure a round ...', file=stream, flush=True)
-  runner.run_all([run], parallel=1, log_dir=os.path.join(plan.directory, 'dry_run'),
-                 stream=stream)
-  timing = read_round_time(run.config.output_dir)
-  if timing is None:
-    raise ValueError(f'the timing run {run.config.output_dir} recorded no round times')
-  return timing
-
-
-def estimate_seconds(planned, timing: RoundTime, parallel: int) -> float:
-  """sum over runs of (startup + rounds x (cohort x train per client + evaluation)) / parallel.
-
-  `planned`: `plan.planned_runs`' entries; a grid cell continued to a later rung counts
-  its start-up again and only its new rounds. Runs are assumed to go `parallel` at a
-  time at the measured speed; a rough guide only: the real data's clients are larger
-  than a small build's, and a process's TensorFlow import and first tracing beyond its
-  first round are not counted.
-  """
-  total = sum(
-      timing.startup_s + p.rounds * (
-          p.run.config.clients_per_round * timing.train_s_per_client + timing.eval_s)
-      for p in planned
-  )
-  return total / max(1, parallel)
 
 
 def _duration(seconds: float) -> str:
   hours, rest = divmod(int(round(seconds)), 3600)
   return f'{hours} h {rest // 60:02d} min' if hours else f'{rest // 60} min {rest % 60:02d} s'
+
+
+def _setting_key(plan: plan_lib.Plan, planned: plan_lib.PlannedRun) -> str:
+  """The setting a run belongs to: its folder is <plan>/grid/<setting>/... or
+  <plan>/runs/<setting>/...."""
+  return os.path.relpath(planned.run.config.output_dir, plan.directory).split(os.sep)[1]
 
 
 def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
@@ -151,29 +60,39 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
     c = run.config
     print(f'  {run.name}: {c.task} {c.algo} seed={c.seed} rounds={c.total_rounds}'
           f' cohort={c.clients_per_round}', file=stream)
-  timing = find_round_time(
-      (plan.directory, flags.FLAGS.root_output_dir),
-      prefer={(r.config.task, r.config.model) for r in comparison})
-  how = 'read from the earlier run'
-  if timing is None:
-    timing = measure_round_time(plan, stream)
-    how = 'measured now on'
-  seconds = estimate_seconds(planned, timing, runner.PARALLEL.value)
+  counts = dict(grid=len(by_stage['grid']), stability=len(by_stage['stability']),
+                comparison=len(comparison), total=len(planned),
+                rounds=sum(p.rounds for p in planned))
   print(f'total: {len(planned)} runs ({len(by_stage["grid"])} grid,'
         f' {len(by_stage["stability"])} stability, {len(comparison)} comparison),'
         f' {sum(p.rounds for p in planned)} rounds', file=stream)
-  print(f'estimated time: {_duration(seconds)} at {runner.PARALLEL.value} at a time, from'
-        f' round times {how} {timing.source} ({timing.train_s_per_client:.3g} s per client'
-        f' per round, {timing.eval_s:.3g} s per evaluation, {timing.startup_s:.3g} s'
-        ' start-up per run)', file=stream, flush=True)
-  timed = analysis.runs.read_flags(timing.source) or {}
-  if timed.get('data_source') != plan.data_source or timed.get('task') not in {
-      plan.task(s) for s in plan.settings}:
-    print(f'note: the timed run trained {timed.get("task")} on {timed.get("data_source")}'
-          f' data, not this plan\'s {sorted({plan.task(s) for s in plan.settings})} on'
-          f' {plan.data_source}: other models and real clients (larger than small synthetic'
-          ' ones) take other times', file=stream, flush=True)
-  return dict(grid=len(by_stage['grid']), stability=len(by_stage['stability']),
-              comparison=len(comparison), total=len(planned),
-              rounds=sum(p.rounds for p in planned), seconds=seconds,
-              timing=dataclasses.asdict(timing))
+  directory = os.path.join(plan.directory, 'dry_run')
+  if calibration.untimed([p.run for p in planned], directory):
+    try:
+      plan_lib.check_data(plan)
+    except (tasks.MissingDataError, tasks.CorruptDataError) as e:
+      # Its times are those of its own data: a stand-in's would mislead.
+      print(f'estimated time: none, the plan\'s data cannot be read to time its runs'
+            f' ({str(e).splitlines()[0]})', file=stream, flush=True)
+      return dict(counts, seconds=None, tables={}, timings={})
+  timings = calibration.calibrate([p.run for p in planned], directory, stream)
+  seconds = {id(p): calibration.estimate_planned(p, timings) for p in planned}
+  total = sum(seconds.values()) / max(1, runner.PARALLEL.value)
+  print('timings (start-up, training round, evaluation) of each kind of run, measured on'
+        ' this machine by a 3-round run of its settings:', file=stream)
+  for kind, timing in timings.items():
+    if any(calibration.kind_of(p.run.config) == kind for p in planned):
+      print(f'  {kind}: {timing.startup_s:.1f} s, {timing.round_s:.2f} s,'
+            f' {timing.evaluation_s:.2f} s ({timing.source})', file=stream)
+  per_table = {}
+  for table in plan.tables:
+    keys = {setting.key for setting in table.settings}
+    per_table[table.number] = sum(
+        seconds[id(p)] for p in planned if _setting_key(plan, p) in keys
+    ) / max(1, runner.PARALLEL.value)
+    print(f'table {table.number}: {_duration(per_table[table.number])}', file=stream)
+  print(f'estimated time: {_duration(total)} at {runner.PARALLEL.value} at a time (runs'
+        ' the tables share counted once; several at a time on shared cores may take'
+        ' longer)', file=stream, flush=True)
+  return dict(counts, seconds=total, tables=per_table,
+              timings={k: dataclasses.asdict(t) for k, t in timings.items()})

@@ -15,7 +15,10 @@ from launch.reproduce import plan as plan_lib
 from launch.reproduce import report
 
 _DRY_RUN = flags.DEFINE_bool(
-    'dry_run', False, 'List every run, their count and an estimated time; train nothing.'
+    'dry_run', False,
+    'List every run, their count and the time they take here, per table and in total;'
+    ' trains none of them, only a 3-round timing run of each kind of run not timed before'
+    ' (kept in <reproduce_dir>/dry_run/calibration.json and reused).'
 )
 
 

@@ -1,0 +1,153 @@
+"""What a plan's runs cost here: a short timed run per kind of run, and the estimate.
+
+Runs of one kind (`kind_of`: the same task, model, data, cohort, local work, evaluation and
+runtime, and an algorithm of the same client rule) cost the same per round. A kind is
+timed once by a 3-round run of the plan's own settings (its data, cohort and first
+algorithm of the kind), which gives
+
+  start-up  = the run's wall time - 3 x round - 4 x evaluation  (imports, data, tracing)
+  round     = the median training time of rounds 2-3
+  evaluation = the median evaluation time of rounds 1-3 (round 0's traces it)
+
+and a run of R rounds left with E evaluations left is estimated at
+start-up + R x round + E x evaluation. Timings are kept in `calibration.json` under the
+plan's folder and reused by every later dry run.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import time
+from typing import Optional, Sequence
+
+from launch import experiment
+from launch import run_directory
+from launch import runner
+from tff_zmg.algorithms import registry
+
+CALIBRATION_ROUNDS = 3
+CALIBRATION_FILENAME = 'calibration.json'
+# Settings that do not change what a round costs (or are set per calibration run).
+_COST_FREE = frozenset({
+    'algo', 'hparams', 'seed', 'experiment_name', 'root_output_dir', 'total_rounds',
+    'overwrite', 'rounds_per_checkpoint', 'rounds_per_eval', 'partition_seed',
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """Seconds of one kind of run: start-up, a training round and an evaluation."""
+
+  startup_s: float
+  round_s: float
+  evaluation_s: float
+  source: str  # The timed run's folder.
+
+
+def kind_of(config: experiment.ExperimentConfig) -> str:
+  """A short name of what a run's round costs: its settings but the free ones, and
+  its algorithm's client rule (FedAvg and FedAdam cost alike; FedZMG's rule differs)."""
+  spec = registry.get(config.algo)
+  settings = {k: v for k, v in config.recorded().items() if k not in _COST_FREE}
+  settings['client_rule'] = (spec.client_rule, spec.stateful, spec.full_gradient_pass)
+  digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+  return f'{config.task}-{spec.client_rule}-{digest.hexdigest()[:10]}'
+
+
+def evaluations(config: experiment.ExperimentConfig, first_round: int) -> int:
+  """How many evaluations rounds first_round..total_rounds make (round 0 evaluates)."""
+  return sum(
+      1 for r in range(first_round, config.total_rounds + 1)
+      if r % config.rounds_per_eval == 0 or r == config.total_rounds
+  )
+
+
+def rounds_done(config: experiment.ExperimentConfig) -> int:
+  """Rounds a run's metrics.csv already holds (0 for a new run)."""
+  trained = experiment.read_metric(config.metrics_csv, 'client_work/train/loss')
+  return max(trained, default=0)
+
+
+def estimate_planned(planned, timings: dict[str, Timing]) -> float:
+  """Seconds of one planned run (`plan.PlannedRun`, `planned.rounds` rounds up to its
+  config's total): start-up + rounds left x round + evaluations left x evaluation, 0 when
+  its metrics.csv already holds them."""
+  config = planned.run.config
+  timing = timings[kind_of(config)]
+  start = max(rounds_done(config), config.total_rounds - planned.rounds)
+  if start >= config.total_rounds:
+    return 0.0
+  return (timing.startup_s + (config.total_rounds - start) * timing.round_s
+          + evaluations(config, start + 1 if start else 0) * timing.evaluation_s)
+
+
+def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
+  """The timing of a finished calibration run (None without its rounds)."""
+  csv_path = os.path.join(run_dir, experiment.METRICS_FILENAME)
+  train = experiment.read_metric(csv_path, 'training_time_in_seconds')
+  evaluation = experiment.read_metric(csv_path, 'evaluation/evaluation_time_in_seconds')
+  steady = [train[r] for r in sorted(train) if r >= 2]
+  later_evaluations = [evaluation[r] for r in sorted(evaluation) if r >= 1]
+  if not steady or not later_evaluations:
+    return None
+  round_s = statistics.median(steady)
+  evaluation_s = statistics.median(later_evaluations)
+  startup_s = wall_s - len(train) * round_s - len(evaluation) * evaluation_s
+  return Timing(startup_s=max(0.0, startup_s), round_s=round_s, evaluation_s=evaluation_s,
+                source=run_dir)
+
+
+def _calibration_run(run: runner.Run, directory: str, name: str) -> runner.Run:
+  """`run`'s settings, 3 rounds, evaluated each round, in `directory/name`."""
+  changes = dict(total_rounds=CALIBRATION_ROUNDS, rounds_per_eval=1, experiment_name=name,
+                 root_output_dir=directory, overwrite=True)
+  # At the algorithm's default rates: a grid's corner cell may diverge before it is timed.
+  dropped = {*changes, 'client_learning_rate', 'server_learning_rate'}
+  args = [a for a in run.args if a.split('=', 1)[0].lstrip('-') not in dropped
+          and a.lstrip('-') not in ('overwrite', 'nooverwrite')]
+  args += [f'--{k}={v}' for k, v in changes.items() if k != 'overwrite'] + ['--overwrite']
+  hparams = {k: v for k, v in run.config.hparams.items() if k not in dropped}
+  config = dataclasses.replace(run.config, hparams=hparams, **changes)
+  return runner.Run(name=f'calibrate-{name}', config=config, args=tuple(args))
+
+
+def load(directory: str) -> dict[str, Timing]:
+  path = os.path.join(directory, CALIBRATION_FILENAME)
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return {kind: Timing(**values) for kind, values in json.load(f).items()}
+
+
+def untimed(runs: Sequence[runner.Run], directory: str) -> set[str]:
+  """The kinds of `runs` that `directory`'s calibration.json has no timing of."""
+  return {kind_of(run.config) for run in runs} - set(load(directory))
+
+
+def calibrate(runs: Sequence[runner.Run], directory: str, stream) -> dict[str, Timing]:
+  """{kind: Timing} for every kind of `runs`: kept ones from `directory`'s
+  calibration.json, the others timed now (one 3-round run each, one at a time)."""
+  timings = load(directory)
+  first_of_kind = {}
+  for run in runs:
+    first_of_kind.setdefault(kind_of(run.config), run)
+  for kind, run in first_of_kind.items():
+    if kind in timings:
+      continue
+    timed = _calibration_run(run, directory, kind)
+    print(f'dry run: timing {CALIBRATION_ROUNDS} rounds of {run.config.task}'
+          f' {run.config.algo} (cohort {run.config.clients_per_round}) ...', file=stream,
+          flush=True)
+    start = time.monotonic()
+    runner.run_all([timed], parallel=1, log_dir=os.path.join(directory, 'logs'),
+                   stream=stream)
+    timing = read_timing(timed.config.output_dir, time.monotonic() - start)
+    if timing is None:
+      raise ValueError(f'the timing run {timed.config.output_dir} recorded no round times')
+    timings[kind] = timing
+    run_directory.write_json_atomically(
+        os.path.join(directory, CALIBRATION_FILENAME),
+        {k: dataclasses.asdict(t) for k, t in timings.items()})
+  return timings
