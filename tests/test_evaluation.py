@@ -5,11 +5,13 @@ import os
 import subprocess
 import sys
 
+from absl import flags
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from launch import train
 from tasks import evaluation
 import small_runs
 
@@ -120,29 +122,38 @@ def test_a_subsample_is_fixed_and_drawn_from_the_test_examples(small_task):
   assert all(x.tobytes() in every for x in pixels(first))
 
 
+def _train(capsys, *args):
+  """launch.train's main in this process: (exit status, stdout, stderr)."""
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['train', '--task=emnist', '--algo=fedavg', *small_runs.FLAGS, *args])
+  try:
+    rc = train.main(['train'])
+  finally:
+    flags.FLAGS.unparse_flags()
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
 @pytest.mark.parametrize('args, says', [
     (['--num_eval_clients=2'], 'num_eval_clients must be a positive number and chooses'),
     (['--evaluation=per_client', '--eval_examples=5'], 'eval_examples must be a positive'),
     (['--eval_examples=0'], 'eval_examples must be a positive number'),
 ])
-def test_settings_that_do_not_fit_the_evaluation_end_in_one_line(tmp_path, args, says):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'launch.train', '--task=emnist', '--algo=fedavg',
-       f'--root_output_dir={tmp_path}', f'--cache_dir={tmp_path}/data', *small_runs.FLAGS,
-       *args], cwd=small_runs.REPO, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 2, proc.stderr
-  assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-  assert not os.listdir(tmp_path) or os.listdir(tmp_path) == ['data']
+def test_settings_that_do_not_fit_the_evaluation_end_in_one_line(tmp_path, capsys, args, says):
+  rc, _, err = _train(capsys, f'--root_output_dir={tmp_path}', f'--cache_dir={tmp_path}/data',
+                      *args)
+  assert rc == 2, err
+  assert says in err and len(err.strip().splitlines()) == 1
+  assert not os.listdir(tmp_path)  # Refused before anything was written, data included.
 
 
-def test_a_run_recorded_before_the_setting_resumes_with_its_per_client_evaluation(tmp_path):
-  base = [sys.executable, '-m', 'launch.train', '--task=emnist', '--algo=fedavg',
-          f'--root_output_dir={tmp_path}', f'--cache_dir={tmp_path}/data',
-          '--experiment_name=old', *small_runs.FLAGS]
-  first = subprocess.run([*base, '--total_rounds=1', '--evaluation=per_client',
-                          '--num_eval_clients=1'],
-                         cwd=small_runs.REPO, capture_output=True, text=True, timeout=300)
-  assert first.returncode == 0, first.stderr
+def test_a_run_recorded_before_the_setting_resumes_with_its_per_client_evaluation(
+    tmp_path, capsys, synthetic_cache_dir):
+  base = [f'--root_output_dir={tmp_path}', f'--cache_dir={synthetic_cache_dir}',
+          '--experiment_name=old']
+  rc, _, err = _train(capsys, *base, '--total_rounds=1', '--evaluation=per_client',
+                      '--num_eval_clients=1')
+  assert rc == 0, err
   run_dir = tmp_path / 'old'
   # As an older version wrote them: no evaluation settings, num_eval_clients=1.
   for path, part in ((run_dir / 'flags.json', None),
@@ -151,10 +162,9 @@ def test_a_run_recorded_before_the_setting_resumes_with_its_per_client_evaluatio
     settings = record if part is None else record[part]
     del settings['evaluation'], settings['eval_examples']
     path.write_text(json.dumps(record))
-  resumed = subprocess.run([*base, '--total_rounds=2'], cwd=small_runs.REPO,
-                           capture_output=True, text=True, timeout=300)
-  assert resumed.returncode == 0, resumed.stderr
-  assert 'evaluation: per_client' in resumed.stdout and '1 test clients' in resumed.stdout
+  rc, out, err = _train(capsys, *base, '--total_rounds=2')
+  assert rc == 0, err
+  assert 'evaluation: per_client' in out and '1 test clients' in out
   recorded = json.loads((run_dir / 'flags.json').read_text())
   assert (recorded['evaluation'], recorded['num_eval_clients']) == ('per_client', 1)
   header = (run_dir / 'metrics.csv').read_text().splitlines()[0]
@@ -169,6 +179,7 @@ cpu, = tf.config.list_physical_devices('CPU')
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import tensorflow_federated as tff
 import tasks
+from launch import train
 from tasks import evaluation
 task = tasks.get('emnist', data_source='synthetic', cache_dir=sys.argv[1], synthetic_settings=dict(
     num_train_clients=2, num_test_clients=3, mean_examples_per_client=40))
