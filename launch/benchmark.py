@@ -598,8 +598,7 @@ def main(argv) -> int:
     timed = time_alternating(fns, _REPEATS.value)
     evaluation_timed = {}
     if _EVALUATION.value:
-      # As launch.train runs it: as many groups at once as the clients' threads leave.
-      parallel = max(1, (os.cpu_count() or 1) // process_threads) if process_threads else 1
+      parallel = evaluation.groups_at_once(process_threads)  # As launch.train runs it.
       evaluation_fns, evaluated = evaluation_contenders(task, parallel)
       print(f'evaluation: {evaluated}, batch {task.spec.eval_batch_size},'
             f' {parallel} group(s) at once', flush=True)

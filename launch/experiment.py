@@ -32,6 +32,7 @@ from tasks import sources
 from tasks import tfds_source
 from launch import failures
 from launch import run_directory
+from tff_zmg import analysis
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
@@ -381,11 +382,9 @@ def resolve_evaluation(config: ExperimentConfig) -> ExperimentConfig:
   if config.evaluation is not None:
     return config
   recorded = None
-  path = os.path.join(config.output_dir, FLAGS_FILENAME)
-  if not config.overwrite and os.path.exists(path):
+  if not config.overwrite:
     with contextlib.suppress(OSError, ValueError):  # `_check_resumable` says what is wrong.
-      with open(path) as f:
-        recorded = json.load(f)
+      recorded = analysis.runs.read_flags(config.output_dir)
   if not isinstance(recorded, dict) or 'evaluation' in recorded:
     return dataclasses.replace(config, evaluation=evaluation.GLOBAL)
   clients = config.num_eval_clients
@@ -438,8 +437,9 @@ def _lasting_settings(recorded: dict) -> dict:
 
   A record from before the evaluation setting evaluated each of its first
   `num_eval_clients` test clients (0: all), which is the per-client evaluation; one from
-  before runs listed every hyperparameter holds only those given (`{}` for the defaults): the algorithm's defaults fill in the rest, so that it reads as the
-  same run as today's record of the same command.
+  before runs listed every hyperparameter holds only those given (`{}` for the
+  defaults): the algorithm's defaults fill in the rest, so that it reads as the same run
+  as today's record of the same command.
   """
   ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
   settings = {
@@ -708,8 +708,8 @@ def _evaluation_fn(config, task, training_process, runtime_context, in_process_t
   device, parallel = None, 1
   if config.executor == 'gpu':
     device = runtime_context.devices[0]
-  elif runtime_context is not None and in_process_threads:
-    parallel = max(1, (os.cpu_count() or 1) // in_process_threads)
+  elif runtime_context is not None:
+    parallel = evaluation.groups_at_once(in_process_threads)
   held_out = evaluation.read_held_out(
       task, config.evaluation, num_examples=config.eval_examples,
       num_clients=config.num_eval_clients, device=device,

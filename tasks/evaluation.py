@@ -25,6 +25,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import math
+import os
 from typing import Optional, Sequence
 
 import numpy as np
@@ -87,6 +88,14 @@ def _subsample(batches, num_examples: int, batch_size: int) -> list:
       tf.nest.map_structure(lambda a: a[chosen[i: i + batch_size]], pooled)
       for i in range(0, len(chosen), batch_size)
   ]
+
+
+def groups_at_once(intra_op_threads: Optional[int]) -> int:
+  """How many groups an evaluation on the host runs at once: the cores the clients' threads
+  per op leave for each (one when TensorFlow's default threads use every core)."""
+  if not intra_op_threads:
+    return 1
+  return max(1, (os.cpu_count() or 1) // intra_op_threads)
 
 
 def check_settings(kind: str, num_examples: Optional[int], num_clients: Optional[int]):
