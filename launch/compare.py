@@ -14,7 +14,9 @@ Runs live where `launch.train` puts them by default, `<root_output_dir>/<task>_<
 so runs made by hand are picked up, finished runs are not trained again, and an
 interrupted comparison resumes. Every flag of `launch.train` is passed on to every run;
 --algo_hparams sets hyperparameters per algorithm ('algo:name=value,name=value;algo:...').
---collect_only trains nothing and reports on the runs that exist. Reports go to
+--tuned_from=<grid or reproduce directory> runs each algorithm at the rates its grid search
+picked (its best.json); a comparison at untuned default rates says so in a warning line and
+in its tables. --collect_only trains nothing and reports on the runs that exist. Reports go to
 --report_dir (default `<root_output_dir>/compare`): runs.csv, summary.csv, ttests.csv,
 report.md and <task>_accuracy.png; each run's training output to logs/ there.
 
@@ -58,17 +60,31 @@ _THRESHOLDS = flags.DEFINE_list(
 _COLLECT_ONLY = flags.DEFINE_bool(
     'collect_only', False, 'Train nothing: report on the runs that exist.'
 )
+_TUNED_FROM = flags.DEFINE_string(
+    'tuned_from', None,
+    'Run each algorithm at the rates its grid search picked: a launch.grid_search'
+    " directory, a launch.reproduce directory or a folder of them (their best.json files)."
+    ' An algorithm without a grid result there is refused (see --allow_untuned).',
+)
+_ALLOW_UNTUNED = flags.DEFINE_bool(
+    'allow_untuned', False,
+    'With --tuned_from: run algorithms without a grid result at their registry defaults'
+    ' (the tables mark them) instead of refusing.',
+)
 _REPORT_DIR = flags.DEFINE_string(
     'report_dir', None, 'Where the tables and figures go (default <root_output_dir>/compare).'
 )
 for _name in ('task', 'total_rounds', 'root_output_dir', 'parallel'):
   flags.declare_key_flag(_name)
 
-# flags.json settings that fix a run's data: runs compared in pairs must agree on them.
-DATA_SETTINGS = (
+# flags.json settings that fix the data a run trains on: a grid's rates carry over to a
+# comparison only on the same data.
+TRAINING_DATA_SETTINGS = (
     'data_source', 'synthetic_settings', 'partition', 'dirichlet_alpha', 'num_clients',
-    'partition_seed', 'evaluation', 'eval_examples', 'num_eval_clients',
+    'partition_seed',
 )
+# flags.json settings that fix a run's data: runs compared in pairs must agree on them.
+DATA_SETTINGS = TRAINING_DATA_SETTINGS + ('evaluation', 'eval_examples', 'num_eval_clients')
 
 
 def run_name(task: str, algo: str, seed: int) -> str:
@@ -141,10 +157,77 @@ def _parse_settings():
   return task_names, algos, seeds, parse_algo_hparams(_ALGO_HPARAMS.value, algos), thresholds
 
 
-def collect(root: str, task: str, algos, seeds, stream=None):
+def tuned_picks(path, task_names, algos, hparams, allow_untuned=False) -> dict:
+  """The grid searches' picks under `path` for these tasks and algorithms, by (task, algo).
+
+  Raises:
+    ValueError: a task and algorithm without a pick (unless `allow_untuned`), a pick that
+      is not of the algorithm's hyperparameters, or a flag or --algo_hparams entry that
+      would replace a tuned value.
+  """
+  picks = analysis.find_tuned(path)
+  wanted = [(t, a) for t in task_names for a in algos]
+  missing = [f'{a} on {t}' for t, a in wanted if (t, a) not in picks]
+  if missing and not allow_untuned:
+    raise ValueError(
+        f'--tuned_from={path} has no grid search result for {", ".join(missing)}; tune it'
+        ' with launch.grid_search, or add --allow_untuned to run it at its defaults'
+    )
+  out = {key: picks[key] for key in wanted if key in picks}
+  for (task, algo), pick in out.items():
+    for name in pick.hparams:
+      if name not in registry.get(algo).defaults:
+        raise ValueError(f'{pick.path}: {name} is not a hyperparameter of {algo}')
+      if name in hparams.get(algo, {}) or flags.FLAGS[name].present:
+        raise ValueError(
+            f'--{name} (or --algo_hparams) would replace the value {algo} was tuned to on'
+            f' {task} ({pick.path}); give one of them'
+        )
+  return out
+
+
+def check_tuned_data(run: runner.Run, pick: analysis.TunedRates, stream=None) -> None:
+  """Refuses a run on other training data than its pick's grid search used.
+
+  Raises:
+    ValueError: the pick's run recorded other training-data settings.
+  """
+  recorded = None if pick.run_dir is None else analysis.runs.read_flags(pick.run_dir)
+  if recorded is None:
+    print(f'compare: {pick.path} does not say which data its search used; the rates are'
+          ' taken unchecked', file=stream or sys.stdout, flush=True)
+    return
+  ours = run.config.recorded()
+  differ = [f'{k}={recorded.get(k)!r} there, {ours.get(k)!r} here'
+            for k in TRAINING_DATA_SETTINGS if recorded.get(k) != ours.get(k)]
+  if differ:
+    raise ValueError(
+        f'{pick.algo} was tuned on {pick.task} with other data ({pick.path}: '
+        + '; '.join(differ) + '), so its rates need not carry over'
+    )
+
+
+def rates_source(task: str, algo: str, hparams, tuned: dict) -> str:
+  """analysis.tuning's TUNED, DEFAULTS or GIVEN for a run of `algo` with `hparams`."""
+  return analysis.tuning.rates_source(
+      hparams, registry.get(algo).defaults, tuned.get((task, algo)))
+
+
+def untuned_warning(task: str, algos) -> str:
+  """One line: these algorithms ran at untuned default rates, and how to tune them."""
+  return (
+      f'the learning rates of {", ".join(algos)} on {task} are untuned registry defaults,'
+      ' which can reverse a comparison; tune them with launch.grid_search and compare with'
+      ' --tuned_from=<grid directory>'
+  )
+
+
+def collect(root: str, task: str, algos, seeds, stream=None, tuned=None):
   """(series algo -> seed -> (rounds, accuracies), one status row per run) of a task.
 
-  Missing and diverged runs are left out of the series, with a line on `stream`.
+  Missing and diverged runs are left out of the series, with a line on `stream`. Each row
+  says where the run's learning rates came from (`rates`: tuned by a grid search in
+  `tuned`, `tuned_picks`'s mapping, untuned defaults, or given by hand).
 
   Raises:
     ValueError: the runs were not trained on the same data split.
@@ -159,7 +242,11 @@ def collect(root: str, task: str, algos, seeds, stream=None):
       if recorded is None:
         print(f'{task}: no run {run_dir}; left out', file=stream, flush=True)
         continue
-      row['hparams'] = json.dumps(recorded.get('hparams', {}), sort_keys=True)
+      run_hparams = recorded.get('hparams', {})
+      row['hparams'] = json.dumps(run_hparams, sort_keys=True)
+      row['rates'] = rates_source(task, algo, run_hparams, tuned or {})
+      row['learning_rates'] = analysis.tuning.format_hparams(
+          {k: v for k, v in run_hparams.items() if k.endswith('learning_rate')})
       data[run_dir] = {k: recorded.get(k) for k in DATA_SETTINGS}
       done = analysis.runs.completed_rounds(run_dir)
       if os.path.exists(os.path.join(run_dir, runner.DIVERGED_FILENAME)):
@@ -187,8 +274,16 @@ def collect(root: str, task: str, algos, seeds, stream=None):
   return {a: s for a, s in series.items() if s}, rows
 
 
-def _format_summary(summary, thresholds):
-  """Summary rows for Markdown: 'mean ± std' cells."""
+def _rates_by_algo(status_rows) -> dict[str, str]:
+  """algo -> 'tuned: client_learning_rate=0.1, ...' of its runs (';'-joined if they differ)."""
+  by_algo = {}
+  for row in status_rows:
+    by_algo.setdefault(row['algo'], set()).add(f"{row['rates']}: {row['learning_rates']}")
+  return {algo: '; '.join(sorted(texts)) for algo, texts in by_algo.items()}
+
+
+def _format_summary(summary, thresholds, rates):
+  """Summary rows for Markdown: 'mean ± std' cells, and the learning rates and their source."""
   def cell(row, column):
     mean, std = row[f'{column}_mean'], row[f'{column}_std']
     if mean is None:
@@ -208,19 +303,32 @@ def _format_summary(summary, thresholds):
       col = analysis.comparison.late_stage_column(t)
       start = row[f'{col}_from_round']
       r[f'late-stage {t:g}'] = cell(row, col) + ('' if start is None else f' (from round {start})')
+    r['learning rates'] = rates.get(row['algo'], '')
     out.append(r)
   return out
 
 
-def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None) -> str:
-  """Collects the runs, writes the tables and figures; returns the Markdown report."""
+def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
+           tuned=None) -> str:
+  """Collects the runs, writes the tables and figures; returns the Markdown report.
+
+  `tuned`: `tuned_picks`'s mapping, to tell tuned rates from given ones. A task whose runs
+  used untuned default rates gets a warning (on stderr and atop its section).
+  """
   stream = stream or sys.stdout
   os.makedirs(report_dir, exist_ok=True)
   all_runs, all_summary, all_ttests, markdown = [], [], [], []
   for task in task_names:
     task_thresholds = thresholds or tasks.SPECS[task].accuracy_thresholds
-    series, status_rows = collect(root, task, algos, seeds, stream)
+    series, status_rows = collect(root, task, algos, seeds, stream, tuned)
     markdown.append(f'## {task}\n\n')
+    rates = _rates_by_algo(status_rows)
+    untuned = [a for a in algos
+               if any(r['algo'] == a and r['rates'] == analysis.tuning.DEFAULTS
+                      for r in status_rows)]
+    if untuned:
+      print(f'compare: warning: {untuned_warning(task, untuned)}', file=sys.stderr, flush=True)
+      markdown.append(f'**Untuned:** {untuned_warning(task, untuned)}.\n\n')
     if not series:
       markdown.append('No runs to compare.\n\n')
       all_runs.extend(status_rows)
@@ -229,7 +337,8 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None) 
     by_run = {(r['algo'], r['seed']): r for r in tables['runs']}
     for row in status_rows:
       all_runs.append({**row, **by_run.get((row['algo'], row['seed']), {})})
-    all_summary.extend({'task': task, **r} for r in tables['summary'])
+    all_summary.extend({'task': task, **r, 'learning_rates': rates.get(r['algo'], '')}
+                       for r in tables['summary'])
     all_ttests.extend({'task': task, **r} for r in tables['ttests'])
     figure = os.path.join(report_dir, f'{task}_accuracy.png')
     analysis.accuracy_curves(
@@ -238,7 +347,7 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None) 
         thresholds=task_thresholds,
     )
     markdown += [
-        analysis.markdown_table(_format_summary(tables['summary'], task_thresholds)),
+        analysis.markdown_table(_format_summary(tables['summary'], task_thresholds, rates)),
         '\nPaired t-tests over seeds (a - b):\n\n',
         analysis.markdown_table(tables['ttests'], [
             'metric', 'algo_a', 'algo_b', 'mean_a', 'mean_b', 'mean_difference', 't', 'p',
@@ -261,14 +370,31 @@ def main(argv) -> int:
   task_names, algos, seeds, hparams, thresholds = _parse_settings()
   root = flags.FLAGS.root_output_dir
   report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
+  if _ALLOW_UNTUNED.value and not _TUNED_FROM.value:
+    raise ValueError('--allow_untuned applies only with --tuned_from')
+  tuned = {}
+  if _TUNED_FROM.value:
+    tuned = tuned_picks(_TUNED_FROM.value, task_names, algos, hparams, _ALLOW_UNTUNED.value)
+    for (task, algo), pick in tuned.items():
+      print(f'compare: {algo} on {task} at its tuned {pick.describe()}', flush=True)
   if not _COLLECT_ONLY.value:
-    runs = [
-        runner.train_run(run_name(t, a, s), {
-            'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
-            **hparams.get(a, {}),
-        })
-        for t in task_names for a in algos for s in seeds
-    ]
+    runs = []
+    for t in task_names:
+      untuned = []
+      for a in algos:
+        pick = tuned.get((t, a))
+        for s in seeds:
+          runs.append(runner.train_run(run_name(t, a, s), {
+              'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
+              **hparams.get(a, {}), **(pick.hparams if pick else {}),
+          }))
+        if pick:
+          check_tuned_data(runs[-1], pick)
+        run_hparams = runs[-1].config.recorded()['hparams']
+        if rates_source(t, a, run_hparams, tuned) == analysis.tuning.DEFAULTS:
+          untuned.append(a)
+      if untuned:
+        print(f'compare: warning: {untuned_warning(t, untuned)}', file=sys.stderr, flush=True)
     print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
     try:
       runner.run_all(
@@ -282,7 +408,7 @@ def main(argv) -> int:
           ' runs made with other settings, add --collect_only; for new runs, choose another'
           ' --root_output_dir)'
       ) from e
-  text = report(root, report_dir, task_names, algos, seeds, thresholds)
+  text = report(root, report_dir, task_names, algos, seeds, thresholds, tuned=tuned)
   print(text)
   print(f'tables and figures: {report_dir}', flush=True)
   return 0

@@ -398,6 +398,7 @@ def _record(grids, search: Search, rungs, key, stability) -> dict:
   record = dict(
       task=config.task, algo=config.algo, **_rates(grids, key), score=score,
       score_rounds=search.scored_rounds(rounds), total_rounds=rounds, search=search.kind,
+      run_dir=config.output_dir,
       rungs=[dict(rounds=r.rounds, cells=len(r.scores)) for r in rungs],
   )
   # Each cell up to its last rung (a cell continued by a later search is not charged
@@ -464,15 +465,18 @@ def write_results(grid: Grid, index: int, search: Search, outcome: Outcome) -> s
 
 
 def write_best(path: str, best: dict) -> None:
+  """Writes the pick's record, its run directory relative to the file's folder."""
+  record = dict(best, run_dir=os.path.relpath(best['run_dir'], os.path.dirname(path)))
   with open(path, 'w') as f:
-    json.dump(best, f, indent=2)
+    json.dump(record, f, indent=2)
 
 
 def describe_pick(best: dict) -> str:
   """One line: the pick, its score and rounds, and a stability replacement if any."""
   text = (f'client {best["client_learning_rate"]:.3g}, server'
           f' {best["server_learning_rate"]:.3g}'
-          + ''.join(f', {k} {v:g}' for k, v in best.items() if k not in _RECORD_FIELDS)
+          + ''.join(f', {k} {v:g}' for k, v in analysis.tuning.hparams_of(best).items()
+                  if not k.endswith('learning_rate'))
           + f' (score {best["score"]:.4f}: mean of rounds'
           f' {best["total_rounds"] - best["score_rounds"] + 1}-{best["total_rounds"]})')
   stability = best.get('stability')
@@ -482,11 +486,6 @@ def describe_pick(best: dict) -> str:
              f' {old["server_learning_rate"]:.3g}, diverged with seed {stability["seed"]}'
              ' and was replaced by its best stable neighbour')
   return text
-
-
-_RECORD_FIELDS = frozenset({
-    'task', 'algo', 'client_learning_rate', 'server_learning_rate', 'score',
-    'score_rounds', 'total_rounds', 'search', 'rungs', 'stability', 'cost'})
 
 
 def search_from_flags() -> Search:

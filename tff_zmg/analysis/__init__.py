@@ -15,6 +15,7 @@ from tff_zmg.analysis import metrics
 from tff_zmg.analysis import plots
 from tff_zmg.analysis import runs
 from tff_zmg.analysis import tables
+from tff_zmg.analysis import tuning
 from tff_zmg.analysis.comparison import compare_runs
 from tff_zmg.analysis.heterogeneity import client_statistics
 from tff_zmg.analysis.heterogeneity import client_table
@@ -41,3 +42,5 @@ from tff_zmg.analysis.runs import metric_series
 from tff_zmg.analysis.tables import markdown_table
 from tff_zmg.analysis.tables import NOT_REACHED
 from tff_zmg.analysis.tables import write_csv
+from tff_zmg.analysis.tuning import find_tuned
+from tff_zmg.analysis.tuning import TunedRates
