@@ -22,7 +22,7 @@ from tff_zmg.algorithms import fedgps
 from tff_zmg.algorithms import fedprox
 from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import fedzmg
-from tff_zmg.algorithms import gc_fed
+from tff_zmg.algorithms import gcfed
 from tff_zmg.algorithms import mime_lite
 from tff_zmg.algorithms import scaffold
 from tff_zmg.templates import compose
@@ -101,9 +101,9 @@ def _spec(name, builder, hparams_class, client_rule, server_rule, weighting, des
   )
 
 
-def _fed_rkmgc_variant(name, correction, description, default_overrides=None):
+def _fedrkmgc_variant(name, correction_update, description, default_overrides=None):
   return _spec(
-      name, functools.partial(fedrkmgc.build_fed_rkmgc, correction=correction),
+      name, functools.partial(fedrkmgc.build_fedrkmgc, correction_update=correction_update),
       fedrkmgc.FedRkmgcHparams, 'corrected_sgdm', 'sgd', _UNIFORM, description,
       default_overrides=types.MappingProxyType(default_overrides or {}), stateful=True,
   )
@@ -164,46 +164,46 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             full_gradient_pass=True,
         ),
         _spec(
-            'local_gc', gc_fed.build_local_gc, gc_fed.LocalGcHparams, 'local_gc', 'sgd', _UNIFORM,
+            'local_gc', gcfed.build_local_gc, gcfed.LocalGcHparams, 'local_gc', 'sgd', _UNIFORM,
             'LocalGC: gradient-centralized client SGDM on every layer, '
             'server SGD (GC-Fed paper).',
         ),
         _spec(
-            'global_gc', gc_fed.build_global_gc, gc_fed.GlobalGcHparams, 'sgdm', 'global_gc',
+            'global_gc', gcfed.build_global_gc, gcfed.GlobalGcHparams, 'sgdm', 'global_gc',
             _UNIFORM,
             'GlobalGC: client SGDM, server SGD on the centralized mean '
             'update (GC-Fed paper).',
         ),
         _spec(
-            'gcfed', gc_fed.build_gcfed, gc_fed.GcFedHparams, 'local_gc', 'global_gc', _UNIFORM,
+            'gcfed', gcfed.build_gcfed, gcfed.GcFedHparams, 'local_gc', 'global_gc', _UNIFORM,
             'GC-Fed: LocalGC on feature layers, GlobalGC on classifier '
             'layers (Seo et al. 2025).',
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc', 'fast_km',
             'FedRKMGC: corrected client SGDM with fast KM steps, relaxed '
             'server averaging (stateful clients).',
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_raw', 'raw',
             'FedRKMGC ablation: raw correction, no KM, no relaxation.',
             fedrkmgc.NO_RELAXATION,
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_re', 'raw',
             'FedRKMGC ablation: raw correction with relaxation.',
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_km', 'km',
             'FedRKMGC ablation: standard KM correction, no relaxation.',
             fedrkmgc.NO_RELAXATION,
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_fast_km', 'fast_km',
             'FedRKMGC ablation: fast KM correction, no relaxation.',
             fedrkmgc.NO_RELAXATION,
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_re_km', 'km',
             'FedRKMGC ablation: standard KM correction with relaxation.',
         ),
