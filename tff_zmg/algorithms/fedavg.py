@@ -131,6 +131,18 @@ def client_sgd(hparams) -> compose.Optimizer:
   return tff.learning.optimizers.build_sgdm(hparams.client_learning_rate)
 
 
+def client_sgdm(hparams) -> compose.Optimizer:
+  """`v <- mu v + g ;  w <- w - eta_l v` (TFF's `build_sgdm`): the client SGD(M) of
+  GlobalGC, Mime-Lite (its base optimizer), FedRKMGC and FedGPS.
+
+  Args:
+    hparams: `client_learning_rate` and `client_momentum` (0: plain SGD).
+  """
+  return tff.learning.optimizers.build_sgdm(
+      hparams.client_learning_rate, momentum=hparams.client_momentum
+  )
+
+
 def server_sgd(hparams) -> compose.Optimizer:
   """`w <- w - eta_g * u`."""
   return tff.learning.optimizers.build_sgdm(hparams.server_learning_rate)

@@ -49,13 +49,14 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg.transforms import prototypes
-from tff_zmg.transforms import rectification
-from tff_zmg.transforms import surrogate
 from tff_zmg import validation
+from tff_zmg.algorithms import fedavg
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 from tff_zmg.templates import stateful_clients
+from tff_zmg.transforms import prototypes
+from tff_zmg.transforms import rectification
+from tff_zmg.transforms import surrogate
 
 KerasModelFn = Callable[[], tf.keras.Model]
 
@@ -222,9 +223,7 @@ def _fedgps_rule(
       non_trainable=keras_model.non_trainable_variables,
   )
   trainable = tuple(weights.trainable)
-  optimizer = tff.learning.optimizers.build_sgdm(
-      hparams.client_learning_rate, momentum=hparams.client_momentum
-  )
+  optimizer = fedavg.client_sgdm(hparams)
   low_shape = surrogate.low_resolution_shape(image_shape)
   num_surrogate = num_classes * samples_per_class
   feature_dim = classifier.input.shape[-1]
@@ -569,9 +568,9 @@ def build_fedgps(
       exclude_own_update=exclude_own_update,
       loop_implementation=loop_implementation,
   )
-  server_sgd = tff.learning.optimizers.build_sgdm(hparams.server_learning_rate)
   distributor, aggregator, finalizer = compose.build_server_parts(
-      initial_model_weights_fn, server_sgd, tff.learning.ClientWeighting.UNIFORM
+      initial_model_weights_fn, fedavg.server_sgd(hparams),
+      tff.learning.ClientWeighting.UNIFORM,
   )
   # The aggregated update is the mean of the clients' updates: trainable-shaped.
   shared = _shared_state(initial_shared, client_work.upload_type, weights_type.trainable)

@@ -31,11 +31,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg.transforms import correction as correction_lib
 from tff_zmg import validation
+from tff_zmg.algorithms import fedavg
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 from tff_zmg.templates import stateful_clients
+from tff_zmg.transforms import correction as correction_lib
 
 # rho beyond 2 makes the relaxation expansive (the paper's analysis needs rho <= 2).
 MAX_SAFE_RHO = 2.0
@@ -101,9 +102,7 @@ def _corrected_sgdm_rule(
   model = model_fn()
   weights = tff.learning.models.ModelWeights.from_model(model)
   trainable = tuple(weights.trainable)
-  optimizer = tff.learning.optimizers.build_sgdm(
-      hparams.client_learning_rate, momentum=hparams.client_momentum
-  )
+  optimizer = fedavg.client_sgdm(hparams)
 
   def init(client_state, round_num):
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)

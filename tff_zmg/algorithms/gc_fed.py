@@ -6,10 +6,10 @@ while and will be removed.
 """
 
 # pylint: disable=unused-import
+from tff_zmg.algorithms.fedavg import client_sgdm
 from tff_zmg.algorithms.gcfed import build_gcfed
 from tff_zmg.algorithms.gcfed import build_global_gc
 from tff_zmg.algorithms.gcfed import build_local_gc
-from tff_zmg.algorithms.gcfed import client_sgdm
 from tff_zmg.algorithms.gcfed import GcFedHparams
 from tff_zmg.algorithms.gcfed import global_gc
 from tff_zmg.algorithms.gcfed import GlobalGcHparams

@@ -79,14 +79,8 @@ class GcFedHparams(LocalGcHparams, GlobalGcHparams):
   global_gc_layers: str = hp.global_gc_layers('classifier')
 
 
-# The client steps and the server step.
-
-
-def client_sgdm(hparams) -> compose.Optimizer:
-  """`v <- mu v + g ;  w <- w - eta_l v` (TFF's `build_sgdm`)."""
-  return tff.learning.optimizers.build_sgdm(
-      hparams.client_learning_rate, momentum=hparams.client_momentum
-  )
+# The client step of LocalGC and the server step of GlobalGC (GlobalGC's client step is
+# `fedavg.client_sgdm`).
 
 
 def local_gc(hparams, variables) -> compose.Optimizer:
@@ -165,7 +159,7 @@ def build_global_gc(
   hparams = GlobalGcHparams.create(hparams, **overrides)
   variables = compose.trainable_variables(model_fn)
   return compose.compose_process(
-      model_fn, client_sgdm(hparams), global_gc(hparams, variables), _UNIFORM,
+      model_fn, fedavg.client_sgdm(hparams), global_gc(hparams, variables), _UNIFORM,
       loop_implementation=loop_implementation,
   )
 

@@ -60,7 +60,7 @@ class Rule:
 CLIENT_RULES: Mapping[str, Rule] = types.MappingProxyType({
     'sgd': Rule(lambda h, v: fedavg.client_sgd(h), fedavg.FedAvgHparams),
     'sgdm': Rule(
-        lambda h, v: gcfed.client_sgdm(h), gcfed.GlobalGcHparams, ('client_momentum',)
+        lambda h, v: fedavg.client_sgdm(h), gcfed.GlobalGcHparams, ('client_momentum',)
     ),
     'zmg_sgdm': Rule(
         fedzmg.zmg_sgdm, fedzmg.FedZmgHparams,
