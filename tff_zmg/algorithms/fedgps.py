@@ -391,7 +391,7 @@ def build_fedgps_client_work(
     loop_implementation: The client training loop.
 
   Returns:
-    A `StatefulClientWork` for `compose_stateful_clients_process` with a shared
+    A `StatefulClientWork` for `compose.compose_stateful_process` with a shared
     state; the client state is `OrderedDict(last_round=int32)` (-1: never), plus
     `own_update` with `exclude_own_update`; the upload is
     `OrderedDict(prototypes=[C, F], counts=[C])`.
@@ -428,6 +428,7 @@ def build_fedgps_client_work(
 
 
 class _ModelLayout(NamedTuple):
+  weights_type: tff.Type  # The model weights the server broadcasts.
   image_shape: tuple[int, ...]  # (height, width, channels)
   num_classes: int
   feature_dim: int  # The classifier's input.
@@ -451,6 +452,7 @@ def _inspect_model(model_fn, keras_model_fn) -> _ModelLayout:
     keras_shapes = [tuple(v.shape) for v in keras_model.trainable_variables]
     model = model_fn()
     model_shapes = [tuple(v.shape) for v in model.trainable_variables]
+    weights_type = tff.learning.models.weights_type_from_model(model)
     data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
   if keras_shapes != model_shapes:
     raise ValueError(
@@ -458,6 +460,7 @@ def _inspect_model(model_fn, keras_model_fn) -> _ModelLayout:
         f' {keras_shapes} vs {model_shapes})'
     )
   return _ModelLayout(
+      weights_type=weights_type,
       image_shape=input_shape[1:],
       num_classes=int(classifier.units),
       feature_dim=int(classifier.input.shape[-1]),
@@ -554,8 +557,7 @@ def build_fedgps(
   hparams = FedGpsHparams.create(hparams, **overrides)
 
   layout = _inspect_model(model_fn, keras_model_fn)
-  initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
-  weights_type = initial_model_weights_fn.type_signature.result
+  weights_type = layout.weights_type
   initial_shared = _initial_shared_state(weights_type, layout.num_classes, layout.feature_dim)
   client_work = build_fedgps_client_work(
       keras_model_fn,
@@ -568,13 +570,9 @@ def build_fedgps(
       exclude_own_update=exclude_own_update,
       loop_implementation=loop_implementation,
   )
-  distributor, aggregator, finalizer = compose.build_server_parts(
-      initial_model_weights_fn, fedavg.server_sgd(hparams),
-      tff.learning.ClientWeighting.UNIFORM,
-  )
   # The aggregated update is the mean of the clients' updates: trainable-shaped.
   shared = _shared_state(initial_shared, client_work.upload_type, weights_type.trainable)
-  return stateful_clients.compose_stateful_clients_process(
-      initial_model_weights_fn, distributor, client_work, aggregator, finalizer,
-      shared_state=shared,
+  return compose.compose_stateful_process(
+      model_fn, client_work, fedavg.server_sgd(hparams),
+      tff.learning.ClientWeighting.UNIFORM, shared_state=shared,
   )

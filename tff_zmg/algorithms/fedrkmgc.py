@@ -237,16 +237,12 @@ def build_fedrkmgc(
         f' got {correction_update!r}'
     )
   hparams = FedRkmgcHparams.create(hparams, **overrides)
-  initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
   client_work = build_corrected_sgdm_client_work(
       model_fn, hparams, correction_update=correction_update,
       loop_implementation=loop_implementation,
   )
-  distributor, aggregator, finalizer = compose.build_server_parts(
-      initial_model_weights_fn, relaxation(hparams), tff.learning.ClientWeighting.UNIFORM
-  )
-  return stateful_clients.compose_stateful_clients_process(
-      initial_model_weights_fn, distributor, client_work, aggregator, finalizer
+  return compose.compose_stateful_process(
+      model_fn, client_work, relaxation(hparams), tff.learning.ClientWeighting.UNIFORM
   )
 
 

@@ -156,7 +156,6 @@ def _shared_control(initial, upload_type, aggregated_type, num_clients: int):
 
 def _build(model_fn, hparams, build_optimizer, num_clients, loop_implementation):
   num_clients = _check_num_clients(num_clients)
-  initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
   types = stateful_clients.model_types(model_fn)
   weights_type = types.weights_type
   initial_shared = _zero_control(weights_type)
@@ -172,16 +171,12 @@ def _build(model_fn, hparams, build_optimizer, num_clients, loop_implementation)
       metrics_aggregation_fn=types.metrics_aggregation_fn,
       loop_implementation=loop_implementation,
   )
-  distributor, aggregator, finalizer = compose.build_server_parts(
-      initial_model_weights_fn, fedavg.server_sgd(hparams),
-      tff.learning.ClientWeighting.UNIFORM,
-  )
   shared = _shared_control(
       initial_shared, client_work.upload_type, weights_type.trainable, num_clients
   )
-  return stateful_clients.compose_stateful_clients_process(
-      initial_model_weights_fn, distributor, client_work, aggregator, finalizer,
-      shared_state=shared,
+  return compose.compose_stateful_process(
+      model_fn, client_work, fedavg.server_sgd(hparams),
+      tff.learning.ClientWeighting.UNIFORM, shared_state=shared,
   )
 
 
