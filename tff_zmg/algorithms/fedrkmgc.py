@@ -22,9 +22,10 @@ names the ablation's kind.
 """
 
 import collections
+from collections.abc import Mapping
 import dataclasses
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 import warnings
 
 import numpy as np
@@ -95,6 +96,13 @@ class FedRkmgcHparams(hp.Hparams):
 # becomes of a client whose result is not finite is `stateful_clients`' one policy.
 
 
+class _Round(NamedTuple):
+  """What a client's local steps read, fixed for the round (`init`'s context)."""
+
+  client_state: Mapping[str, object]  # D_n (`correction`), Dt_n, participations.
+  round_num: tf.Tensor
+
+
 def _corrected_sgdm_rule(
     model_fn, hparams: FedRkmgcHparams, *, correction_update: str
 ) -> stateful_clients.ClientRule:
@@ -106,21 +114,20 @@ def _corrected_sgdm_rule(
 
   def init(client_state, round_num):
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
-    return (client_state, round_num), optimizer.initialize(specs)
+    return _Round(client_state, round_num), optimizer.initialize(specs)
 
   def step(context, optimizer_state, batch):
-    client_state, _ = context
     return stateful_clients.optimizer_step(
         model, trainable, optimizer, optimizer_state, batch,
         lambda gradients: tuple(
             correction_lib.corrected_gradient(g, d)
-            for g, d in zip(gradients, client_state['correction'])
+            for g, d in zip(gradients, context.client_state['correction'])
         ),
     )
 
   def final(context, optimizer_state, delta):
     del optimizer_state
-    client_state, round_num = context
+    client_state, round_num = context.client_state, context.round_num
     participations = client_state['participations']
     t = tf.cast(
         round_num if hparams.km_clock == 'global' else participations, tf.float32
