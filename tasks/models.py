@@ -1,4 +1,4 @@
-"""The papers' Keras models for each task (ALGORITHMS.md section 5).
+"""The papers' Keras models for each task (specification.md section 5).
 
 Every builder returns an uncompiled `tf.keras.Model` whose trainable variables are listed in
 layer order, which is the order TFF's `from_keras_model` uses for model weights and the order

@@ -1,4 +1,4 @@
-"""FedRKMGC and its ablations against a NumPy re-computation of ALGORITHMS.md.
+"""FedRKMGC and its ablations against a NumPy re-computation of specification.md.
 
 A softmax-regression model (3 inputs, 2 classes) on three clients, three rounds with
 partial participation: every client's `D_n` and `Dt_n` and the global weights must

@@ -1,4 +1,4 @@
-"""Federated algorithms as TFF learning processes (ALGORITHMS.md section 4).
+"""Federated algorithms as TFF learning processes (specification.md section 4).
 
 One file per family, each holding its `Hparams` dataclass, its client and server steps
 and its `build_*` functions: `fedavg` (FedAvg, FedAdam, FedYogi, FedAdagrad), `fedzmg`

@@ -1,6 +1,6 @@
 """FedGPS: surrogate-distribution objective and non-self gradient rectification.
 
-ALGORITHMS.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Wu et
+specification.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Wu et
 al., eqs. 6-8). Client rule: SGD(M) on
 
     F_k = CE(local) + CE(surrogate) + lambda1 d(P_k, P_k^s) + lambda2 d(P^s, P_k^s)

@@ -1,7 +1,7 @@
 """LocalGC, GlobalGC, GC-Fed: gradient centralization on clients and/or server.
 
 Seo et al., "GC-Fed: Gradient Centralized Federated Learning with Partial Client
-Participation" (arXiv 2503.13180); ALGORITHMS.md sections 1-4. `P` centres every output
+Participation" (arXiv 2503.13180); specification.md sections 1-4. `P` centres every output
 column of a weight matrix (biases as is); the layers are split by the borderline
 `gc_lambda` into feature layers (the first `floor(gc_lambda * L)`) and classifier layers
 (the rest), default: every layer but the last is a feature layer.
@@ -64,7 +64,7 @@ class GlobalGcHparams(_GcHparams):
   """GlobalGC's: every layer projected on the server.
 
   The client rule is TFF's momentum SGD, which has no weight decay: the paper's 1e-5 is
-  left out (ALGORITHMS.md section 4 names the client rule SGDM).
+  left out (specification.md section 4 names the client rule SGDM).
   """
 
   global_gc_layers: str = hp.global_gc_layers('all')

@@ -1,6 +1,6 @@
 """The algorithms by `--algo` name: builder, hyperparameters, rules and weighting.
 
-`ALGORITHMS` is the table of ALGORITHMS.md section 4. Each name maps to a build function,
+`ALGORITHMS` is the table of specification.md section 4. Each name maps to a build function,
 the `Hparams` dataclass of its family (the one source of its hyperparameters' defaults,
 ranges and help, from which the training program makes its flags) and, for the
 FedRKMGC ablations, the defaults the name overrides:

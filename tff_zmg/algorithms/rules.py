@@ -1,7 +1,7 @@
 """Any client rule with any server rule, by name: `build_process`.
 
 The named algorithms (`registry`) are fixed pairings; this composes the same client and
-server steps freely (ALGORITHMS.md section 4, last line):
+server steps freely (specification.md section 4, last line):
 
     process = build_process(
         task.model_fn, 'zmg_sgdm', 'adam',

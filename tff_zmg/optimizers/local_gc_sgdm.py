@@ -1,6 +1,6 @@
 """LocalGC SGDM: projected momentum SGD with coupled L2, GC-Fed's client rule.
 
-The GC-Fed authors' order (ALGORITHMS.md section 2):
+The GC-Fed authors' order (specification.md section 2):
 
     d = M(P(g)) + weight_decay * w     (L2 added after the projection)
     v <- mu * v + d                    (v = 0 on `initialize`)

@@ -1,7 +1,7 @@
 """Composes a client optimizer and a server optimizer into a TFF learning process.
 
 Every stateless algorithm of the package is the four-part composition of TFF's
-`tff.learning.algorithms.build_weighted_fed_avg` (ALGORITHMS.md sections 2-4):
+`tff.learning.algorithms.build_weighted_fed_avg` (specification.md sections 2-4):
 
   1. distributor: `tff.learning.templates.build_broadcast_process`;
   2. client work: `tff.learning.templates.build_model_delta_client_work` running the

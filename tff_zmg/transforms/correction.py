@@ -1,7 +1,7 @@
 """FedRKMGC's gradient correction: the raw correction and the Krasnosel'skii-Mann steps.
 
 Each client `n` keeps two correction vectors, `D_n` (applied) and `Dt_n` (raw), zero
-at the start (ALGORITHMS.md, "FedRKMGC corrected SGD(M)"). Every function here is
+at the start (specification.md, "FedRKMGC corrected SGD(M)"). Every function here is
 elementwise on one tensor and works on NumPy arrays and TF tensors alike; the client
 work maps them over the model's trainable tensors.
 
