@@ -1,4 +1,4 @@
-"""The checkout is the same on every file system: no two tracked paths differ only in case.
+"""The checkout is the same on every file system, and its modules are short or say why.
 
 macOS and Windows file systems ignore case, so a checkout of `docs/ALGORITHMS.md` beside
 `docs/algorithms.md` keeps one of them (and git then reports the other as modified). The
@@ -50,3 +50,20 @@ def test_no_two_tracked_paths_differ_only_in_case():
   paths = _tracked_paths()
   assert len(paths) > 100, len(paths)  # The listing is the repository's.
   assert _case_clashes(paths) == []
+
+
+# A module of the package longer than this opens with the reason ("Why one file of ...").
+_MAX_LINES = 500
+_REASON = 'Why one file of '
+
+
+def test_a_module_above_500_lines_says_why_at_its_top():
+  unexplained = []
+  for folder in ('tff_zmg', 'tasks'):
+    for root, _, files in os.walk(os.path.join(_REPO, folder)):
+      for name in sorted(f for f in files if f.endswith('.py')):
+        with open(os.path.join(root, name), encoding='utf-8') as f:
+          lines = f.readlines()
+        if len(lines) > _MAX_LINES and not any(_REASON in line for line in lines[:10]):
+          unexplained.append((os.path.relpath(os.path.join(root, name), _REPO), len(lines)))
+  assert unexplained == []

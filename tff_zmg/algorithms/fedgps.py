@@ -1,5 +1,11 @@
 """FedGPS: surrogate-distribution objective and non-self gradient rectification.
 
+Why one file of ~580 lines: one algorithm, one file, read top to bottom (hyperparameters,
+client step, server step, builder), as every family of `algorithms/`; its client step is
+the package's longest (surrogate batches, the look-ahead, the objective, prototype sums),
+and its mechanisms already live in `tff_zmg.transforms` (`surrogate`, `prototypes`,
+`rectification`).
+
 specification.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Wu et
 al., eqs. 6-8). Client rule: SGD(M) on
 
