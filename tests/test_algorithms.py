@@ -20,7 +20,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import tff_zmg
 from tff_zmg.transforms import projection
+from tff_zmg.algorithms import fedrkmgc
+from tff_zmg.algorithms import gc_fed
+from tff_zmg.algorithms import gcfed
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import rules
 from tff_zmg.templates import compose
@@ -530,6 +534,29 @@ def test_defaults_follow_the_spec_and_papers():
           defaults['fedadagrad']['adagrad_initial_accumulator']) == (1e-6, 1e-6)
   assert defaults['fedprox']['proximal_strength'] in (0.001, 0.01, 0.1, 1.0)  # Its grid.
   assert defaults['mime_lite']['client_momentum'] == 0.9
+
+
+def test_builders_and_their_modules_are_spelt_after_algo_names():
+  """One spelling: `build_` + an `--algo` name, in the module of its family's first name."""
+  for name, spec in registry.ALGORITHMS.items():
+    builder = getattr(spec.builder, 'func', spec.builder)  # An ablation: a partial.
+    assert builder.__name__.removeprefix('build_') in registry.ALGORITHMS, name
+    assert builder.__module__.split('.')[-1] in registry.ALGORITHMS, name
+    assert getattr(tff_zmg, builder.__name__) is builder, name
+
+
+def test_deprecated_names_still_work(monkeypatch):
+  """`gc_fed` (now `gcfed`) and `build_fed_rkmgc(correction=)` (now `build_fedrkmgc(
+  correction_update=)`) stay importable for a while."""
+  for name in ('build_gcfed', 'build_local_gc', 'build_global_gc', 'GcFedHparams',
+               'LocalGcHparams', 'GlobalGcHparams', 'local_gc', 'global_gc'):
+    assert getattr(gc_fed, name) is getattr(gcfed, name), name
+  calls = []
+  monkeypatch.setattr(fedrkmgc, 'build_fedrkmgc', lambda *a, **k: calls.append((a, k)))
+  tff_zmg.build_fed_rkmgc(_never_called, correction='km', rho=1.0)
+  tff_zmg.build_fed_rkmgc(_never_called)
+  assert calls == [((_never_called, None), dict(correction_update='km', rho=1.0)),
+                   ((_never_called, None), dict(correction_update='fast_km'))]
 
 
 def test_unknown_algorithm_raises_listing_the_valid_names():
