@@ -1,4 +1,4 @@
-"""The papers' Keras models for each task (ALGORITHMS.md section 5).
+"""The papers' Keras models for each task (specification.md section 5).
 
 Every builder returns an uncompiled `tf.keras.Model` whose trainable variables are listed in
 layer order, which is the order TFF's `from_keras_model` uses for model weights and the order
@@ -14,16 +14,26 @@ CIFAR100_NUM_CLASSES = 100
 SHAKESPEARE_VOCAB_SIZE = 66  # 65 characters plus one out-of-vocabulary id.
 
 
-def emnist_cnn(seed: int = 0) -> tf.keras.Model:
-  """EMNIST-62 CNN: 1,690,046 parameters.
+def fedavg_cnn(
+    input_shape: tuple[int, int, int], num_classes: int, *, name: str, seed: int = 0
+) -> tf.keras.Model:
+  """The CNN of FedAvg (McMahan et al. 2017: "two 5x5 convolution layers ... a fully
+  connected layer with 512 units ... a final softmax output layer"), logits out.
 
   Conv2D(32, 5x5, same, relu) - MaxPool 2 - Conv2D(64, 5x5, same, relu) - MaxPool 2 -
-  Flatten - Dense(512, relu) - Dense(62) (logits). Input: (28, 28, 1) floats in [0, 1].
+  Flatten - Dense(512, relu) - Dense(num_classes). `emnist_cnn` and `cifar_cnn` are it on
+  their tasks' inputs.
+
+  Args:
+    input_shape: `(height, width, channels)` of the float inputs in [0, 1].
+    num_classes: The logits' size.
+    name: The Keras model's name.
+    seed: Seed of the initializers (one per weighted layer: `seed`, ..., `seed + 3`).
   """
   init = tf.keras.initializers.GlorotUniform
   return tf.keras.Sequential(
       [
-          tf.keras.layers.InputLayer(input_shape=(28, 28, 1)),
+          tf.keras.layers.InputLayer(input_shape=input_shape),
           tf.keras.layers.Conv2D(
               32, 5, padding='same', activation='relu', kernel_initializer=init(seed)
           ),
@@ -34,10 +44,20 @@ def emnist_cnn(seed: int = 0) -> tf.keras.Model:
           tf.keras.layers.MaxPool2D(2),
           tf.keras.layers.Flatten(),
           tf.keras.layers.Dense(512, activation='relu', kernel_initializer=init(seed + 2)),
-          tf.keras.layers.Dense(EMNIST_NUM_CLASSES, kernel_initializer=init(seed + 3)),
+          tf.keras.layers.Dense(num_classes, kernel_initializer=init(seed + 3)),
       ],
-      name='emnist_cnn',
+      name=name,
   )
+
+
+def emnist_cnn(seed: int = 0) -> tf.keras.Model:
+  """EMNIST-62 CNN: 1,690,046 parameters.
+
+  `fedavg_cnn` on (28, 28, 1) inputs in [0, 1] with 62 classes: Conv2D(32, 5x5, same,
+  relu) - MaxPool 2 - Conv2D(64, 5x5, same, relu) - MaxPool 2 - Flatten - Dense(512, relu)
+  - Dense(62) (logits).
+  """
+  return fedavg_cnn((28, 28, 1), EMNIST_NUM_CLASSES, name='emnist_cnn', seed=seed)
 
 
 def cifar100_cnn(seed: int = 0) -> tf.keras.Model:
@@ -220,28 +240,11 @@ def cifar_cnn(seed: int = 0, num_classes: int = CIFAR10_NUM_CLASSES) -> tf.keras
   """The FedAvg CNN that GC-Fed's Table 3 cites ("two convolution layers and two fully
   connected layers used in [3]", McMahan et al. 2017), on 32x32x3 inputs.
 
-  Conv2D(32, 5x5, same, relu) - MaxPool 2 - Conv2D(64, 5x5, same, relu) - MaxPool 2 -
-  Flatten - Dense(512, relu) - Dense(num_classes) (logits): 2,156,490 parameters for 10
-  classes (2,202,660 for 100). Input: (32, 32, 3) floats in [0, 1].
+  `fedavg_cnn` on (32, 32, 3) inputs in [0, 1]: Conv2D(32, 5x5, same, relu) - MaxPool 2 -
+  Conv2D(64, 5x5, same, relu) - MaxPool 2 - Flatten - Dense(512, relu) - Dense(num_classes)
+  (logits): 2,156,490 parameters for 10 classes (2,202,660 for 100).
   """
-  init = tf.keras.initializers.GlorotUniform
-  return tf.keras.Sequential(
-      [
-          tf.keras.layers.InputLayer(input_shape=(32, 32, 3)),
-          tf.keras.layers.Conv2D(
-              32, 5, padding='same', activation='relu', kernel_initializer=init(seed)
-          ),
-          tf.keras.layers.MaxPool2D(2),
-          tf.keras.layers.Conv2D(
-              64, 5, padding='same', activation='relu', kernel_initializer=init(seed + 1)
-          ),
-          tf.keras.layers.MaxPool2D(2),
-          tf.keras.layers.Flatten(),
-          tf.keras.layers.Dense(512, activation='relu', kernel_initializer=init(seed + 2)),
-          tf.keras.layers.Dense(num_classes, kernel_initializer=init(seed + 3)),
-      ],
-      name='cifar_cnn',
-  )
+  return fedavg_cnn((32, 32, 3), num_classes, name='cifar_cnn', seed=seed)
 
 
 def resnet18_gn(seed: int = 0, num_classes: int = CIFAR10_NUM_CLASSES) -> tf.keras.Model:

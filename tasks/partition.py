@@ -1,6 +1,6 @@
 """Dirichlet re-partitioning of an image task's training examples over new clients.
 
-The protocol of the GC-Fed, FedRKMGC and FedGPS papers (ALGORITHMS.md section 5): pool
+The protocol of the GC-Fed, FedRKMGC and FedGPS papers (specification.md section 5): pool
 the training examples of all clients and deal them out to K new clients, client k
 drawing its label distribution q_k ~ Dirichlet(alpha * 1_C) over the C classes present;
 small alpha gives clients dominated by a few classes, large alpha approaches IID. Every

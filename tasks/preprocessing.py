@@ -15,7 +15,7 @@ import tensorflow as tf
 
 DatasetFn = Callable[[tf.data.Dataset], tf.data.Dataset]
 
-# ALGORITHMS.md section 5: the 65-character vocabulary plus one out-of-vocabulary id.
+# specification.md section 5: the 65-character vocabulary plus one out-of-vocabulary id.
 SHAKESPEARE_CHARS = "\n !$&',-.3:;?" + ''.join(
     chr(c) for c in range(ord('A'), ord('Z') + 1)
 ) + ''.join(chr(c) for c in range(ord('a'), ord('z') + 1))

@@ -30,7 +30,7 @@ class TaskSpec:
   num_parameters: int
   batch_size: int
   eval_batch_size: int
-  accuracy_thresholds: tuple[float, ...]  # ALGORITHMS.md section 6.
+  accuracy_thresholds: tuple[float, ...]  # specification.md section 6.
 
 
 def _image_metrics():

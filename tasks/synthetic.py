@@ -1,5 +1,11 @@
 """Small synthetic federated datasets written in TFF's own SQLite schema.
 
+Why one file of ~800 lines: the three generators (EMNIST strokes, CIFAR-100 colour
+fields, Shakespeare n-gram text) and the writer share one seeding scheme (`_rng`: seed,
+task, purpose, client) and one `_GENERATOR_VERSION`, which must be bumped whenever any
+generator's output changes so that cached directories are not reused; the sections below
+(marked by rules) read independently.
+
 The files written here are read by TFF's real loaders, unchanged:
 
   * `tff.simulation.datasets.emnist.load_data(only_digits=False, cache_dir=D)`
@@ -88,9 +94,9 @@ DEFAULT_SETTINGS = {
     ),
 }
 
-# Bump when the generator changes, so cached directories are not reused.
 # How often (at most) generating a large synthetic dataset prints its progress.
 PROGRESS_INTERVAL_S = 5.0
+# Bump when the generator changes, so cached directories are not reused.
 _GENERATOR_VERSION = 1
 
 _PURPOSE_PROTOTYPES = 1

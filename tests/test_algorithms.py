@@ -1,4 +1,4 @@
-"""Tests for the algorithm builders and the registry (ALGORITHMS.md s. 2-4).
+"""Tests for the algorithm builders and the registry (specification.md s. 2-4).
 
 Each process is checked against an independent computation: TFF's own
 `build_weighted_fed_avg`, or NumPy formulas applied to the aggregated update
@@ -20,7 +20,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import tff_zmg
 from tff_zmg.transforms import projection
+from tff_zmg.algorithms import fedrkmgc
+from tff_zmg.algorithms import gc_fed
+from tff_zmg.algorithms import gcfed
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import rules
 from tff_zmg.templates import compose
@@ -28,7 +32,7 @@ from tff_zmg.templates import compose
 EXAMPLES = tff.learning.ClientWeighting.NUM_EXAMPLES
 UNIFORM = tff.learning.ClientWeighting.UNIFORM
 
-# ALGORITHMS.md section 4: client rule, server rule, weighting.
+# specification.md section 4: client rule, server rule, weighting.
 SPEC_TABLE = {
     'fedavg': ('sgd', 'sgd', EXAMPLES),
     'fedadam': ('sgd', 'adam', EXAMPLES),
@@ -61,7 +65,7 @@ SPEC_TABLE = {
 STATELESS = [n for n, s in registry.ALGORITHMS.items() if not s.stateful]
 
 # EMNIST CNN trainable tensors: (kernel, bias) x 4 layers, the last one the
-# classifier (ALGORITHMS.md section 5). The kernels each layer choice projects:
+# classifier (specification.md section 5). The kernels each layer choice projects:
 KERNELS = {
     'all': (True, False) * 4,
     'feature': (True, False) * 3 + (False, False),
@@ -75,7 +79,7 @@ WEIGHT_DECAY = 0.5  # Set in one-step tests: large, so its term is visible.
 
 
 def _np_project(g):
-  """ALGORITHMS.md section 1, in float64: centre over all axes but the last."""
+  """specification.md section 1, in float64: centre over all axes but the last."""
   g = np.asarray(g, np.float64)
   return g - g.mean(axis=tuple(range(g.ndim - 1)), keepdims=True)
 
@@ -277,7 +281,7 @@ def test_fedzmg_one_step_kernel_updates_have_zero_column_means(
 
 
 def _np_client_update(spec, hparams, u_sgd, w0):
-  """NumPy, from ALGORITHMS.md: the aggregated update `u` of one local step per client.
+  """NumPy, from specification.md: the aggregated update `u` of one local step per client.
 
   From `v = 0` one local step of any client rule is `lr * d`, with `d` linear
   in the gradient, so the aggregate of the client updates follows from the
@@ -303,7 +307,7 @@ def _np_client_update(spec, hparams, u_sgd, w0):
 
 
 def _np_server_step(spec, hparams, u):
-  """NumPy, from ALGORITHMS.md: the first server step on the aggregated update `u`."""
+  """NumPy, from specification.md: the first server step on the aggregated update `u`."""
   eta = hparams['server_learning_rate']
   if spec.server_rule == 'sgd':
     return [eta * x for x in u]
@@ -503,7 +507,7 @@ def test_registry_is_the_spec_table():
 
 def test_defaults_follow_the_spec_and_papers():
   defaults = {n: s.defaults for n, s in registry.ALGORITHMS.items()}
-  for name in ('fedzmg', 'fedzmg_adam'):  # ALGORITHMS.md section 2.
+  for name in ('fedzmg', 'fedzmg_adam'):  # specification.md section 2.
     assert defaults[name]['client_momentum'] == 0.9
     assert defaults[name]['weight_decay'] == 1e-4
   for name in ('fedadam', 'fedzmg_adam'):  # Section 3.
@@ -530,6 +534,29 @@ def test_defaults_follow_the_spec_and_papers():
           defaults['fedadagrad']['adagrad_initial_accumulator']) == (1e-6, 1e-6)
   assert defaults['fedprox']['proximal_strength'] in (0.001, 0.01, 0.1, 1.0)  # Its grid.
   assert defaults['mime_lite']['client_momentum'] == 0.9
+
+
+def test_builders_and_their_modules_are_spelt_after_algo_names():
+  """One spelling: `build_` + an `--algo` name, in the module of its family's first name."""
+  for name, spec in registry.ALGORITHMS.items():
+    builder = getattr(spec.builder, 'func', spec.builder)  # An ablation: a partial.
+    assert builder.__name__.removeprefix('build_') in registry.ALGORITHMS, name
+    assert builder.__module__.split('.')[-1] in registry.ALGORITHMS, name
+    assert getattr(tff_zmg, builder.__name__) is builder, name
+
+
+def test_deprecated_names_still_work(monkeypatch):
+  """`gc_fed` (now `gcfed`) and `build_fed_rkmgc(correction=)` (now `build_fedrkmgc(
+  correction_update=)`) stay importable for a while."""
+  for name in ('build_gcfed', 'build_local_gc', 'build_global_gc', 'GcFedHparams',
+               'LocalGcHparams', 'GlobalGcHparams', 'local_gc', 'global_gc'):
+    assert getattr(gc_fed, name) is getattr(gcfed, name), name
+  calls = []
+  monkeypatch.setattr(fedrkmgc, 'build_fedrkmgc', lambda *a, **k: calls.append((a, k)))
+  tff_zmg.build_fed_rkmgc(_never_called, correction='km', rho=1.0)
+  tff_zmg.build_fed_rkmgc(_never_called)
+  assert calls == [((_never_called, None), dict(correction_update='km', rho=1.0)),
+                   ((_never_called, None), dict(correction_update='fast_km'))]
 
 
 def test_unknown_algorithm_raises_listing_the_valid_names():

@@ -1,4 +1,4 @@
-"""FedGPS and FedGPS-CF against NumPy re-computations of ALGORITHMS.md ("FedGPS client").
+"""FedGPS and FedGPS-CF against NumPy re-computations of specification.md ("FedGPS client").
 
 The pure pieces (surrogate data, prototypes, the non-self direction, the objective) are
 checked one by one. Then a softmax-regression model on 4x4x1 images (feature extractor

@@ -1,4 +1,4 @@
-"""FedRKMGC and its ablations against a NumPy re-computation of ALGORITHMS.md.
+"""FedRKMGC and its ablations against a NumPy re-computation of specification.md.
 
 A softmax-regression model (3 inputs, 2 classes) on three clients, three rounds with
 partial participation: every client's `D_n` and `Dt_n` and the global weights must
@@ -27,7 +27,7 @@ from tff_zmg.runtime import in_process
 # (round's sampled clients): client 2 skips round 0, client 0 round 1, client 1 round 2.
 PARTICIPATION = ((0, 1), (1, 2), (0, 2))
 HPARAMS = dict(client_learning_rate=0.1, client_momentum=0.8, beta=0.5, gamma=3.0)
-# registry name: (correction, rho)
+# registry name: (correction_update, rho)
 VARIANTS = {
     'fedrkmgc': ('fast_km', 1.5),
     'fedrkmgc_raw': ('raw', 1.0),

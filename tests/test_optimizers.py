@@ -1,4 +1,4 @@
-"""Tests for the optimizers against NumPy versions of ALGORITHMS.md."""
+"""Tests for the optimizers against NumPy versions of specification.md."""
 
 import collections
 
@@ -38,7 +38,7 @@ def _run(optimizer, weights, grads, container=tuple, compile_next=False):
   return [t.numpy() for t in w], state
 
 
-# NumPy re-implementations, written from ALGORITHMS.md in float64.
+# NumPy re-implementations, written from specification.md in float64.
 
 
 def _np_project(g, selected=True, center_vectors=False):

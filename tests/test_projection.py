@@ -1,4 +1,4 @@
-"""Tests for the zero-mean projection and layer masks (ALGORITHMS.md s. 1)."""
+"""Tests for the zero-mean projection and layer masks (specification.md s. 1)."""
 
 import numpy as np
 import pytest

@@ -78,7 +78,7 @@ def _accuracy(run_dir):
 
 
 def _rounds_to(rounds, acc, threshold):
-  """ALGORITHMS.md section 6 by hand: the 4-round average stays >= threshold from here."""
+  """specification.md section 6 by hand: the 4-round average stays >= threshold from here."""
   average = np.convolve(acc, np.ones(4) / 4, mode='valid')
   if average.size == 0 or average[-1] < threshold:
     return None

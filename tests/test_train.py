@@ -133,7 +133,7 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
   assert 'round 2/2' in out and 'rounds/s' in out and 'summary:' in out
   recorded = __import__('json').loads((exp / 'flags.json').read_text())
   assert recorded['task'] == task and recorded['algo'] == algo
-  # Every hyperparameter it trained with, though none was given (ALGORITHMS.md s. 2).
+  # Every hyperparameter it trained with, though none was given (specification.md s. 2).
   assert recorded['hparams'] == RECORDED_DEFAULTS[algo]
   if algo == 'fedrkmgc':  # The sampled clients' states are kept with the run.
     assert os.listdir(exp / 'client_states')

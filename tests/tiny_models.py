@@ -58,7 +58,7 @@ def np_softmax_regression_gradient(weights, x, y):
 
 
 def np_project(g):
-  """The zero-mean projection (ALGORITHMS.md section 1), float64: centre over all axes
+  """The zero-mean projection (specification.md section 1), float64: centre over all axes
   but the last."""
   g = np.asarray(g, np.float64)
   return g - g.mean(axis=tuple(range(g.ndim - 1)), keepdims=True)

@@ -9,9 +9,11 @@ TFF's own context, whose worker may outlive the program (see `tff_zmg.runtime.cp
 The public API, everything a notebook or script needs (see notebooks/):
 
 * composing processes: `build_process(model_fn, client_rule, server_rule, ...)` with the
-  rules of `CLIENT_RULES` and `SERVER_RULES`; the named algorithms' builders
-  (`build_fedavg`, `build_fedzmg`, ...) and `registry` (`registry.build(name, model_fn,
-  **hparams)`, `ALGORITHMS`);
+  rules of `CLIENT_RULES` and `SERVER_RULES`; the named algorithms' builders, each
+  `build_` + its `--algo` name (`build_fedavg`, `build_fedzmg`, `build_gcfed`,
+  `build_fedrkmgc`, ...; `build_fed_rkmgc`, the deprecated name of `build_fedrkmgc`, is
+  kept for a while) and `registry` (`registry.build(name, model_fn, **hparams)`,
+  `ALGORITHMS`);
 * running them: `execution_context()` (a managed local TFF worker, stopped on exit),
   `set_default_execution_context()`, `in_process_context()` (this process's TensorFlow, on
   its CPU or GPUs), `runtime`;
@@ -32,9 +34,11 @@ from tff_zmg.runtime.in_process import in_process_context
 from tff_zmg.transforms.projection import zero_mean_projection
 from tff_zmg import algorithms
 from tff_zmg.algorithms import ALGORITHMS
-from tff_zmg.algorithms import build_fed_rkmgc
+from tff_zmg.algorithms import build_fed_rkmgc  # Deprecated: build_fedrkmgc.
 from tff_zmg.algorithms import build_fedadam
 from tff_zmg.algorithms import build_fedavg
+from tff_zmg.algorithms import build_fedgps
+from tff_zmg.algorithms import build_fedrkmgc
 from tff_zmg.algorithms import build_fedzmg
 from tff_zmg.algorithms import build_fedzmg_adam
 from tff_zmg.algorithms import build_gcfed
@@ -63,6 +67,8 @@ __all__ = [
     'build_fed_rkmgc',
     'build_fedadam',
     'build_fedavg',
+    'build_fedgps',
+    'build_fedrkmgc',
     'build_fedzmg',
     'build_fedzmg_adam',
     'build_gcfed',

@@ -1,11 +1,16 @@
-"""Federated algorithms as TFF learning processes (ALGORITHMS.md section 4).
+"""Federated algorithms as TFF learning processes (specification.md section 4).
 
 One file per family, each holding its `Hparams` dataclass, its client and server steps
 and its `build_*` functions: `fedavg` (FedAvg, FedAdam, FedYogi, FedAdagrad), `fedzmg`
 (FedZMG, FedZMG-Adam, FedZMG-Yogi), `fedprox` (FedProx, FedZMG-Prox), `mime_lite`,
-`scaffold` (SCAFFOLD, FedZMG-SCAFFOLD), `gc_fed` (LocalGC, GlobalGC, GC-Fed), `fedrkmgc`
-(FedRKMGC and its ablations), `fedgps` (FedGPS, FedGPS-CF). `registry` maps `--algo` names to them; `rules.build_process`
-composes any client step with any server step by name.
+`scaffold` (SCAFFOLD, FedZMG-SCAFFOLD), `gcfed` (LocalGC, GlobalGC, GC-Fed), `fedrkmgc`
+(FedRKMGC and its ablations), `fedgps` (FedGPS, FedGPS-CF). `registry` maps `--algo` names
+to them; `rules.build_process` composes any client step with any server step by name.
+
+One spelling: a builder is `build_` + its `--algo` name (`build_gcfed`, `build_fedrkmgc`),
+a family's module the `--algo` name of its first algorithm (`gcfed.py`, `fedrkmgc.py`).
+Deprecated, kept importable for a while: the module `gc_fed` (now `gcfed`) and
+`build_fed_rkmgc` (now `build_fedrkmgc`).
 """
 
 from tff_zmg.algorithms import registry
@@ -24,7 +29,8 @@ from tff_zmg.algorithms.fedprox import build_fedprox
 from tff_zmg.algorithms.fedprox import build_fedzmg_prox
 from tff_zmg.algorithms.fedprox import FedProxHparams
 from tff_zmg.algorithms.fedprox import FedZmgProxHparams
-from tff_zmg.algorithms.fedrkmgc import build_fed_rkmgc
+from tff_zmg.algorithms.fedrkmgc import build_fed_rkmgc  # Deprecated: build_fedrkmgc.
+from tff_zmg.algorithms.fedrkmgc import build_fedrkmgc
 from tff_zmg.algorithms.fedrkmgc import FedRkmgcHparams
 from tff_zmg.algorithms.fedzmg import build_fedzmg
 from tff_zmg.algorithms.fedzmg import build_fedzmg_adam
@@ -32,12 +38,12 @@ from tff_zmg.algorithms.fedzmg import build_fedzmg_yogi
 from tff_zmg.algorithms.fedzmg import FedZmgAdamHparams
 from tff_zmg.algorithms.fedzmg import FedZmgHparams
 from tff_zmg.algorithms.fedzmg import FedZmgYogiHparams
-from tff_zmg.algorithms.gc_fed import build_gcfed
-from tff_zmg.algorithms.gc_fed import build_global_gc
-from tff_zmg.algorithms.gc_fed import build_local_gc
-from tff_zmg.algorithms.gc_fed import GcFedHparams
-from tff_zmg.algorithms.gc_fed import GlobalGcHparams
-from tff_zmg.algorithms.gc_fed import LocalGcHparams
+from tff_zmg.algorithms.gcfed import build_gcfed
+from tff_zmg.algorithms.gcfed import build_global_gc
+from tff_zmg.algorithms.gcfed import build_local_gc
+from tff_zmg.algorithms.gcfed import GcFedHparams
+from tff_zmg.algorithms.gcfed import GlobalGcHparams
+from tff_zmg.algorithms.gcfed import LocalGcHparams
 from tff_zmg.algorithms.mime_lite import build_mime_lite
 from tff_zmg.algorithms.mime_lite import MimeLiteHparams
 from tff_zmg.algorithms.registry import AlgorithmSpec
@@ -88,6 +94,7 @@ __all__ = [
     'build_mime_lite',
     'build_fedadam',
     'build_fed_rkmgc',
+    'build_fedrkmgc',
     'build_fedavg',
     'build_fedgps',
     'build_fedzmg',

@@ -1,6 +1,6 @@
 """FedAvg, FedAdam, FedYogi, FedAdagrad: client SGD, a server optimizer (FedOpt family).
 
-ALGORITHMS.md sections 2-4. All weight client updates by their number of examples.
+specification.md sections 2-4. All weight client updates by their number of examples.
 
     client k:  w_k <- w_k - eta_l * g                  (local steps from w^t)
     server:    u = sum_k n_k (w^t - w_k) / sum_k n_k
@@ -46,7 +46,7 @@ class FedAvgHparams(hp.Hparams):
 
 @dataclasses.dataclass(frozen=True)
 class ServerAdamHparams(hp.Hparams):
-  """FedAdam's server: Adam and its rate (ALGORITHMS.md section 3, after Reddi et al.).
+  """FedAdam's server: Adam and its rate (specification.md section 3, after Reddi et al.).
 
   `eta_g = 0.01` is our choice on the grid: with `eps = 1e-3` the first server step is
   `eta_g * u / (|u| + 0.01)`, i.e. server SGD with rate `100 * eta_g = 1` for small
@@ -129,6 +129,18 @@ class FedAdagradHparams(ServerAdagradHparams, FedAvgHparams):
 def client_sgd(hparams) -> compose.Optimizer:
   """`w <- w - eta_l * g` (TFF's `build_sgdm` without momentum)."""
   return tff.learning.optimizers.build_sgdm(hparams.client_learning_rate)
+
+
+def client_sgdm(hparams) -> compose.Optimizer:
+  """`v <- mu v + g ;  w <- w - eta_l v` (TFF's `build_sgdm`): the client SGD(M) of
+  GlobalGC, Mime-Lite (its base optimizer), FedRKMGC and FedGPS.
+
+  Args:
+    hparams: `client_learning_rate` and `client_momentum` (0: plain SGD).
+  """
+  return tff.learning.optimizers.build_sgdm(
+      hparams.client_learning_rate, momentum=hparams.client_momentum
+  )
 
 
 def server_sgd(hparams) -> compose.Optimizer:

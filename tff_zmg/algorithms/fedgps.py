@@ -1,6 +1,12 @@
 """FedGPS: surrogate-distribution objective and non-self gradient rectification.
 
-ALGORITHMS.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Wu et
+Why one file of ~580 lines: one algorithm, one file, read top to bottom (hyperparameters,
+client step, server step, builder), as every family of `algorithms/`; its client step is
+the package's longest (surrogate batches, the look-ahead, the objective, prototype sums),
+and its mechanisms already live in `tff_zmg.transforms` (`surrogate`, `prototypes`,
+`rectification`).
+
+specification.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Wu et
 al., eqs. 6-8). Client rule: SGD(M) on
 
     F_k = CE(local) + CE(surrogate) + lambda1 d(P_k, P_k^s) + lambda2 d(P^s, P_k^s)
@@ -49,13 +55,14 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg.transforms import prototypes
-from tff_zmg.transforms import rectification
-from tff_zmg.transforms import surrogate
 from tff_zmg import validation
+from tff_zmg.algorithms import fedavg
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 from tff_zmg.templates import stateful_clients
+from tff_zmg.transforms import prototypes
+from tff_zmg.transforms import rectification
+from tff_zmg.transforms import surrogate
 
 KerasModelFn = Callable[[], tf.keras.Model]
 
@@ -222,9 +229,7 @@ def _fedgps_rule(
       non_trainable=keras_model.non_trainable_variables,
   )
   trainable = tuple(weights.trainable)
-  optimizer = tff.learning.optimizers.build_sgdm(
-      hparams.client_learning_rate, momentum=hparams.client_momentum
-  )
+  optimizer = fedavg.client_sgdm(hparams)
   low_shape = surrogate.low_resolution_shape(image_shape)
   num_surrogate = num_classes * samples_per_class
   feature_dim = classifier.input.shape[-1]
@@ -392,7 +397,7 @@ def build_fedgps_client_work(
     loop_implementation: The client training loop.
 
   Returns:
-    A `StatefulClientWork` for `compose_stateful_clients_process` with a shared
+    A `StatefulClientWork` for `compose.compose_stateful_process` with a shared
     state; the client state is `OrderedDict(last_round=int32)` (-1: never), plus
     `own_update` with `exclude_own_update`; the upload is
     `OrderedDict(prototypes=[C, F], counts=[C])`.
@@ -429,6 +434,7 @@ def build_fedgps_client_work(
 
 
 class _ModelLayout(NamedTuple):
+  weights_type: tff.Type  # The model weights the server broadcasts.
   image_shape: tuple[int, ...]  # (height, width, channels)
   num_classes: int
   feature_dim: int  # The classifier's input.
@@ -452,6 +458,7 @@ def _inspect_model(model_fn, keras_model_fn) -> _ModelLayout:
     keras_shapes = [tuple(v.shape) for v in keras_model.trainable_variables]
     model = model_fn()
     model_shapes = [tuple(v.shape) for v in model.trainable_variables]
+    weights_type = tff.learning.models.weights_type_from_model(model)
     data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
   if keras_shapes != model_shapes:
     raise ValueError(
@@ -459,6 +466,7 @@ def _inspect_model(model_fn, keras_model_fn) -> _ModelLayout:
         f' {keras_shapes} vs {model_shapes})'
     )
   return _ModelLayout(
+      weights_type=weights_type,
       image_shape=input_shape[1:],
       num_classes=int(classifier.units),
       feature_dim=int(classifier.input.shape[-1]),
@@ -555,8 +563,7 @@ def build_fedgps(
   hparams = FedGpsHparams.create(hparams, **overrides)
 
   layout = _inspect_model(model_fn, keras_model_fn)
-  initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
-  weights_type = initial_model_weights_fn.type_signature.result
+  weights_type = layout.weights_type
   initial_shared = _initial_shared_state(weights_type, layout.num_classes, layout.feature_dim)
   client_work = build_fedgps_client_work(
       keras_model_fn,
@@ -569,13 +576,9 @@ def build_fedgps(
       exclude_own_update=exclude_own_update,
       loop_implementation=loop_implementation,
   )
-  server_sgd = tff.learning.optimizers.build_sgdm(hparams.server_learning_rate)
-  distributor, aggregator, finalizer = compose.build_server_parts(
-      initial_model_weights_fn, server_sgd, tff.learning.ClientWeighting.UNIFORM
-  )
   # The aggregated update is the mean of the clients' updates: trainable-shaped.
   shared = _shared_state(initial_shared, client_work.upload_type, weights_type.trainable)
-  return stateful_clients.compose_stateful_clients_process(
-      initial_model_weights_fn, distributor, client_work, aggregator, finalizer,
-      shared_state=shared,
+  return compose.compose_stateful_process(
+      model_fn, client_work, fedavg.server_sgd(hparams),
+      tff.learning.ClientWeighting.UNIFORM, shared_state=shared,
   )

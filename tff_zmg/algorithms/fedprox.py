@@ -1,6 +1,6 @@
 """FedProx, and FedZMG with FedProx's proximal term.
 
-ALGORITHMS.md notation; Li et al., "Federated Optimization in Heterogeneous Networks"
+specification.md notation; Li et al., "Federated Optimization in Heterogeneous Networks"
 (MLSys 2020). Each client minimizes its loss plus `(mu / 2) ||w - w^t||^2`, so the
 gradient a local step hands its optimizer is
 

@@ -4,35 +4,40 @@ Client rule: SGD(M) on the corrected gradient `g - D_n`, then the correction upd
 (`tff_zmg.transforms.correction`), with `D_n`, `Dt_n` kept by each client across the rounds it
 takes part in. Server rule: the relaxation `w <- (1 - rho) w + rho * mean_n w_n`,
 which is server SGD with learning rate `rho` on the uniform mean of the client
-updates `u_n = w^t - w_n` (ALGORITHMS.md sections 2-4).
+updates `u_n = w^t - w_n` (specification.md sections 2-4).
 
-The ablations of the FedRKMGC paper (Table 9) differ in the correction step and in
-the default `rho`:
+The ablations of the FedRKMGC paper (Table 9) differ in the correction update (how
+`D_new` follows from the raw correction `Dt_new`) and in the default `rho`:
 
-    --algo              correction  rho
-    fedrkmgc_raw        raw         1.0
-    fedrkmgc_re         raw         1.5
-    fedrkmgc_km         km          1.0
-    fedrkmgc_fast_km    fast_km     1.0
-    fedrkmgc_re_km      km          1.5
-    fedrkmgc            fast_km     1.5   (re_fast_km, the full method)
+    --algo              correction_update  rho
+    fedrkmgc_raw        raw                1.0
+    fedrkmgc_re         raw                1.5
+    fedrkmgc_km         km                 1.0
+    fedrkmgc_fast_km    fast_km            1.0
+    fedrkmgc_re_km      km                 1.5
+    fedrkmgc            fast_km            1.5   (re_fast_km, the full method)
+
+`correction` is the tensor `D_n` (the client state's `correction`); `correction_update`
+names the ablation's kind.
 """
 
 import collections
+from collections.abc import Mapping
 import dataclasses
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 import warnings
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_zmg.transforms import correction as correction_lib
 from tff_zmg import validation
+from tff_zmg.algorithms import fedavg
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 from tff_zmg.templates import stateful_clients
+from tff_zmg.transforms import correction as correction_lib
 
 # rho beyond 2 makes the relaxation expansive (the paper's analysis needs rho <= 2).
 MAX_SAFE_RHO = 2.0
@@ -91,34 +96,38 @@ class FedRkmgcHparams(hp.Hparams):
 # becomes of a client whose result is not finite is `stateful_clients`' one policy.
 
 
+class _Round(NamedTuple):
+  """What a client's local steps read, fixed for the round (`init`'s context)."""
+
+  client_state: Mapping[str, object]  # D_n (`correction`), Dt_n, participations.
+  round_num: tf.Tensor
+
+
 def _corrected_sgdm_rule(
-    model_fn, hparams: FedRkmgcHparams, *, correction: str
+    model_fn, hparams: FedRkmgcHparams, *, correction_update: str
 ) -> stateful_clients.ClientRule:
   """FedRKMGC's client on a new `model_fn()`; the round input is the round index."""
   model = model_fn()
   weights = tff.learning.models.ModelWeights.from_model(model)
   trainable = tuple(weights.trainable)
-  optimizer = tff.learning.optimizers.build_sgdm(
-      hparams.client_learning_rate, momentum=hparams.client_momentum
-  )
+  optimizer = fedavg.client_sgdm(hparams)
 
   def init(client_state, round_num):
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
-    return (client_state, round_num), optimizer.initialize(specs)
+    return _Round(client_state, round_num), optimizer.initialize(specs)
 
   def step(context, optimizer_state, batch):
-    client_state, _ = context
     return stateful_clients.optimizer_step(
         model, trainable, optimizer, optimizer_state, batch,
         lambda gradients: tuple(
             correction_lib.corrected_gradient(g, d)
-            for g, d in zip(gradients, client_state['correction'])
+            for g, d in zip(gradients, context.client_state['correction'])
         ),
     )
 
   def final(context, optimizer_state, delta):
     del optimizer_state
-    client_state, round_num = context
+    client_state, round_num = context.client_state, context.round_num
     participations = client_state['participations']
     t = tf.cast(
         round_num if hparams.km_clock == 'global' else participations, tf.float32
@@ -128,7 +137,7 @@ def _corrected_sgdm_rule(
         for d, dl in zip(client_state['correction'], delta)
     )
     new_correction = tuple(
-        correction_lib.next_correction(correction, rn, d, r, t, hparams.gamma)
+        correction_lib.next_correction(correction_update, rn, d, r, t, hparams.gamma)
         for rn, d, r in zip(raw_new, client_state['correction'], client_state['raw_correction'])
     )
     return stateful_clients.ClientFinal(
@@ -148,7 +157,7 @@ def build_corrected_sgdm_client_work(
     model_fn,
     hparams: FedRkmgcHparams,
     *,
-    correction: str,
+    correction_update: str,
     loop_implementation: tff.learning.LoopImplementation = (
         tff.learning.LoopImplementation.DATASET_REDUCE
     ),
@@ -161,8 +170,8 @@ def build_corrected_sgdm_client_work(
       correction rate `beta`, the KM parameter `gamma` and the KM clock ('global':
       `t` is the round index; 'participation': the number of earlier rounds this
       client took part in and was not dropped in). `rho` is the server's.
-    correction: One of `tff_zmg.transforms.correction.CORRECTIONS`: 'raw' (`D_new = Dt_new`),
-      'km' (standard KM) or 'fast_km'.
+    correction_update: One of `tff_zmg.transforms.correction.CORRECTION_UPDATES`: 'raw'
+      (`D_new = Dt_new`), 'km' (standard KM) or 'fast_km'.
     loop_implementation: The client training loop.
 
   Returns:
@@ -185,7 +194,7 @@ def build_corrected_sgdm_client_work(
           _corrected_sgdm_rule,
           model_fn,
           hparams,
-          correction=correction,
+          correction_update=correction_update,
       ),
       weights_type=types.weights_type,
       data_type=types.data_type,
@@ -204,21 +213,21 @@ def relaxation(hparams) -> compose.Optimizer:
   return tff.learning.optimizers.build_sgdm(hparams.rho)
 
 
-def build_fed_rkmgc(
+def build_fedrkmgc(
     model_fn: compose.ModelFn,
     hparams: Optional[FedRkmgcHparams] = None,
     *,
-    correction: str = 'fast_km',
+    correction_update: str = 'fast_km',
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
     **overrides,
 ) -> stateful_clients.StatefulClientsLearningProcess:
-  """Builds FedRKMGC (or an ablation, by `correction` and `rho`).
+  """Builds FedRKMGC (or an ablation, by `correction_update` and `rho`).
 
   Args:
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedRkmgcHparams` (default: its defaults).
-    correction: 'fast_km' (the method), 'km' (standard KM) or 'raw' (no KM): which
-      ablation, part of the algorithm's name, not a hyperparameter.
+    correction_update: 'fast_km' (the method), 'km' (standard KM) or 'raw' (no KM):
+      which ablation, part of the algorithm's name, not a hyperparameter.
     loop_implementation: The client training loop.
     **overrides: Fields of `FedRkmgcHparams` to replace.
 
@@ -229,19 +238,22 @@ def build_fed_rkmgc(
   Raises:
     ValueError: If a hyperparameter is unknown or out of its range.
   """
-  if correction not in correction_lib.CORRECTIONS:
+  if correction_update not in correction_lib.CORRECTION_UPDATES:
     raise ValueError(
-        f'correction must be one of {list(correction_lib.CORRECTIONS)}, got'
-        f' {correction!r}'
+        f'correction_update must be one of {list(correction_lib.CORRECTION_UPDATES)},'
+        f' got {correction_update!r}'
     )
   hparams = FedRkmgcHparams.create(hparams, **overrides)
-  initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
   client_work = build_corrected_sgdm_client_work(
-      model_fn, hparams, correction=correction, loop_implementation=loop_implementation
+      model_fn, hparams, correction_update=correction_update,
+      loop_implementation=loop_implementation,
   )
-  distributor, aggregator, finalizer = compose.build_server_parts(
-      initial_model_weights_fn, relaxation(hparams), tff.learning.ClientWeighting.UNIFORM
+  return compose.compose_stateful_process(
+      model_fn, client_work, relaxation(hparams), tff.learning.ClientWeighting.UNIFORM
   )
-  return stateful_clients.compose_stateful_clients_process(
-      initial_model_weights_fn, distributor, client_work, aggregator, finalizer
-  )
+
+
+def build_fed_rkmgc(model_fn, hparams=None, *, correction='fast_km', **kwargs):
+  """Deprecated name of `build_fedrkmgc`, kept for a while (its `correction_update` was
+  called `correction` here)."""
+  return build_fedrkmgc(model_fn, hparams, correction_update=correction, **kwargs)

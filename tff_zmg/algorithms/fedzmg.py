@@ -1,6 +1,6 @@
 """FedZMG, FedZMG-Adam and FedZMG-Yogi: zero-mean-gradient client momentum SGD.
 
-ALGORITHMS.md section 2 (ZMG-SGDM) and section 4; FedZMG paper, eqs. 5-8:
+specification.md section 2 (ZMG-SGDM) and section 4; FedZMG paper, eqs. 5-8:
 
     client k:  g~ = P(g)                   (every weight matrix; biases as is)
                v  <- mu v + g~             (v = 0 at the start of a round)
@@ -31,7 +31,7 @@ from tff_zmg.templates import hparams as hp
 class FedZmgHparams(hp.Hparams):
   """FedZMG's hyperparameters.
 
-  `mu = 0.9`, `lambda_wd = 1e-4` (ALGORITHMS.md section 2), `eta_g = 1` (the paper's
+  `mu = 0.9`, `lambda_wd = 1e-4` (specification.md section 2), `eta_g = 1` (the paper's
   plain weighted average). `eta_l = 0.01` is our choice: its effective step
   `eta_l / (1 - mu) = 0.1` matches FedAvg's default (the paper tunes both rates per
   task; its values were lost in conversion).

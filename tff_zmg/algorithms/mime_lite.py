@@ -38,13 +38,6 @@ class MimeLiteHparams(hp.Hparams):
   server_learning_rate: float = hp.server_learning_rate(1.0)
 
 
-def base_sgdm(hparams) -> compose.Optimizer:
-  """The base optimizer whose state the server keeps: SGDM."""
-  return tff.learning.optimizers.build_sgdm(
-      hparams.client_learning_rate, momentum=hparams.client_momentum
-  )
-
-
 def build_mime_lite(
     model_fn: compose.ModelFn,
     hparams: Optional[MimeLiteHparams] = None,
@@ -70,7 +63,7 @@ def build_mime_lite(
   )
   return tff.learning.algorithms.build_weighted_mime_lite(
       model_fn,
-      base_optimizer=base_sgdm(hparams),
+      base_optimizer=fedavg.client_sgdm(hparams),  # Its state the server keeps.
       server_optimizer=fedavg.server_sgd(hparams),
       client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES,
       loop_implementation=loop_implementation,

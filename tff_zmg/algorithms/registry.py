@@ -1,6 +1,6 @@
 """The algorithms by `--algo` name: builder, hyperparameters, rules and weighting.
 
-`ALGORITHMS` is the table of ALGORITHMS.md section 4. Each name maps to a build function,
+`ALGORITHMS` is the table of specification.md section 4. Each name maps to a build function,
 the `Hparams` dataclass of its family (the one source of its hyperparameters' defaults,
 ranges and help, from which the training program makes its flags) and, for the
 FedRKMGC ablations, the defaults the name overrides:
@@ -22,7 +22,7 @@ from tff_zmg.algorithms import fedgps
 from tff_zmg.algorithms import fedprox
 from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import fedzmg
-from tff_zmg.algorithms import gc_fed
+from tff_zmg.algorithms import gcfed
 from tff_zmg.algorithms import mime_lite
 from tff_zmg.algorithms import scaffold
 from tff_zmg.templates import compose
@@ -93,149 +93,225 @@ class AlgorithmSpec:
     return types.MappingProxyType(self.hparams().as_dict())
 
 
-def _spec(name, builder, hparams_class, client_rule, server_rule, weighting, description,
-          **options):
+def _fedrkmgc_variant(name, correction_update, description, default_overrides=None):
+  """A FedRKMGC ablation: its correction update and the defaults its name overrides."""
   return AlgorithmSpec(
-      name, builder, hparams_class, client_rule, server_rule, weighting, description,
-      **options,
-  )
-
-
-def _fed_rkmgc_variant(name, correction, description, default_overrides=None):
-  return _spec(
-      name, functools.partial(fedrkmgc.build_fed_rkmgc, correction=correction),
-      fedrkmgc.FedRkmgcHparams, 'corrected_sgdm', 'sgd', _UNIFORM, description,
-      default_overrides=types.MappingProxyType(default_overrides or {}), stateful=True,
+      name=name,
+      builder=functools.partial(fedrkmgc.build_fedrkmgc, correction_update=correction_update),
+      hparams_class=fedrkmgc.FedRkmgcHparams,
+      client_rule='corrected_sgdm',
+      server_rule='sgd',
+      client_weighting=_UNIFORM,
+      description=description,
+      default_overrides=types.MappingProxyType(default_overrides or {}),
+      stateful=True,
   )
 
 
 ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
     spec.name: spec
     for spec in (
-        _spec(
-            'fedavg', fedavg.build_fedavg, fedavg.FedAvgHparams, 'sgd', 'sgd', _EXAMPLES,
-            'FedAvg: client SGD, server SGD (McMahan et al. 2017).',
+        AlgorithmSpec(
+            name='fedavg',
+            builder=fedavg.build_fedavg,
+            hparams_class=fedavg.FedAvgHparams,
+            client_rule='sgd',
+            server_rule='sgd',
+            client_weighting=_EXAMPLES,
+            description='FedAvg: client SGD, server SGD (McMahan et al. 2017).',
         ),
-        _spec(
-            'fedadam', fedavg.build_fedadam, fedavg.FedAdamHparams, 'sgd', 'adam', _EXAMPLES,
-            'FedAdam: client SGD, server Adam (Reddi et al. 2021).',
+        AlgorithmSpec(
+            name='fedadam',
+            builder=fedavg.build_fedadam,
+            hparams_class=fedavg.FedAdamHparams,
+            client_rule='sgd',
+            server_rule='adam',
+            client_weighting=_EXAMPLES,
+            description='FedAdam: client SGD, server Adam (Reddi et al. 2021).',
         ),
-        _spec(
-            'fedzmg', fedzmg.build_fedzmg, fedzmg.FedZmgHparams, 'zmg_sgdm', 'sgd', _EXAMPLES,
-            'FedZMG: zero-mean-gradient client SGDM with decoupled weight '
+        AlgorithmSpec(
+            name='fedzmg',
+            builder=fedzmg.build_fedzmg,
+            hparams_class=fedzmg.FedZmgHparams,
+            client_rule='zmg_sgdm',
+            server_rule='sgd',
+            client_weighting=_EXAMPLES,
+            description='FedZMG: zero-mean-gradient client SGDM with decoupled weight '
             'decay, server SGD.',
         ),
-        _spec(
-            'fedzmg_adam', fedzmg.build_fedzmg_adam, fedzmg.FedZmgAdamHparams, 'zmg_sgdm', 'adam',
-            _EXAMPLES,
-            'FedZMG-Adam: FedZMG clients, FedAdam server.',
+        AlgorithmSpec(
+            name='fedzmg_adam',
+            builder=fedzmg.build_fedzmg_adam,
+            hparams_class=fedzmg.FedZmgAdamHparams,
+            client_rule='zmg_sgdm',
+            server_rule='adam',
+            client_weighting=_EXAMPLES,
+            description='FedZMG-Adam: FedZMG clients, FedAdam server.',
         ),
-        _spec(
-            'fedzmg_yogi', fedzmg.build_fedzmg_yogi, fedzmg.FedZmgYogiHparams, 'zmg_sgdm',
-            'yogi', _EXAMPLES,
-            'FedZMG-Yogi: FedZMG clients, FedYogi server.',
+        AlgorithmSpec(
+            name='fedzmg_yogi',
+            builder=fedzmg.build_fedzmg_yogi,
+            hparams_class=fedzmg.FedZmgYogiHparams,
+            client_rule='zmg_sgdm',
+            server_rule='yogi',
+            client_weighting=_EXAMPLES,
+            description='FedZMG-Yogi: FedZMG clients, FedYogi server.',
         ),
-        _spec(
-            'fedyogi', fedavg.build_fedyogi, fedavg.FedYogiHparams, 'sgd', 'yogi', _EXAMPLES,
-            'FedYogi: client SGD, server Yogi (Reddi et al. 2021).',
+        AlgorithmSpec(
+            name='fedyogi',
+            builder=fedavg.build_fedyogi,
+            hparams_class=fedavg.FedYogiHparams,
+            client_rule='sgd',
+            server_rule='yogi',
+            client_weighting=_EXAMPLES,
+            description='FedYogi: client SGD, server Yogi (Reddi et al. 2021).',
         ),
-        _spec(
-            'fedadagrad', fedavg.build_fedadagrad, fedavg.FedAdagradHparams, 'sgd', 'adagrad',
-            _EXAMPLES,
-            'FedAdagrad: client SGD, server Adagrad (Reddi et al. 2021).',
+        AlgorithmSpec(
+            name='fedadagrad',
+            builder=fedavg.build_fedadagrad,
+            hparams_class=fedavg.FedAdagradHparams,
+            client_rule='sgd',
+            server_rule='adagrad',
+            client_weighting=_EXAMPLES,
+            description='FedAdagrad: client SGD, server Adagrad (Reddi et al. 2021).',
         ),
-        _spec(
-            'fedprox', fedprox.build_fedprox, fedprox.FedProxHparams, 'prox_sgd', 'sgd',
-            _EXAMPLES,
-            'FedProx: client SGD on the loss plus (mu/2)||w - w^t||^2, server SGD'
-            ' (Li et al. 2020).',
+        AlgorithmSpec(
+            name='fedprox',
+            builder=fedprox.build_fedprox,
+            hparams_class=fedprox.FedProxHparams,
+            client_rule='prox_sgd',
+            server_rule='sgd',
+            client_weighting=_EXAMPLES,
+            description='FedProx: client SGD on the loss plus (mu/2)||w - w^t||^2, server'
+            ' SGD (Li et al. 2020).',
         ),
-        _spec(
-            'fedzmg_prox', fedprox.build_fedzmg_prox, fedprox.FedZmgProxHparams,
-            'prox_zmg_sgdm', 'sgd', _EXAMPLES,
-            'FedZMG-Prox: FedZMG clients on the proximal gradient g + mu (w - w^t),'
-            ' server SGD.',
+        AlgorithmSpec(
+            name='fedzmg_prox',
+            builder=fedprox.build_fedzmg_prox,
+            hparams_class=fedprox.FedZmgProxHparams,
+            client_rule='prox_zmg_sgdm',
+            server_rule='sgd',
+            client_weighting=_EXAMPLES,
+            description='FedZMG-Prox: FedZMG clients on the proximal gradient'
+            ' g + mu (w - w^t), server SGD.',
         ),
-        _spec(
-            'mime_lite', mime_lite.build_mime_lite, mime_lite.MimeLiteHparams, 'sgdm', 'sgd',
-            _EXAMPLES,
-            'Mime-Lite: client SGDM with the server\'s momentum frozen, server SGD'
-            ' (Karimireddy et al. 2021; TFF\'s build_weighted_mime_lite).',
+        AlgorithmSpec(
+            name='mime_lite',
+            builder=mime_lite.build_mime_lite,
+            hparams_class=mime_lite.MimeLiteHparams,
+            client_rule='sgdm',
+            server_rule='sgd',
+            client_weighting=_EXAMPLES,
+            description='Mime-Lite: client SGDM with the server\'s momentum frozen, server'
+            ' SGD (Karimireddy et al. 2021; TFF\'s build_weighted_mime_lite).',
             full_gradient_pass=True,
         ),
-        _spec(
-            'local_gc', gc_fed.build_local_gc, gc_fed.LocalGcHparams, 'local_gc', 'sgd', _UNIFORM,
-            'LocalGC: gradient-centralized client SGDM on every layer, '
+        AlgorithmSpec(
+            name='local_gc',
+            builder=gcfed.build_local_gc,
+            hparams_class=gcfed.LocalGcHparams,
+            client_rule='local_gc',
+            server_rule='sgd',
+            client_weighting=_UNIFORM,
+            description='LocalGC: gradient-centralized client SGDM on every layer, '
             'server SGD (GC-Fed paper).',
         ),
-        _spec(
-            'global_gc', gc_fed.build_global_gc, gc_fed.GlobalGcHparams, 'sgdm', 'global_gc',
-            _UNIFORM,
-            'GlobalGC: client SGDM, server SGD on the centralized mean '
+        AlgorithmSpec(
+            name='global_gc',
+            builder=gcfed.build_global_gc,
+            hparams_class=gcfed.GlobalGcHparams,
+            client_rule='sgdm',
+            server_rule='global_gc',
+            client_weighting=_UNIFORM,
+            description='GlobalGC: client SGDM, server SGD on the centralized mean '
             'update (GC-Fed paper).',
         ),
-        _spec(
-            'gcfed', gc_fed.build_gcfed, gc_fed.GcFedHparams, 'local_gc', 'global_gc', _UNIFORM,
-            'GC-Fed: LocalGC on feature layers, GlobalGC on classifier '
+        AlgorithmSpec(
+            name='gcfed',
+            builder=gcfed.build_gcfed,
+            hparams_class=gcfed.GcFedHparams,
+            client_rule='local_gc',
+            server_rule='global_gc',
+            client_weighting=_UNIFORM,
+            description='GC-Fed: LocalGC on feature layers, GlobalGC on classifier '
             'layers (Seo et al. 2025).',
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc', 'fast_km',
             'FedRKMGC: corrected client SGDM with fast KM steps, relaxed '
             'server averaging (stateful clients).',
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_raw', 'raw',
             'FedRKMGC ablation: raw correction, no KM, no relaxation.',
             fedrkmgc.NO_RELAXATION,
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_re', 'raw',
             'FedRKMGC ablation: raw correction with relaxation.',
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_km', 'km',
             'FedRKMGC ablation: standard KM correction, no relaxation.',
             fedrkmgc.NO_RELAXATION,
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_fast_km', 'fast_km',
             'FedRKMGC ablation: fast KM correction, no relaxation.',
             fedrkmgc.NO_RELAXATION,
         ),
-        _fed_rkmgc_variant(
+        _fedrkmgc_variant(
             'fedrkmgc_re_km', 'km',
             'FedRKMGC ablation: standard KM correction with relaxation.',
         ),
-        _spec(
-            'scaffold', scaffold.build_scaffold, scaffold.ScaffoldHparams, 'scaffold_sgd',
-            'sgd', _UNIFORM,
-            'SCAFFOLD (option II): client SGD on g - c_i + c with client and server control'
-            ' variates, server SGD on the uniform mean (Karimireddy et al. 2020; stateful'
-            ' clients).',
-            stateful=True, needs_num_clients=True,
+        AlgorithmSpec(
+            name='scaffold',
+            builder=scaffold.build_scaffold,
+            hparams_class=scaffold.ScaffoldHparams,
+            client_rule='scaffold_sgd',
+            server_rule='sgd',
+            client_weighting=_UNIFORM,
+            description='SCAFFOLD (option II): client SGD on g - c_i + c with client and'
+            ' server control variates, server SGD on the uniform mean (Karimireddy et al.'
+            ' 2020; stateful clients).',
+            stateful=True,
+            needs_num_clients=True,
         ),
-        _spec(
-            'fedzmg_scaffold', scaffold.build_fedzmg_scaffold,
-            scaffold.FedZmgScaffoldHparams, 'scaffold_zmg_sgdm', 'sgd', _UNIFORM,
-            'FedZMG-SCAFFOLD: FedZMG clients on the SCAFFOLD-controlled gradient'
-            ' P(g - c_i + c), server SGD on the uniform mean (stateful clients).',
-            stateful=True, needs_num_clients=True,
+        AlgorithmSpec(
+            name='fedzmg_scaffold',
+            builder=scaffold.build_fedzmg_scaffold,
+            hparams_class=scaffold.FedZmgScaffoldHparams,
+            client_rule='scaffold_zmg_sgdm',
+            server_rule='sgd',
+            client_weighting=_UNIFORM,
+            description='FedZMG-SCAFFOLD: FedZMG clients on the SCAFFOLD-controlled'
+            ' gradient P(g - c_i + c), server SGD on the uniform mean (stateful clients).',
+            stateful=True,
+            needs_num_clients=True,
         ),
-        _spec(
-            'fedgps', fedgps.build_fedgps, fedgps.FedGpsHparams, 'fedgps', 'sgd', _UNIFORM,
-            'FedGPS: surrogate-prototype objective, gradients at a look-ahead'
+        AlgorithmSpec(
+            name='fedgps',
+            builder=fedgps.build_fedgps,
+            hparams_class=fedgps.FedGpsHparams,
+            client_rule='fedgps',
+            server_rule='sgd',
+            client_weighting=_UNIFORM,
+            description='FedGPS: surrogate-prototype objective, gradients at a look-ahead'
             ' along the other clients\' last update (stateful clients).',
-            stateful=True, needs_keras_model=True,
+            stateful=True,
+            needs_keras_model=True,
         ),
-        _spec(
-            'fedgps_cf',
-            functools.partial(fedgps.build_fedgps, exclude_own_update=False),
-            fedgps.FedGpsHparams,
-            'fedgps', 'sgd', _UNIFORM,
-            'FedGPS-CF: FedGPS with the look-ahead along last round\'s mean'
+        AlgorithmSpec(
+            name='fedgps_cf',
+            builder=functools.partial(fedgps.build_fedgps, exclude_own_update=False),
+            hparams_class=fedgps.FedGpsHparams,
+            client_rule='fedgps',
+            server_rule='sgd',
+            client_weighting=_UNIFORM,
+            description='FedGPS-CF: FedGPS with the look-ahead along last round\'s mean'
             ' update (no own update kept).',
-            stateful=True, needs_keras_model=True,
+            stateful=True,
+            needs_keras_model=True,
         ),
     )
 })

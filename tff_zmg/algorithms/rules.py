@@ -1,7 +1,7 @@
 """Any client rule with any server rule, by name: `build_process`.
 
 The named algorithms (`registry`) are fixed pairings; this composes the same client and
-server steps freely (ALGORITHMS.md section 4, last line):
+server steps freely (specification.md section 4, last line):
 
     process = build_process(
         task.model_fn, 'zmg_sgdm', 'adam',
@@ -24,7 +24,7 @@ import tensorflow_federated as tff
 from tff_zmg.algorithms import fedavg
 from tff_zmg.algorithms import fedprox
 from tff_zmg.algorithms import fedzmg
-from tff_zmg.algorithms import gc_fed
+from tff_zmg.algorithms import gcfed
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 
@@ -60,7 +60,7 @@ class Rule:
 CLIENT_RULES: Mapping[str, Rule] = types.MappingProxyType({
     'sgd': Rule(lambda h, v: fedavg.client_sgd(h), fedavg.FedAvgHparams),
     'sgdm': Rule(
-        lambda h, v: gc_fed.client_sgdm(h), gc_fed.GlobalGcHparams, ('client_momentum',)
+        lambda h, v: fedavg.client_sgdm(h), gcfed.GlobalGcHparams, ('client_momentum',)
     ),
     'zmg_sgdm': Rule(
         fedzmg.zmg_sgdm, fedzmg.FedZmgHparams,
@@ -74,7 +74,7 @@ CLIENT_RULES: Mapping[str, Rule] = types.MappingProxyType({
         ('client_momentum', 'weight_decay', 'center_vectors', 'proximal_strength'),
     ),
     'local_gc': Rule(
-        gc_fed.local_gc, gc_fed.LocalGcHparams,
+        gcfed.local_gc, gcfed.LocalGcHparams,
         ('client_momentum', 'weight_decay', 'local_gc_layers', 'gc_lambda',
          'center_vectors'),
     ),
@@ -94,7 +94,7 @@ SERVER_RULES: Mapping[str, Rule] = types.MappingProxyType({
         ('adagrad_epsilon', 'adagrad_initial_accumulator'),
     ),
     'global_gc': Rule(
-        gc_fed.global_gc, gc_fed.GcFedHparams,
+        gcfed.global_gc, gcfed.GcFedHparams,
         ('global_gc_layers', 'gc_lambda', 'center_vectors'),
     ),
 })

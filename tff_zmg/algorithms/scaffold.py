@@ -25,7 +25,7 @@ variates exist to cancel.
 import collections
 import dataclasses
 import functools
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -56,6 +56,20 @@ class FedZmgScaffoldHparams(fedzmg.FedZmgHparams):
 # The client step: a client optimizer on the controlled gradient, then option II.
 
 
+class _Controls(NamedTuple):
+  """The control variates a client's local steps read, fixed for the round."""
+
+  client: tuple[tf.Tensor, ...]  # c_i, its own.
+  server: tuple[tf.Tensor, ...]  # c, broadcast.
+
+
+class _LoopState(NamedTuple):
+  """What the local steps carry from batch to batch."""
+
+  optimizer_state: Any
+  steps: tf.Tensor  # K_i so far.
+
+
 def _scaffold_rule(model_fn, hparams, build_optimizer) -> stateful_clients.ClientRule:
   """SCAFFOLD's client on a new `model_fn()`; the round input is `<round_num, shared>`."""
   model = model_fn()
@@ -66,24 +80,24 @@ def _scaffold_rule(model_fn, hparams, build_optimizer) -> stateful_clients.Clien
 
   def init(client_state, round_input):
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
-    context = (tuple(client_state['control']), tuple(round_input['shared']['control']))
-    return context, (optimizer.initialize(specs), tf.constant(0, tf.int32))
+    context = _Controls(
+        client=tuple(client_state['control']), server=tuple(round_input['shared']['control'])
+    )
+    return context, _LoopState(optimizer.initialize(specs), tf.constant(0, tf.int32))
 
   def step(context, loop_state, batch):
-    client_control, server_control = context
-    optimizer_state, steps = loop_state
     optimizer_state = stateful_clients.optimizer_step(
-        model, trainable, optimizer, optimizer_state, batch,
+        model, trainable, optimizer, loop_state.optimizer_state, batch,
         lambda gradients: tuple(
             control_variates.controlled_gradient(g, ci, c)
-            for g, ci, c in zip(gradients, client_control, server_control)
+            for g, ci, c in zip(gradients, context.client, context.server)
         ),
     )
-    return optimizer_state, steps + 1
+    return _LoopState(optimizer_state, loop_state.steps + 1)
 
   def final(context, loop_state, delta):
-    client_control, server_control = context
-    steps = tf.cast(loop_state[1], tf.float32)
+    client_control, server_control = context.client, context.server
+    steps = tf.cast(loop_state.steps, tf.float32)
     new_control = tf.cond(
         steps > 0,
         lambda: tuple(
@@ -156,7 +170,6 @@ def _shared_control(initial, upload_type, aggregated_type, num_clients: int):
 
 def _build(model_fn, hparams, build_optimizer, num_clients, loop_implementation):
   num_clients = _check_num_clients(num_clients)
-  initial_model_weights_fn = compose.initial_model_weights_computation(model_fn)
   types = stateful_clients.model_types(model_fn)
   weights_type = types.weights_type
   initial_shared = _zero_control(weights_type)
@@ -172,16 +185,12 @@ def _build(model_fn, hparams, build_optimizer, num_clients, loop_implementation)
       metrics_aggregation_fn=types.metrics_aggregation_fn,
       loop_implementation=loop_implementation,
   )
-  distributor, aggregator, finalizer = compose.build_server_parts(
-      initial_model_weights_fn, fedavg.server_sgd(hparams),
-      tff.learning.ClientWeighting.UNIFORM,
-  )
   shared = _shared_control(
       initial_shared, client_work.upload_type, weights_type.trainable, num_clients
   )
-  return stateful_clients.compose_stateful_clients_process(
-      initial_model_weights_fn, distributor, client_work, aggregator, finalizer,
-      shared_state=shared,
+  return compose.compose_stateful_process(
+      model_fn, client_work, fedavg.server_sgd(hparams),
+      tff.learning.ClientWeighting.UNIFORM, shared_state=shared,
   )
 
 

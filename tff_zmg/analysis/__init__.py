@@ -6,7 +6,7 @@ Plain functions, usable from a notebook on any metrics.csv that `launch.train` w
     rounds, acc = analysis.accuracy_series('runs/emnist_fedzmg_seed0')
     analysis.final_accuracy(acc, rounds), analysis.rounds_to_threshold(acc, 0.85, rounds)
 
-The definitions are those of ALGORITHMS.md section 6 (FedZMG paper, section 5.3).
+The definitions are those of specification.md section 6 (FedZMG paper, section 5.3).
 """
 
 from tff_zmg.analysis import comparison

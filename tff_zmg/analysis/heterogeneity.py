@@ -1,4 +1,4 @@
-"""Statistical heterogeneity of a federated dataset (FedZMG paper, section 5.1; ALGORITHMS.md 6).
+"""Statistical heterogeneity of a federated dataset (FedZMG paper, section 5.1; specification.md 6).
 
 Every statistic is a plain function of one client's class counts c = (c_1, ..., c_C) over
 all C classes of the task (zeros included), with p = c / sum(c):

@@ -1,4 +1,4 @@
-"""The papers' accuracy metrics (ALGORITHMS.md section 6) as plain functions on series.
+"""The papers' accuracy metrics (specification.md section 6) as plain functions on series.
 
 A series is the validation accuracy of one run by round: `accuracies[i]` was measured
 after training round `rounds[i]`. `rounds` defaults to 1, 2, ..., n (an evaluation every

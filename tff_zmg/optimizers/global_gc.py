@@ -1,6 +1,6 @@
 """Global GC: server SGD on the projected aggregated update (GC-Fed).
 
-With `u` the aggregated client update (ALGORITHMS.md section 3):
+With `u` the aggregated client update (specification.md section 3):
 
     w <- w - lr * M'(P(u))
 

@@ -1,6 +1,6 @@
 """LocalGC SGDM: projected momentum SGD with coupled L2, GC-Fed's client rule.
 
-The GC-Fed authors' order (ALGORITHMS.md section 2):
+The GC-Fed authors' order (specification.md section 2):
 
     d = M(P(g)) + weight_decay * w     (L2 added after the projection)
     v <- mu * v + d                    (v = 0 on `initialize`)
@@ -10,7 +10,7 @@ The GC-Fed authors' order (ALGORITHMS.md section 2):
 feature layers, see `tff_zmg.transforms.projection.layer_borderline_mask`); the other
 tensors keep their raw gradient. Unlike ZMG-SGDM the decay is part of `d` and
 so of the momentum. The GC-Fed paper's values are the defaults of
-`tff_zmg.algorithms.gc_fed.LocalGcHparams`; without a mask every rank >= 2 tensor is
+`tff_zmg.algorithms.gcfed.LocalGcHparams`; without a mask every rank >= 2 tensor is
 projected. Implemented by
 `projected_sgdm.ProjectedSgdm` with `decoupled_weight_decay=False`.
 """

@@ -1,6 +1,6 @@
 """Server Adam as in FedAdam (Reddi et al., "Adaptive Federated Optimization").
 
-With `u` the aggregated client update (ALGORITHMS.md section 3):
+With `u` the aggregated client update (specification.md section 3):
 
     m <- b1 * m + (1 - b1) * u
     v <- b2 * v + (1 - b2) * u^2

@@ -1,6 +1,6 @@
 """ZMG-SGDM: zero-mean-gradient momentum SGD with decoupled weight decay.
 
-The FedZMG client rule (FedZMG paper, eqs. 5-7; ALGORITHMS.md section 2):
+The FedZMG client rule (FedZMG paper, eqs. 5-7; specification.md section 2):
 
     g~ = P(g)                                  (zero-mean projection)
     v  <- mu * v + g~                          (v = 0 on `initialize`)

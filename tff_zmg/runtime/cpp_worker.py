@@ -1,5 +1,10 @@
 """The TFF execution contexts, and the life cycle of the C++ workers behind them.
 
+Why one file of ~630 lines: it is the one owner of TFF contexts and worker processes, and
+their life cycle is one piece of module state (the registry of live workers, the exit
+hook, the SIGTERM handler, the "program is ending" flag) that every context maker below
+reads; split, that state would be shared across modules or passed around.
+
 TFF's own `tff.backends.native.set_sync_local_cpp_execution_context()` (the default context
 `import tensorflow_federated` installs) starts a `worker_binary` subprocess that inherits the
 parent's stdout and is stopped only from a `__del__`, which often never runs: the worker

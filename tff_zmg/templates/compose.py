@@ -1,7 +1,7 @@
 """Composes a client optimizer and a server optimizer into a TFF learning process.
 
 Every stateless algorithm of the package is the four-part composition of TFF's
-`tff.learning.algorithms.build_weighted_fed_avg` (ALGORITHMS.md sections 2-4):
+`tff.learning.algorithms.build_weighted_fed_avg` (specification.md sections 2-4):
 
   1. distributor: `tff.learning.templates.build_broadcast_process`;
   2. client work: `tff.learning.templates.build_model_delta_client_work` running the
@@ -16,13 +16,20 @@ Example:
     process = compose_process(
         task.model_fn, optimizers.build_zmg_sgdm(0.01, momentum=0.9, weight_decay=1e-4),
         tff.learning.optimizers.build_sgdm(1.0), tff.learning.ClientWeighting.NUM_EXAMPLES)
+
+`compose_stateful_process` is the same composition around a `StatefulClientWork` (clients
+that keep state across rounds, `tff_zmg.templates.stateful_clients`), with an optional
+`SharedState`: how SCAFFOLD, FedRKMGC and FedGPS end.
 """
 
 from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_zmg.templates import stateful_clients
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 Optimizer = tff.learning.optimizers.Optimizer
@@ -102,6 +109,39 @@ def compose_process(
   )
 
 
+def compose_stateful_process(
+    model_fn: ModelFn,
+    client_work: stateful_clients.StatefulClientWork,
+    server_optimizer: Optimizer,
+    client_weighting: tff.learning.ClientWeighting,
+    *,
+    shared_state: Optional[stateful_clients.SharedState] = None,
+) -> stateful_clients.StatefulClientsLearningProcess:
+  """`compose_process` for clients that keep state: `client_work` on the clients.
+
+  Args:
+    model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`
+      (the process's initial model weights).
+    client_work: The `StatefulClientWork` the clients run (its client rule, loop and
+      non-finite policy).
+    server_optimizer: The optimizer the server applies to the aggregated update.
+    client_weighting: How client updates are averaged (`NUM_EXAMPLES` or `UNIFORM`).
+    shared_state: Optional server state broadcast to the clients and updated from
+      their uploads (`stateful_clients.build_shared_state`).
+
+  Returns:
+    A `stateful_clients.StatefulClientsLearningProcess`.
+  """
+  initial_model_weights_fn = initial_model_weights_computation(model_fn)
+  distributor, aggregator, finalizer = build_server_parts(
+      initial_model_weights_fn, server_optimizer, client_weighting
+  )
+  return stateful_clients.compose_stateful_clients_process(
+      initial_model_weights_fn, distributor, client_work, aggregator, finalizer,
+      shared_state=shared_state,
+  )
+
+
 def build_server_parts(
     initial_model_weights_fn: tff.Computation,
     server_optimizer: Optimizer,
@@ -116,7 +156,7 @@ def build_server_parts(
   The distributor broadcasts the model weights; the aggregator is the
   example-weighted or the uniform mean of client updates; the finalizer applies
   `server_optimizer` to the aggregated update. Stateful-client processes
-  (`stateful_clients`) compose the same parts.
+  (`compose_stateful_process`) compose the same parts.
   """
   model_weights_type = initial_model_weights_fn.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(

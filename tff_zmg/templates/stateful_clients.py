@@ -1,5 +1,11 @@
 """Learning processes whose clients keep state across the rounds they take part in.
 
+Why one file of ~640 lines: it is the whole template for stateful clients, in the order a
+round runs (the process's types; one client's `ClientRule` and the non-finite policy of
+`local_update_fn`; the client work mapping it over the clients; the composed process and
+its state-file round), and its parts share the round's types; an algorithm reads only
+`ClientRule`, `build_stateful_client_work` and `build_shared_state`.
+
 `tff.learning.templates.LearningProcess.next` takes `(state, client_data)` only, so a
 client rule that remembers something between rounds (FedRKMGC's corrections, FedGPS's
 last update) needs one more argument. Following TFF's stateful-clients example, the

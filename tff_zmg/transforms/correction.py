@@ -1,7 +1,7 @@
 """FedRKMGC's gradient correction: the raw correction and the Krasnosel'skii-Mann steps.
 
 Each client `n` keeps two correction vectors, `D_n` (applied) and `Dt_n` (raw), zero
-at the start (ALGORITHMS.md, "FedRKMGC corrected SGD(M)"). Every function here is
+at the start (specification.md, "FedRKMGC corrected SGD(M)"). Every function here is
 elementwise on one tensor and works on NumPy arrays and TF tensors alike; the client
 work maps them over the model's trainable tensors.
 
@@ -11,7 +11,10 @@ Example (one tensor, round `t = 0`, `gamma = 500`):
     d_new = fast_km_step(d_raw_new, d, d_raw, t=0, gamma=500.0)
 """
 
-CORRECTIONS = ('raw', 'km', 'fast_km')
+# How `D_new` is computed from the raw correction: the FedRKMGC ablations' kinds.
+CORRECTION_UPDATES = ('raw', 'km', 'fast_km')
+# Deprecated name of `CORRECTION_UPDATES`, kept for a while.
+CORRECTIONS = CORRECTION_UPDATES
 
 
 def corrected_gradient(gradient, correction):
@@ -67,11 +70,12 @@ def standard_km_step(raw_new, correction, t, gamma: float):
 
 
 def next_correction(kind: str, raw_new, correction, raw, t, gamma: float):
-  """`D_new` for a correction `kind` in `CORRECTIONS` ('raw': `D_new = Dt_new`)."""
+  """`D_new` by the correction update `kind` in `CORRECTION_UPDATES` ('raw': `D_new =
+  Dt_new`)."""
   if kind == 'raw':
     return raw_new
   if kind == 'km':
     return standard_km_step(raw_new, correction, t, gamma)
   if kind == 'fast_km':
     return fast_km_step(raw_new, correction, raw, t, gamma)
-  raise ValueError(f'correction must be one of {CORRECTIONS}, got {kind!r}')
+  raise ValueError(f'correction_update must be one of {CORRECTION_UPDATES}, got {kind!r}')

@@ -1,6 +1,6 @@
 """The zero-mean projection (gradient centralization) and layer masks.
 
-See ALGORITHMS.md section 1. `zero_mean_projection` is the one mechanism every
+See specification.md section 1. `zero_mean_projection` is the one mechanism every
 projected optimizer in `tff_zmg.optimizers` chains with a plain update rule;
 `layer_borderline_mask` chooses which tensors it applies to (GC-Fed).
 """
@@ -206,7 +206,7 @@ def weight_matrix_mask(variables: Sequence[tf.Variable]) -> tuple[bool, ...]:
   input and recurrent biases in one rank-2 variable of shape [2, 3*units]; projecting it
   would centre the two rows against each other, and since the update and reset gates see
   only their sum, their bias gradients would become exactly zero. So a variable is a weight
-  matrix when it has rank >= 2 and is not named a bias (our reading of ALGORITHMS.md
+  matrix when it has rank >= 2 and is not named a bias (our reading of specification.md
   section 1, "biases untouched").
   """
   return tuple(

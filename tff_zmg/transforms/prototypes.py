@@ -1,4 +1,4 @@
-"""Class prototypes in a model's feature space (FedGPS, ALGORITHMS.md section 2).
+"""Class prototypes in a model's feature space (FedGPS, specification.md section 2).
 
 A model `theta = h o psi` is split into the feature extractor `psi` (every layer but
 the last Dense) and the classifier `h` (the last Dense). The prototype of class `c`

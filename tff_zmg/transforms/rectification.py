@@ -1,4 +1,4 @@
-"""FedGPS's non-self gradient rectification (ALGORITHMS.md section 2; paper eq. 7).
+"""FedGPS's non-self gradient rectification (specification.md section 2; paper eq. 7).
 
 Last round's `K` clients produced positive deltas `delta_k = w_k - w^{t-1}`; the
 server broadcasts their mean `Dbar`. A client takes every local gradient at a point

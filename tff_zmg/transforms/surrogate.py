@@ -1,6 +1,6 @@
 """FedGPS's surrogate dataset: per-class Gaussian images, the same on every client.
 
-ALGORITHMS.md ("FedGPS client"; FedGPS paper, Definition 4.1). Class `c` gets a mean
+specification.md ("FedGPS client"; FedGPS paper, Definition 4.1). Class `c` gets a mean
 image `mu_c ~ N(0, I)` at a low resolution (a quarter of the input's height and
 width: `7x7x1` for EMNIST's 28x28x1, `8x8x3` for CIFAR-100's 32x32x3); its `n_s`
 samples are
