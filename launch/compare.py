@@ -1,7 +1,7 @@
 r"""Compares algorithms over seeds: `python -m launch.compare --task=... --algos=... --seeds=...`.
 
 Trains (or finishes, or just collects) one run per task, algorithm and seed, all on the
-same data split, then writes the FedZMG paper's tables and figures (ALGORITHMS.md
+same data split, then writes the FedZMG paper's tables and figures (docs/specification.md
 section 6) for each task: final accuracy, rounds to each accuracy threshold, late-stage
 sustained accuracy, paired t-tests of each algorithm against the others, and the
 validation accuracy curves (mean and standard deviation band over seeds):

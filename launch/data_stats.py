@@ -1,6 +1,6 @@
 r"""Heterogeneity statistics of a task's clients: `python -m launch.data_stats --task=...`.
 
-For a sample of clients (FedZMG paper, section 5.1; ALGORITHMS.md section 6): volume,
+For a sample of clients (FedZMG paper, section 5.1; docs/specification.md section 6): volume,
 label diversity, normalized label entropy, Gini coefficient of the class counts, KL
 divergence to the global label distribution (all clients of the split pooled) and the
 share of the dominant class, plus the dataset summary (mean and standard deviation over

@@ -1,6 +1,6 @@
 r"""Client x server learning-rate grid search: `python -m launch.grid_search --task=... --algo=...`.
 
-The FedZMG paper's protocol (ALGORITHMS.md section 6): every pair of a 9 x 9 grid of
+The FedZMG paper's protocol (docs/specification.md section 6): every pair of a 9 x 9 grid of
 client and server learning rates 10^-3, 10^-2.5, ..., 10^1, trained for 50 rounds with
 10 clients per round, scored by the mean validation accuracy of the last 10 rounds:
 

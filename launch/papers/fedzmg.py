@@ -1,6 +1,6 @@
 """The FedZMG paper: its learning-rate grid, its comparison and its Tables 3-8.
 
-ALGORITHMS.md section 6. FedZMG has no `--protocol` (its runs use the tasks' own clients
+docs/specification.md section 6. FedZMG has no `--protocol` (its runs use the tasks' own clients
 and launch.train's defaults); its protocol is the grid search (every pair of client and
 server learning rates 10^-3, 10^-2.5, ..., 10^1, 50 rounds, 10 clients per round, scored
 by the mean validation accuracy of the last 10 rounds), then 5 seeds of each algorithm
@@ -54,7 +54,7 @@ def _zmg_ttest(number, dataset, values, notes=()):
 
 _HEADERS_20_33 = (
     'Our copy heads this table "Rounds to 20.0% / 33.0%" like the CIFAR-100 one; we use'
-    ' the thresholds of section 5.3 and ALGORITHMS.md section 6 for this dataset.'
+    ' the thresholds of section 5.3 and docs/specification.md section 6 for this dataset.'
 )
 _TTEST_ORDER = (
     'Which dataset each t-test table belongs to is inferred: section 7.2 says the'
@@ -83,7 +83,7 @@ PUBLISHED = {
 
 PAPER = base.Paper(
     name='fedzmg',
-    title='FedZMG (ALGORITHMS.md section 6; paper sections 5.2-6.2)',
+    title='FedZMG (docs/specification.md section 6; paper sections 5.2-6.2)',
     algos=('fedzmg', 'fedavg', 'fedadam'),
     seeds=(0, 1, 2, 3, 4),
     total_rounds=1000,
@@ -102,7 +102,7 @@ PAPER = base.Paper(
         'Comparison: 1000 rounds (section 5.2.2), 5 seeds (section 5.3). The comparison'
         ' cohort is not legible in our copy of section 5.2.2; we keep the tuning'
         ' cohort, 10.',
-        'Tuning: "the epoch size at 4" (section 5.2.1) is ambiguous and ALGORITHMS.md'
+        'Tuning: "the epoch size at 4" (section 5.2.1) is ambiguous and docs/specification.md'
         ' leaves it; every run trains 1 local epoch (launch.train\'s default).',
         'Each algorithm is tuned on each task (section 5.2.1), so the grid runs 81'
         ' cells per algorithm and task.',
