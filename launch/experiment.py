@@ -509,6 +509,7 @@ def _stops_say_what_is_kept(config: ExperimentConfig):
     yield
   except KeyboardInterrupt as e:
     writes.shutdown(wait=True, cancel_futures=True)
+    _cancel_pending_tasks(loop)
     kept = _newest_checkpoint(config)
     if kept is None:
       message = 'interrupted before the first checkpoint; re-run the same command to start'
@@ -522,6 +523,7 @@ def _stops_say_what_is_kept(config: ExperimentConfig):
     if cause is None:
       raise
     writes.shutdown(wait=True, cancel_futures=True)
+    _cancel_pending_tasks(loop)
     kept = _newest_checkpoint(config)
     kept_text = (
         'no checkpoint was saved yet' if kept is None
@@ -534,6 +536,16 @@ def _stops_say_what_is_kept(config: ExperimentConfig):
   finally:
     writes.shutdown(wait=True)
     loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())  # For what follows.
+
+
+def _cancel_pending_tasks(loop: asyncio.AbstractEventLoop) -> None:
+  """Cancels what a stopped round left in the loop (e.g. a checkpoint's save, whose write
+  has ended), so that no task is destroyed pending at exit: asyncio logs each on stderr."""
+  pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+  for task in pending:
+    task.cancel()
+  if pending and not loop.is_running():
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 def _cache_dir(config: ExperimentConfig) -> str:
