@@ -44,6 +44,8 @@ from typing import Callable, Optional
 from absl import app
 from absl import flags
 
+import launch
+
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_BAD_INPUT = 2
@@ -127,7 +129,7 @@ def _one_line(text: str) -> str:
 
 def classify(error: BaseException) -> tuple[int, str]:
   """(exit status, one-line message) for an exception that ended a program."""
-  # Imported here: they import TensorFlow, and flag errors must not wait for it.
+  # Imported here: `experiment` imports this module.
   from launch import experiment  # pylint: disable=g-import-not-at-top
   import tasks  # pylint: disable=g-import-not-at-top
 
@@ -243,6 +245,22 @@ def private_tempdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def keep_after_exit(path: str) -> str:
+  """Moves a file out of this program's temporary folder (`private_tempdir`), which goes
+  when it ends, into the folder that holds it; returns where it is now (`path` itself
+  when it is elsewhere)."""
+  private = os.environ.get('TMPDIR', '')
+  if not os.path.basename(private).startswith(_TMP_PREFIX):
+    return path
+  if os.path.dirname(os.path.abspath(path)) != os.path.abspath(private):
+    return path
+  kept = os.path.join(os.path.dirname(private), os.path.basename(path))
+  with contextlib.suppress(OSError):
+    shutil.move(path, kept)
+    return kept
+  return path
+
+
 def report(program: str, error: BaseException, stream=None) -> int:
   """Prints the one line (after the traceback with --verbose); returns the exit status."""
   stream = stream or sys.stderr
@@ -282,13 +300,31 @@ def one_line_errors(program: str):
   return decorate
 
 
+_HELP_FLAGS = frozenset({'help', 'helpshort', 'helpfull', 'helpxml', '?'})
+
+
+def _asks_for_help(argv: list) -> bool:
+  args = argv[1:argv.index('--')] if '--' in argv else argv[1:]
+  return any(a.startswith('-') and a.lstrip('-').split('=')[0] in _HELP_FLAGS for a in args)
+
+
 def _parse_flags(program: str, argv: list) -> list:
+  """absl's parse with this module's statuses: a flag error is one line and status 2, the
+  help (absl exits 1 after it) status 0; either way, as after any refusal (status 2), a
+  Keras config file the import of TensorFlow wrote is removed
+  (`launch.remove_new_keras_config`)."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
+    launch.remove_new_keras_config()
     print(f'{program}: error: {_one_line(e)} (--helpfull lists the flags)', file=sys.stderr,
           flush=True)
     sys.exit(EXIT_BAD_INPUT)
+  except SystemExit as e:
+    launch.remove_new_keras_config()
+    if e.code == 1 and _asks_for_help(argv):
+      sys.exit(EXIT_OK)
+    raise
 
 
 def install_managed_tff_context() -> None:
@@ -317,7 +353,7 @@ def run_program(
   `tff_context`: install the managed TFF context (`install_managed_tff_context`) first,
   so that TFF's own never serves, nor, at exit, prints a traceback from its `__del__` (as
   TFF 0.87 does), even after a flag error (False for a program that runs no TFF
-  computation, so it never imports TensorFlow).
+  computation itself).
   """
   install_stop_signals()
   if tff_context:
@@ -326,6 +362,8 @@ def run_program(
   def run(argv):
     with private_tempdir() if own_tempdir else contextlib.nullcontext():
       code = guarded_main(program, main, argv)
+    if code == EXIT_BAD_INPUT:  # Refused what it was given: it leaves no Keras config.
+      launch.remove_new_keras_config()
     sys.exit(code)
 
   app.run(run, flags_parser=lambda argv: _parse_flags(program, argv))

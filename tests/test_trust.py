@@ -1,0 +1,216 @@
+"""Issue 28, each numbered case as a user meets it: a real subprocess of the program, its
+exit status, one line on stderr without a traceback, nothing touched outside the run, and
+what the run's records say afterwards. A test per case, named after the behaviour, its
+item in the docstring.
+
+The runs are tiny (six synthetic EMNIST clients, one or two rounds); runs a test only
+reads or copies are made once (`finished_run`), and independent programs of one test run
+side by side.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import failures
+from tasks import synthetic
+import small_runs
+
+_REPO = small_runs.REPO
+_SMALL = small_runs.FLAGS
+_TRAIN_CLIENTS = 6  # small_runs' --synthetic_train_clients.
+
+
+@pytest.fixture(scope='module')
+def cache_dir(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp('trust_cache'))
+  synthetic.ensure_synthetic_cache_dir(
+      'emnist', directory, num_train_clients=_TRAIN_CLIENTS, num_test_clients=2,
+      mean_examples_per_client=12)
+  return directory
+
+
+def _environment(tmp_path):
+  """TMPDIR and HOME of the test's own, TF's log level unset (the programs' own default)."""
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  for name in ('tmp', 'home'):
+    os.makedirs(tmp_path / name, exist_ok=True)
+  env.update(TMPDIR=str(tmp_path / 'tmp'), HOME=str(tmp_path / 'home'))
+  return env
+
+
+def _start(program, *args, tmp_path, **kwargs):
+  """A program of `launch` (None: python itself) in a subprocess."""
+  command = [sys.executable, *(['-m', f'launch.{program}'] if program else []), *args]
+  return subprocess.Popen(
+      command, cwd=_REPO, text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, env=_environment(tmp_path), **kwargs)
+
+
+# Generous: a run takes seconds alone, but minutes on two cores shared with other work.
+_TIMEOUT_S = 900
+
+
+def _finish(proc, timeout=_TIMEOUT_S):
+  out, err = proc.communicate(timeout=timeout)
+  return proc.returncode, out, err
+
+
+def _run(program, *args, tmp_path, timeout=_TIMEOUT_S):
+  return _finish(_start(program, *args, tmp_path=tmp_path), timeout)
+
+
+def _run_side_by_side(commands, tmp_path):
+  """[(exit status, stdout, stderr)] of `commands` ((program, *args)) run at once."""
+  procs = [_start(*command, tmp_path=tmp_path) for command in commands]
+  return [_finish(proc) for proc in procs]
+
+
+def _one_error_line(err, program):
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and 'Traceback' not in err, err
+  assert lines[0].startswith(f'{program}: error: '), err
+  return lines[0]
+
+
+def _train_args(cache_dir, root, *args):
+  return (f'--cache_dir={cache_dir}', f'--root_output_dir={root}', *_SMALL, '--task=emnist',
+          *args)
+
+
+def _tree(path):
+  """Every entry below `path` with its size and modification time (files) or None."""
+  found = {}
+  for directory, dirs, files in os.walk(path):
+    for name in dirs + files:
+      full = os.path.join(directory, name)
+      stat = os.lstat(full)
+      found[os.path.relpath(full, path)] = (
+          None if name in dirs else (stat.st_size, stat.st_mtime_ns))
+  return found
+
+
+def _assert_left_clean(tmp_path, refused=False):
+  """The programs' private temporary folders are gone; programs that only `refused` what
+  they were given (status 2) left no ~/.keras/keras.json either."""
+  assert os.listdir(tmp_path / 'tmp') == []
+  if refused:
+    assert os.listdir(tmp_path / 'home') == []
+
+
+@pytest.fixture(scope='module')
+def finished_run(cache_dir, tmp_path_factory):
+  """(folder, stdout) of a finished 1-round FedAvg run, trained in process, that asked for
+  8 clients a round of the data's 6. Tests read it or copy it (`_copy`)."""
+  tmp_path = tmp_path_factory.mktemp('finished')
+  code, out, err = _run('train', *_train_args(
+      cache_dir, tmp_path / 'runs', '--algo=fedavg', '--clients_per_round=8',
+      '--total_rounds=1'), tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  return tmp_path / 'runs' / 'emnist_fedavg_seed0', out
+
+
+_FINISHED_ARGS = ('--algo=fedavg', '--clients_per_round=8')
+
+
+def _copy(run_dir, tmp_path):
+  """A copy of a run folder in `tmp_path/runs` (a copied run resumes)."""
+  copy = tmp_path / 'runs' / run_dir.name
+  shutil.copytree(run_dir, copy)
+  return copy
+
+
+def _cache_of(run_dir):
+  return json.loads((run_dir / 'flags.json').read_text())['cache_dir']
+
+
+# 9. Quiet imports; no leftovers of killed programs.
+
+
+def test_importing_the_packages_prints_nothing_even_at_exit(tmp_path):
+  """9: TensorFlow's C++ start-up lines, and TFF's "Exception ignored in
+  ServiceManager.__del__" at exit, for each package alone (the README's example:
+  tests/test_readme.py)."""
+  results = _run_side_by_side(
+      [(None, '-c', f'import {package}') for package in ('tasks', 'tff_zmg')], tmp_path)
+  for code, out, err in results:
+    assert code == 0 and out == '' and err == '', err
+
+
+def test_bootstrap_filters_only_the_expected_pip_conflicts():
+  """9: a successful bootstrap printed pip's "ERROR: ... dependency conflicts"."""
+  pip_output = '\n'.join([
+      "ERROR: pip's dependency resolver does not currently take into account all the"
+      ' packages that are installed.',
+      'tensorflow-federated 0.87.0 requires jax==0.4.14, but you have jax 0.4.13 which is'
+      ' incompatible.',
+      'google-vizier 0.1.11 requires grpcio-tools, which is not installed.',
+      'Successfully installed x'])
+  awk = subprocess.run(['awk', '-f', 'scripts/expected_pip_conflicts.awk'], cwd=_REPO,
+                       input=pip_output, capture_output=True, text=True, check=True)
+  lines = awk.stdout.splitlines()
+  assert lines[0] == 'Successfully installed x' and len(lines) == 2
+  assert lines[1].startswith('bootstrap: pip reports 2 dependency conflict(s) of the pins')
+  other = "ERROR: pip's dependency resolver ...\nfoo 1.0 requires bar<2, but you have bar 3."
+  awk = subprocess.run(['awk', '-f', 'scripts/expected_pip_conflicts.awk'], cwd=_REPO,
+                       input=other, capture_output=True, text=True, check=True)
+  assert awk.stdout.splitlines() == other.splitlines()  # Any other conflict stays.
+  with open(os.path.join(_REPO, 'scripts', 'bootstrap.sh')) as f:
+    assert f.read().count('quiet_conflicts "${pip[@]}" install') >= 3
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('', 0))
+    return s.getsockname()[1]
+
+
+def test_a_killed_workers_log_is_removed_by_the_next_program(tmp_path):
+  """9: a SIGKILLed `launch.worker` left its log in $TMPDIR for ever."""
+  worker = _start('worker', f'--port={_free_port()}', tmp_path=tmp_path)
+  try:
+    assert 'serving on' in worker.stdout.readline()
+    (private,) = os.listdir(tmp_path / 'tmp')  # Its temporary folder, with the log.
+    assert os.listdir(tmp_path / 'tmp' / private)
+  finally:
+    worker.send_signal(signal.SIGKILL)
+    worker.communicate()
+  code, _, err = _run('worker', '--port=0', tmp_path=tmp_path)
+  assert code == failures.EXIT_BAD_INPUT and '--port must be in' in err, err
+  _assert_left_clean(tmp_path)
+
+
+def test_an_abandoned_synthetic_data_file_is_removed_by_the_next_writer(tmp_path):
+  """9: a SIGKILL during synthetic-data generation left a 0-byte
+  .emnist_all.sqlite.*.tmp for ever; a user's other .tmp file stays."""
+  data = tmp_path / 'data'
+
+  def generate(clients):
+    return _start(None, '-c', (
+        'from tasks import synthetic; synthetic.write_synthetic_sqlite("emnist",'
+        f' "{data}/emnist_all.sqlite", num_train_clients={clients}, num_test_clients=1,'
+        ' mean_examples_per_client=5)'), tmp_path=tmp_path)
+
+  generator = generate(3000)
+  try:
+    deadline = time.monotonic() + _TIMEOUT_S
+    while time.monotonic() < deadline:
+      if data.exists() and any(n.endswith('.tmp') for n in os.listdir(data)):
+        break
+      time.sleep(0.1)
+  finally:
+    generator.send_signal(signal.SIGKILL)
+    generator.communicate()
+  abandoned = os.listdir(data)
+  assert abandoned and all('.tmp' in n for n in abandoned), abandoned
+  (data / 'notes.sqlite.tmp').write_text("a user's")  # Another prefix: not ours.
+  code, out, err = _finish(generate(3))
+  assert code == 0 and err == '', err
+  assert sorted(os.listdir(data)) == ['emnist_all.sqlite', 'notes.sqlite.tmp'], abandoned
