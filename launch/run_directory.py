@@ -91,6 +91,18 @@ def check_name(name: str) -> None:
       )
 
 
+def check_inside(root_output_dir: str, path: str, rule: str) -> None:
+  """Refuses `path` unless it is below `root_output_dir` once links are followed.
+
+  `check_name` keeps a name's own components inside; this catches a link on the way out.
+  """
+  error, _ = _errors()
+  root = os.path.realpath(root_output_dir)
+  real = os.path.realpath(path)
+  if os.path.commonpath([root, real]) != root or real == root:
+    raise error(f'{path} is not inside --root_output_dir {root_output_dir}; {rule}')
+
+
 def _nearest_existing(path: str) -> str:
   path = os.path.abspath(path)
   while not os.path.lexists(path):
@@ -186,13 +198,7 @@ def check_deletable(root_output_dir: str, output_dir: str) -> None:
         ' --overwrite deletes only a run folder inside --root_output_dir: remove the link'
         ' yourself or choose another --experiment_name'
     )
-  root = os.path.realpath(root_output_dir)
-  real = os.path.realpath(output_dir)
-  if os.path.commonpath([root, real]) != root or real == root:
-    raise error(
-        f'{output_dir} is not inside --root_output_dir {root_output_dir}; --overwrite'
-        ' deletes only a run folder inside it'
-    )
+  check_inside(root_output_dir, output_dir, '--overwrite deletes only a run folder inside it')
   if not os.path.isdir(output_dir):
     return  # `check_environment` says it is a file.
   foreign = foreign_entries(output_dir)

@@ -279,13 +279,15 @@ class Settings:
   def command_line(self) -> tuple[str, ...]:
     """The `launch.train` arguments that describe this run: its given flags."""
     return tuple(
-        _flag_argument(flags.FLAGS[name], value)
+        flag_argument(name, value)
         for name, value in self.values.items()
         if name in self.given and value is not None
     )
 
 
-def _flag_argument(flag, value) -> str:
+def flag_argument(name: str, value) -> str:
+  """The command-line argument that sets flag `name` to `value` (`--noname` for False)."""
+  flag = flags.FLAGS[name]
   if isinstance(value, bool):
     return f'--{"" if value else "no"}{flag.name}'
   return f'--{flag.name}={flag.serializer.serialize(value)}'

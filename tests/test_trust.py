@@ -20,6 +20,7 @@ import time
 import pytest
 
 from launch import failures
+from launch import grid_search
 from tasks import synthetic
 import small_runs
 
@@ -129,6 +130,83 @@ def _copy(run_dir, tmp_path):
 
 def _cache_of(run_dir):
   return json.loads((run_dir / 'flags.json').read_text())['cache_dir']
+
+
+# 1. The grid search writes only inside its root and replaces only its own files.
+
+
+def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(tmp_path):
+  """1: '..', an absolute path, a link out of the root, a 300-character name, a folder of
+  someone else's (its best.json would be replaced): refused as launch.train refuses, 2."""
+  root = tmp_path / 'root'
+  outside = tmp_path / 'outside'
+  mine = root / 'mine'
+  for folder in (outside, mine):
+    folder.mkdir(parents=True)
+    (folder / 'best.json').write_text('{"mine": 1}')
+    (folder / 'grid.csv').write_text('mine\n')
+  os.symlink(outside, root / 'link')
+  grid = ('grid_search', '--task=emnist', '--algo=fedavg', f'--root_output_dir={root}',
+          '--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1')
+  cases = {
+      '../outside': "has a '..' component",
+      str(outside): 'is an absolute path',
+      'g' * 300: 'a file name holds at most 255',
+      'link': 'is not inside --root_output_dir',
+      'mine': "holds files no grid search wrote ('best.json' and 1 more)",
+  }
+  before = _tree(root), _tree(outside)
+  results = _run_side_by_side(
+      [(*grid, f'--experiment_name={name}') for name in cases], tmp_path)
+  for (name, message), (code, out, err) in zip(cases.items(), results):
+    assert code == failures.EXIT_BAD_INPUT, (name, err)
+    assert message in _one_error_line(err, 'grid_search'), (name, err)
+    assert out == '', out
+  assert (_tree(root), _tree(outside)) == before
+  assert (outside / 'best.json').read_text() == '{"mine": 1}'
+  _assert_left_clean(tmp_path, refused=True)
+
+
+# 6. Text and boolean hyperparameters as the grid's third axis.
+
+
+def test_the_grids_third_axis_takes_text_and_booleans(cache_dir, tmp_path):
+  """6: `local_gc_layers:all,feature` (text) and `center_vectors:True` (a bool) used to
+  end in "Unknown format code 'g'" and "must be a bool, got 'True'"; an algorithm without
+  a server rate (FedRKMGC's km_clock) is refused in the grid's terms."""
+  assert grid_search.parse_hparam_grid('center_vectors:True,false', 'fedzmg') == (
+      'center_vectors', (True, False))
+  root = tmp_path / 'runs'
+  grid = ('--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
+          '--nostability_check', '--parallel=2')
+  results = _run_side_by_side([
+      ('grid_search', *_train_args(cache_dir, root, '--algo=local_gc'), *grid,
+       '--hparam_grid=local_gc_layers:all,feature'),
+      ('grid_search', *_train_args(cache_dir, root, '--algo=fedzmg'), *grid,
+       '--hparam_grid=center_vectors:True'),
+      ('grid_search', *_train_args(cache_dir, root, '--algo=fedrkmgc'),
+       '--client_learning_rates=0.1', '--hparam_grid=km_clock:global,participation'),
+  ], tmp_path)
+  (text, text_out, text_err), (boolean, bool_out, bool_err), refused = results
+  assert text == 0 and text_err == '', text_err
+  assert boolean == 0 and bool_err == '', bool_err
+  for name, value, out in (('local_gc_layers', 'all', text_out),
+                           ('local_gc_layers', 'feature', text_out),
+                           ('center_vectors', True, bool_out)):
+    algo = 'local_gc' if name == 'local_gc_layers' else 'fedzmg'
+    axis = root / f'grid_emnist_{algo}' / f'{name}={value}'
+    assert (axis / 'grid.csv').exists() and (axis / 'grid_heatmap.png').exists()
+    (cell,) = [d for d in os.listdir(axis) if d.startswith('clr')]
+    assert json.loads((axis / cell / 'flags.json').read_text())['hparams'][name] == value
+  best = json.loads((root / 'grid_emnist_local_gc' / 'best.json').read_text())
+  assert best['local_gc_layers'] in ('all', 'feature')
+  assert f' --local_gc_layers={best["local_gc_layers"]} ' in text_out.splitlines()[-1]
+  assert ' --center_vectors ' in bool_out.splitlines()[-1]
+  code, out, err = refused
+  assert code == failures.EXIT_BAD_INPUT and out == '', err
+  assert '--algo=fedrkmgc has no server learning rate' in _one_error_line(err, 'grid_search')
+  assert sorted(os.listdir(root)) == ['grid_emnist_fedzmg', 'grid_emnist_local_gc']
+  _assert_left_clean(tmp_path)
 
 
 # 9. Quiet imports; no leftovers of killed programs.
