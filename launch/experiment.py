@@ -53,11 +53,16 @@ RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
 # and it starts sooner (docs/performance.md; launch.benchmark's `in_process` contenders
 # re-measure it).
 CPU_RUNTIME = IN_PROCESS
+# A round whose training or evaluation loss is above this multiple of round 0's evaluation
+# loss (an untrained model's, about the uniform prediction's log(classes): 4.1 on EMNIST's
+# 62) diverged, as one whose loss is not finite did (`divergence`); --divergence_factor.
+DIVERGENCE_FACTOR = 10.0
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
     {
         'total_rounds', 'executor', 'runtime', 'max_concurrent_clients',
         'intra_op_threads', 'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
+        'divergence_factor',
     }
 )
 # Where a run and its data are, not what they are: a run folder may be copied or renamed
@@ -133,6 +138,9 @@ class ExperimentConfig:
   worker_timeout_s: float = cpp_worker.REMOTE_CONNECT_TIMEOUT_S
   # One of tasks.MODELS[task]; None is the task's own model.
   model: Optional[str] = None
+  # A loss above this multiple of round 0's evaluation loss is divergence (`divergence`);
+  # math.inf judges by finiteness alone.
+  divergence_factor: float = DIVERGENCE_FACTOR
 
   @property
   def output_dir(self) -> str:
@@ -180,6 +188,11 @@ def _validate(config: ExperimentConfig) -> None:
   ):
     validation.check_positive(name, getattr(config, name))
   validation.check_non_negative('intra_op_threads', config.intra_op_threads)
+  if not config.divergence_factor > 1:
+    raise ExperimentError(
+        f'divergence_factor must be > 1 (inf: only a non-finite loss is divergence), got'
+        f' {config.divergence_factor!r}'
+    )
   evaluation.check_settings(config.evaluation, config.eval_examples, config.num_eval_clients)
   for name in ('client_batch_size', 'max_elements_per_client'):  # None: no setting.
     if getattr(config, name) is not None:
@@ -563,19 +576,43 @@ def _check_run_directory(config: ExperimentConfig) -> None:
     _check_total_rounds(config)
 
 
-def divergence(metrics: collections.abc.Mapping) -> Optional[str]:
+@dataclasses.dataclass(frozen=True)
+class LossLimit:
+  """The loss above which a round diverged: `factor` x `reference`, round 0's evaluation
+  loss (the run's own untrained model)."""
+
+  factor: float
+  reference: float
+
+  @property
+  def value(self) -> float:
+    return self.factor * self.reference
+
+
+def divergence(
+    metrics: collections.abc.Mapping, limit: Optional[LossLimit] = None
+) -> Optional[str]:
   """Why a round's flat metrics show that training diverged, or None.
 
   A round diverged when its training loss, or its evaluation loss where it was
-  evaluated, is not finite; when the finalizer saw a non-finite update; or when more
-  than half of its clients' updates were not finite. The last matters for client works
-  that drop such an update (weight 0) and keep the client's old state (FedRKMGC, FedGPS):
-  their round's loss stays finite while the model learns from (almost) no one.
+  evaluated, is not finite or above `limit`; when the finalizer saw a non-finite update;
+  or when more than half of its clients' updates were not finite. The last matters for
+  client works that drop such an update (weight 0) and keep the client's old state
+  (FedRKMGC, FedGPS): their round's loss stays finite while the model learns from
+  (almost) no one.
   """
   for name, label in (('client_work/train/loss', 'training loss'),
                       ('evaluation/loss', 'evaluation loss')):
-    if name in metrics and not math.isfinite(float(metrics[name])):
-      return f'{label} {float(metrics[name])}'
+    if name not in metrics:
+      continue
+    value = float(metrics[name])
+    if not math.isfinite(value):
+      return f'{label} {value}'
+    if limit is not None and value > limit.value:
+      return (
+          f'{label} {value:.4g} is above {limit.factor:g} x round 0\'s evaluation loss'
+          f' {limit.reference:.4g} (--divergence_factor)'
+      )
   if metrics.get('finalizer/update_non_finite', 0):
     return 'the aggregated update is not finite'
   clients = int(metrics.get('client_work/clients', 0))
@@ -594,6 +631,25 @@ def non_finite_leaf(structure) -> Optional[str]:
   return None
 
 
+def diverged_error(config: ExperimentConfig, round_num: int, reason: str) -> DivergedError:
+  """Says which round diverged and why, what is kept, and how to train with other settings.
+
+  The same command would resume and diverge again; other settings are a new run, which
+  the run's folder refuses without --overwrite (or another --experiment_name).
+  """
+  kept = _newest_checkpoint(config)
+  kept_text = ('no checkpoint was kept' if kept is None
+               else f'the checkpoint of round {kept} is kept')
+  rates = [f'--{n}' for n in ('client_learning_rate', 'server_learning_rate')
+           if n in registry.get(config.algo).defaults]
+  return DivergedError(
+      f'training diverged in round {round_num}: {reason}. Nothing of round {round_num} was'
+      f' saved; {kept_text}. To train with other settings (e.g. a smaller'
+      f' {" or ".join(rates) or "learning rate"}), re-run with them and --overwrite, or'
+      ' with another --experiment_name'
+  )
+
+
 class _FiniteStateManager(tff.program.FileProgramStateManager):
   """Saves a program state only if every float in it is finite.
 
@@ -602,14 +658,15 @@ class _FiniteStateManager(tff.program.FileProgramStateManager):
   the run before it is written.
   """
 
+  def __init__(self, config: ExperimentConfig, keep_total: int):
+    super().__init__(config.checkpoint_dir, keep_total=keep_total)
+    self._config = config
+
   async def save(self, program_state, version: int) -> None:
     where = non_finite_leaf(program_state)
     if where is not None:
-      raise DivergedError(
-          f'training diverged in round {version}: the state holds non-finite values'
-          f' ({where}). Nothing of round {version} was saved; the newest checkpoint is'
-          ' kept; try a smaller learning rate.'
-      )
+      raise diverged_error(
+          self._config, version, f'the state holds non-finite values ({where})')
     await super().save(program_state, version)
 
 
@@ -620,31 +677,39 @@ _EVALUATION_TIME = 'evaluation/evaluation_time_in_seconds'
 class _RoundReleaseManager(tff.program.ReleaseManager):
   """Judges each round, then releases its metrics and prints one progress line.
 
-  A diverged round (`divergence`) raises `DivergedError` before anything of it is
-  written (metrics, TensorBoard, checkpoint: TFF's training loop releases a round's
-  metrics before it saves the round's state). Otherwise the metrics go to `managers`
-  in order, then one line: metrics, rounds per second, ETA.
+  A diverged round (`divergence`, against the limit round 0's evaluation loss sets)
+  raises `DivergedError` before anything of it is written (metrics, TensorBoard,
+  checkpoint: TFF's training loop releases a round's metrics before it saves the round's
+  state). Otherwise the metrics go to `managers` in order, then one line: metrics, rounds
+  per second, ETA.
   """
 
-  def __init__(self, total_rounds: int, stream=None):
-    self._total_rounds = total_rounds
+  def __init__(self, config: ExperimentConfig, stream=None):
+    self._config = config
+    self._total_rounds = config.total_rounds
     self.managers = []  # The run's CSV and TensorBoard managers, once it has made them.
     self._stream = stream
     self._start = None
     self._first_key = None
     self.last_key = None
+    self.limit: Optional[LossLimit] = None
+
+  def set_reference(self, round_0_loss: Optional[float]) -> None:
+    """Round 0's evaluation loss (None: unknown, only non-finite losses count)."""
+    if round_0_loss is not None and math.isfinite(round_0_loss) and round_0_loss > 0:
+      if math.isfinite(self._config.divergence_factor):
+        self.limit = LossLimit(self._config.divergence_factor, round_0_loss)
 
   async def release(self, value, key):
     evaluation = [k for k in value if k.startswith(_EVALUATION_PREFIX)]
     if evaluation == [_EVALUATION_TIME]:  # A round `_evaluation_due` skipped.
       value = collections.OrderedDict((k, v) for k, v in value.items() if k != _EVALUATION_TIME)
     flat = _flatten(value)
-    reason = divergence(flat)
+    reason = divergence(flat, self.limit)
     if reason is not None:
-      raise DivergedError(
-          f'training diverged in round {key}: {reason}. Nothing of round {key} was saved;'
-          ' the newest checkpoint is kept; try a smaller learning rate.'
-      )
+      raise diverged_error(self._config, key, reason)
+    if key == 0 and 'evaluation/loss' in flat:
+      self.set_reference(float(flat['evaluation/loss']))
     for manager in self.managers:
       await manager.release(value, key)
     self.last_key = key
@@ -916,7 +981,7 @@ def run(config: ExperimentConfig) -> dict:
     return datasets
 
   start = time.monotonic()
-  progress = _RoundReleaseManager(config.total_rounds)
+  progress = _RoundReleaseManager(config)
   # One process per run from here on: checks made before are made again under the lock.
   with run_directory.locked(config.output_dir):
     if config.overwrite:
@@ -941,11 +1006,12 @@ def run(config: ExperimentConfig) -> dict:
       repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)
       if repaired:
         print(repaired, flush=True)
+      progress.set_reference(read_metric(config.metrics_csv, 'evaluation/loss').get(0))
       run_directory.write_identity(config.checkpoint_dir, identity)
       run_directory.write_json_atomically(
           os.path.join(config.output_dir, FLAGS_FILENAME), config.recorded()
       )
-      state_manager = _FiniteStateManager(config.checkpoint_dir, keep_total=3)
+      state_manager = _FiniteStateManager(config, keep_total=3)
       training_process = process
       if stateful:
         store = client_states.create_store(

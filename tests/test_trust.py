@@ -8,7 +8,9 @@ reads or copies are made once (`finished_run`), and independent programs of one 
 side by side.
 """
 
+import csv
 import json
+import math
 import os
 import shutil
 import signal
@@ -22,6 +24,7 @@ import pytest
 from launch import failures
 from launch import grid_search
 from tasks import synthetic
+from tff_zmg import analysis
 import small_runs
 
 _REPO = small_runs.REPO
@@ -165,6 +168,67 @@ def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(t
   assert (_tree(root), _tree(outside)) == before
   assert (outside / 'best.json').read_text() == '{"mine": 1}'
   _assert_left_clean(tmp_path, refused=True)
+
+
+# 4. Divergence is judged against the run's own round 0.
+
+
+def _losses(run_dir):
+  """{round: (training loss, evaluation loss)} of metrics.csv (NaN where not recorded)."""
+  with open(run_dir / 'metrics.csv', newline='') as f:
+    return {int(row['key']): tuple(float(row.get(k) or math.nan) for k in (
+        analysis.runs.TRAIN_LOSS, 'evaluation/loss')) for row in csv.DictReader(f)}
+
+
+def _checkpoints(run_dir):
+  return sorted(n for n in os.listdir(run_dir / 'checkpoints') if n.startswith('program_'))
+
+
+def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advice_works(
+    cache_dir, tmp_path):
+  """4: FedAdam (a huge server rate, one round), FedProx (a huge mu), SCAFFOLD and FedZMG
+  (huge client rates) used to keep rounds with losses up to 1e31; each now exits 3 in
+  that round, keeping round 0's checkpoint, whose losses are finite and under the limit.
+  The advice (other settings and --overwrite), followed, trains."""
+  root = tmp_path / 'runs'
+  diverging = {
+      'fedadam': ['--server_learning_rate=1e6'],
+      # Two local steps: the pull mu (w - w^t) is 0 at the first.
+      'fedprox': ['--proximal_strength=1e6', '--client_epochs_per_round=2'],
+      'scaffold': ['--client_learning_rate=1e4'],
+      'fedzmg': ['--client_learning_rate=1e4'],
+  }
+  results = _run_side_by_side(
+      [('train', *_train_args(cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra))
+       for algo, extra in diverging.items()], tmp_path)
+  for algo, (code, out, err) in zip(diverging, results):
+    assert code == failures.EXIT_DIVERGED, (algo, code, out[-300:], err)
+    line = _one_error_line(err, 'train')
+    assert line.startswith('train: error: training diverged in round 1: '), line
+    assert "x round 0's evaluation loss" in line and '(--divergence_factor)' in line, line
+    assert 'the checkpoint of round 0 is kept' in line, line
+    assert 're-run with them and --overwrite, or with another --experiment_name' in line
+    run_dir = root / f'emnist_{algo}_seed0'
+    assert _checkpoints(run_dir) == ['program_state_0'], algo
+    (reference,) = [e for _, e in _losses(run_dir).values()]
+    # Round 0's, an untrained model's: about log(62), and under the limit it set.
+    assert math.isfinite(reference) and reference < 2 * math.log(62), (algo, reference)
+    assert 'round 1/1' not in out
+  assert sorted(os.listdir(root)) == sorted(f'emnist_{a}_seed0' for a in diverging)
+
+  followed = {'fedadam': ['--server_learning_rate=0.01'],
+              'scaffold': ['--client_learning_rate=0.01']}
+  results = _run_side_by_side(
+      [('train', *_train_args(cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra,
+                              '--overwrite')) for algo, extra in followed.items()], tmp_path)
+  for algo, (code, out, err) in zip(followed, results):
+    assert code == 0 and err == '' and 'round 1/1' in out, (algo, err)
+    run_dir = root / f'emnist_{algo}_seed0'
+    assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
+    losses = _losses(run_dir)
+    limit = 10 * losses[0][1]  # The documented default --divergence_factor.
+    assert all(math.isfinite(l) and l < limit for l in losses[1]), losses
+  _assert_left_clean(tmp_path)
 
 
 # 6. Text and boolean hyperparameters as the grid's third axis.
