@@ -45,7 +45,7 @@ METRICS_FILENAME = 'metrics.csv'
 CHECKPOINT_DIRNAME = 'checkpoints'
 TENSORBOARD_DIRNAME = 'tensorboard'
 CLIENT_STATES_DIRNAME = 'client_states'
-RUNTIME_FILENAME = 'runtime.json'
+RUNTIME_FILENAME = analysis.runs.RUNTIME_FILENAME
 IN_PROCESS, TFF_WORKER = 'in_process', 'tff_worker'
 RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
 # `--executor=cpu --runtime=auto` runs in process: on this 2-core CPU its rounds were faster
@@ -68,6 +68,7 @@ _RESUMABLE_CHANGES = frozenset(
 # Where a run and its data are, not what they are: a run folder may be copied or renamed
 # and the data moved (the data's identity is checked instead, `_identity`).
 _LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
+_PROCESS_START = time.time()  # A session's start in runtime.json.
 
 
 class ExperimentError(Exception):
@@ -693,6 +694,7 @@ class _RoundReleaseManager(tff.program.ReleaseManager):
     self._first_key = None
     self.last_key = None
     self.limit: Optional[LossLimit] = None
+    self.trained_rounds: Optional[tuple[int, int]] = None  # [first, last] released here.
 
   def set_reference(self, round_0_loss: Optional[float]) -> None:
     """Round 0's evaluation loss (None: unknown, only non-finite losses count)."""
@@ -713,6 +715,8 @@ class _RoundReleaseManager(tff.program.ReleaseManager):
     for manager in self.managers:
       await manager.release(value, key)
     self.last_key = key
+    if key > 0:  # Round 0 is the untrained model's evaluation.
+      self.trained_rounds = ((self.trained_rounds or (key,))[0], key)
     now = time.monotonic()
     if self._start is None:
       self._start, self._first_key = now, key
@@ -840,19 +844,24 @@ def _threads(count: int) -> str:
   return f'{count} thread' + ('s' if count != 1 else '')
 
 
-def _record_runtime(
-    config: ExperimentConfig, runtime_context, in_process_threads: Optional[int], held_out
-) -> dict:
-  """Writes `runtime.json`: the runtime, where the clients' computations ran, the
-  threads per TF op on this machine's CPU (None: TensorFlow's default, or remote), and
-  what the evaluation covered and the device its test examples were kept on.
+def _record_session(
+    config: ExperimentConfig, runtime_context, in_process_threads: Optional[int], held_out,
+    trained: Optional[tuple[int, int]],
+) -> Optional[dict]:
+  """Adds this process's session to `runtime.json` and returns it (None: it trained no
+  round, and adds nothing: a no-op re-run does not erase what the sessions before say).
 
-  In process, the devices are read from the tensors each client's training computation
-  returned (with how many ran on each); TFF's worker returns NumPy values, and its pip
-  build has only a CPU device. The evaluation runs in this process (`tasks.evaluation`);
-  its device is read from its tensors too.
+  A session: the rounds it trained, the runtime, where the clients' computations ran,
+  the threads per TF op on this machine's CPU (None: TensorFlow's default, or remote),
+  what the evaluation covered and the device its test examples were kept on, and when
+  it started. In process, the devices are read from the tensors each client's training
+  computation returned (with how many ran on each); TFF's worker returns NumPy values,
+  and its pip build has only a CPU device. The evaluation runs in this process
+  (`tasks.evaluation`); its device is read from its tensors too. A runtime.json from
+  before sessions is kept as the first (`analysis.runs.read_runtime`).
   """
-  runtime = resolved_runtime(config)
+  if trained is None:
+    return None
   if runtime_context is not None:
     client_devices = dict(sorted(runtime_context.client_devices.items()))
     threads = in_process_threads
@@ -860,13 +869,16 @@ def _record_runtime(
     where = 'remote TFF workers' if config.workers else "TFF's local worker_binary"
     client_devices = {f'CPU of {where} (a build without CUDA)': None}
     threads = None if config.workers else local_intra_op_threads(config)
-  record = collections.OrderedDict(
-      runtime=runtime, client_devices=client_devices, intra_op_threads=threads,
+  session = collections.OrderedDict(
+      rounds=list(trained), runtime=resolved_runtime(config), client_devices=client_devices,
+      intra_op_threads=threads,
       evaluation=dict(covered=held_out.description, device=held_out.groups[0][0]['x'].device),
+      started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(_PROCESS_START)),
   )
-  with open(os.path.join(config.output_dir, RUNTIME_FILENAME), 'w') as f:
-    json.dump(record, f, indent=2)
-  return record
+  sessions = analysis.runs.read_runtime(config.output_dir)
+  run_directory.write_json_atomically(
+      os.path.join(config.output_dir, RUNTIME_FILENAME), {'sessions': [*sessions, session]})
+  return session
 
 
 def read_metric(csv_path: str, name: str) -> dict[int, float]:
@@ -1030,20 +1042,29 @@ def run(config: ExperimentConfig) -> dict:
           ),
       ]
       _thread_event_loop()  # run_training_process asks for it.
-      tff.simulation.run_training_process(
-          training_process=training_process,
-          training_selection_fn=training_selection_fn,
-          total_rounds=config.total_rounds,
-          evaluation_fn=evaluate,
-          evaluation_selection_fn=lambda round_num: _evaluation_due(config, round_num),
-          rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
-          program_state_manager=state_manager,
-          rounds_per_saving_program_state=config.rounds_per_checkpoint,
-          metrics_managers=[progress],
-      )
+
+      def record_session():
+        return _record_session(config, runtime_context, in_process_threads,
+                               evaluate.held_out, progress.trained_rounds)
+
+      try:
+        tff.simulation.run_training_process(
+            training_process=training_process,
+            training_selection_fn=training_selection_fn,
+            total_rounds=config.total_rounds,
+            evaluation_fn=evaluate,
+            evaluation_selection_fn=lambda round_num: _evaluation_due(config, round_num),
+            rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
+            program_state_manager=state_manager,
+            rounds_per_saving_program_state=config.rounds_per_checkpoint,
+            metrics_managers=[progress],
+        )
+      except BaseException:
+        with contextlib.suppress(Exception):  # The error that stopped the run is the news.
+          record_session()
+        raise
       evaluate.close()
-      runtime_record = _record_runtime(
-          config, runtime_context, in_process_threads, evaluate.held_out)
+      session = record_session()
   wall = time.monotonic() - start
   eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
   train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
@@ -1055,7 +1076,7 @@ def run(config: ExperimentConfig) -> dict:
       output_dir=config.output_dir,
       metrics_csv=config.metrics_csv,
       tensorboard_dir=os.path.join(config.output_dir, TENSORBOARD_DIRNAME),
-      runtime=runtime_record['runtime'],
-      client_devices=runtime_record['client_devices'],
+      runtime=resolved_runtime(config),
+      client_devices=session['client_devices'] if session else {},
       evaluation=evaluate.held_out.description,
   )

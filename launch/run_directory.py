@@ -41,8 +41,13 @@ RUN_ENTRIES = frozenset({
     'runtime.json', 'diverged.txt', LOCK_FILENAME,
 })
 # Temporary files of interrupted writes: TFF's CSV manager (`metrics.csv_temp1234`) and
-# ours (`.name.tmp`).
-_TEMP_ENTRY = re.compile(r'^(metrics\.csv_temp\d+|\..*\.tmp)$')
+# ours (`.flags.json.tmp`, `write_json_atomically`), named after the files they replace;
+# any other `.*.tmp` is a user's and stays.
+_TEMP_ENTRY = re.compile(
+    r'^(metrics\.csv_temp\d+|\.('
+    + '|'.join(re.escape(n) for n in sorted(RUN_ENTRIES) if '.' in n.strip('.'))
+    + r')\.tmp)$'
+)
 _CHECKPOINT_TEMP = re.compile(r'^program_state_\d+_temp\d+$')
 _NAME_MAX = 255  # Bytes per file name on Linux file systems.
 # Longest path a run writes below its folder, with room to spare:

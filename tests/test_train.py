@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from launch import experiment
 from launch import train
+from tff_zmg import analysis
 from tff_zmg.algorithms import registry
 from tff_zmg.templates import hparams as hparams_lib
 from tff_zmg.runtime import cpp_worker
@@ -138,7 +139,8 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
   if algo == 'fedrkmgc':  # The sampled clients' states are kept with the run.
     assert os.listdir(exp / 'client_states')
   # Where the clients ran: read from the computed tensors in process, never the flag.
-  runtime = __import__('json').loads((exp / 'runtime.json').read_text())
+  (runtime,) = analysis.runs.read_runtime(str(exp))  # One session, of rounds 1-2.
+  assert runtime['rounds'] == [1, 2]
   if '--runtime=tff_worker' not in extra:
     assert runtime['runtime'] == 'in_process'
     (device, count), = runtime['client_devices'].items()

@@ -170,6 +170,67 @@ def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(t
   _assert_left_clean(tmp_path, refused=True)
 
 
+# 2. Run records stay true.
+
+
+def test_each_process_that_trains_adds_its_session_to_runtime_json(finished_run, tmp_path):
+  """2: a no-op re-run of a finished run changes nothing; a resume in TFF's worker adds its
+  own session beside the first one's, in process."""
+  run_dir = _copy(finished_run[0], tmp_path)
+  args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
+  record = (run_dir / 'runtime.json').read_bytes()
+  code, out, err = _run('train', *args, '--total_rounds=1', tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  assert (run_dir / 'runtime.json').read_bytes() == record
+  code, out, err = _run('train', *args, '--total_rounds=2', '--runtime=tff_worker',
+                        tmp_path=tmp_path)
+  assert code == 0 and err == '' and 'round 2/2' in out, err
+  first, second = analysis.runs.read_runtime(str(run_dir))
+  assert first['rounds'] == [1, 1] and first['runtime'] == 'in_process'
+  (device, count), = first['client_devices'].items()
+  assert device.endswith('/device:CPU:0') and count == _TRAIN_CLIENTS
+  assert second['rounds'] == [2, 2] and second['runtime'] == 'tff_worker'
+  (device, count), = second['client_devices'].items()
+  assert 'worker_binary' in device and count is None
+  assert os.listdir(tmp_path / 'runs') == [run_dir.name]
+  _assert_left_clean(tmp_path)
+
+
+def test_a_runtime_json_from_before_sessions_reads_as_one_session(tmp_path):
+  """2: runs recorded before sessions keep what they said."""
+  (tmp_path / 'runtime.json').write_text(json.dumps(
+      {'runtime': 'tff_worker', 'client_devices': {'CPU': None}, 'intra_op_threads': 1}))
+  assert analysis.runs.read_runtime(str(tmp_path)) == [
+      {'runtime': 'tff_worker', 'client_devices': {'CPU': None}, 'intra_op_threads': 1,
+       'rounds': None}]
+
+
+# 3. Only the program's own temporary files are deleted.
+
+
+def test_resume_and_overwrite_keep_a_users_tmp_file(finished_run, tmp_path):
+  """3: a resume removes only the temporaries of the run's own interrupted writes;
+  --overwrite refuses a folder that holds a user's .notes.tmp, deleting nothing."""
+  run_dir = _copy(finished_run[0], tmp_path)
+  args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
+  (run_dir / '.notes.tmp').write_text('mine')
+  (run_dir / '.flags.json.tmp').write_text('{"cut sh')  # A killed write of ours.
+  (run_dir / 'metrics.csv_temp1234').write_text('key\n')  # TFF's CSV manager's.
+  code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  assert code == 0 and err == '' and 'round 2/2' in out, err
+  assert (run_dir / '.notes.tmp').read_text() == 'mine'
+  assert not (run_dir / '.flags.json.tmp').exists()
+  assert not (run_dir / 'metrics.csv_temp1234').exists()
+
+  before = _tree(tmp_path / 'runs')
+  code, out, err = _run('train', *args, '--total_rounds=2', '--overwrite', tmp_path=tmp_path)
+  line = _one_error_line(err, 'train')
+  assert code == failures.EXIT_BAD_INPUT and "('.notes.tmp')" in line, err
+  assert _tree(tmp_path / 'runs') == before
+  assert analysis.runs.completed_rounds(str(run_dir)) == 2
+  _assert_left_clean(tmp_path)
+
+
 # 4. Divergence is judged against the run's own round 0.
 
 
