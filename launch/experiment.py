@@ -572,6 +572,8 @@ def _check_run_directory(config: ExperimentConfig) -> None:
   )
   if config.overwrite:
     run_directory.check_deletable(config.root_output_dir, config.output_dir)
+  elif os.path.isdir(config.output_dir):
+    run_directory.check_holds_a_run(config.output_dir)
   run_directory.check_not_locked(config.output_dir)
   if not config.overwrite:
     _check_total_rounds(config)

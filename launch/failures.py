@@ -78,8 +78,8 @@ _ENVIRONMENT_ERRNOS = frozenset(
 # errors carry a status code, not the errno.
 _ENVIRONMENT_TEXTS = tuple(
     os.strerror(e)
-    for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS,
-              errno.ENOTDIR, errno.EISDIR)
+    for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM,
+              errno.EROFS, errno.ENOTDIR, errno.EISDIR)
 )
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TMP_PREFIX = 'tff_zmg-tmp-'
@@ -104,9 +104,23 @@ def environment_cause(error: BaseException) -> Optional[str]:
     text = _error_text(error)
     for cause in _ENVIRONMENT_TEXTS:
       if cause in text:
-        return _one_line(text)
+        return _cause_line(text, cause)
     error = error.__cause__ or error.__context__
   return None
+
+
+def _cause_line(text: str, cause: str) -> str:
+  """The line of an error's message that names `cause`, cut after it: TensorFlow's and
+  TFF's messages wrap it in node names, traceback lines and hints ('/x/y.tmp; No space
+  left on device' of dozens of lines)."""
+  line = next(l for l in _lines(text) if cause in l)
+  return line[:line.index(cause) + len(cause)]
+
+
+def _lines(text: str) -> list[str]:
+  # TensorFlow wraps an op's error in "{{function_node ...}} ... [Op:SaveV2]": only noise.
+  text = re.sub(r'\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?', '', str(text))
+  return [l.strip() for l in text.strip().splitlines() if l.strip()]
 
 
 def _error_text(error: BaseException) -> str:
@@ -119,9 +133,7 @@ def _error_text(error: BaseException) -> str:
 
 
 def _one_line(text: str) -> str:
-  # TensorFlow wraps an op's error in "{{function_node ...}} ... [Op:SaveV2]": only noise.
-  text = re.sub(r'\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?', '', str(text))
-  lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+  lines = _lines(text)
   # TensorFlow appends op and node lines ("[[{{node SaveV2}}]]"); the cause is first.
   lines = [l for l in lines if not l.startswith(('[[', '{{'))] or lines
   return re.sub(r'\s+', ' ', '; '.join(lines[:3]))

@@ -184,6 +184,21 @@ def check_environment(
     )
 
 
+def check_holds_a_run(output_dir: str) -> None:
+  """Refuses a folder whose metrics.csv no run wrote: a run writes flags.json (and its
+  checkpoints) before its first row, and appends to that file."""
+  error, _ = _errors()
+  if not os.path.isfile(os.path.join(output_dir, 'metrics.csv')):
+    return
+  if any(os.path.lexists(os.path.join(output_dir, n)) for n in ('flags.json', 'checkpoints')):
+    return
+  raise error(
+      f'{output_dir} holds a metrics.csv but no flags.json or checkpoints/ of the run that'
+      ' wrote it, so it is not a run\'s, and a run appends to its metrics.csv: move the file,'
+      ' or choose another --experiment_name'
+  )
+
+
 def foreign_entries(output_dir: str) -> list[str]:
   """The entries at the top of `output_dir` that no run writes (sorted)."""
   return sorted(
@@ -206,6 +221,7 @@ def check_deletable(root_output_dir: str, output_dir: str) -> None:
   check_inside(root_output_dir, output_dir, '--overwrite deletes only a run folder inside it')
   if not os.path.isdir(output_dir):
     return  # `check_environment` says it is a file.
+  check_holds_a_run(output_dir)
   foreign = foreign_entries(output_dir)
   if foreign:
     more = f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''

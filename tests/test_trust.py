@@ -292,6 +292,73 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
   _assert_left_clean(tmp_path)
 
 
+# 5. Exit statuses as docs/operations.md defines them, with the cause.
+
+
+def test_a_folder_with_someone_elses_metrics_csv_is_refused_untouched(cache_dir, tmp_path):
+  """5: training into it used to write files there and then exit 1."""
+  theirs = tmp_path / 'runs' / 'theirs'
+  theirs.mkdir(parents=True)
+  (theirs / 'metrics.csv').write_text('round,accuracy\n1,0.5\n')
+  before = _tree(tmp_path / 'runs')
+  code, out, err = _run('train', *_train_args(
+      cache_dir, tmp_path / 'runs', '--algo=fedavg', '--experiment_name=theirs'),
+      tmp_path=tmp_path)
+  line = _one_error_line(err, 'train')
+  assert code == failures.EXIT_BAD_INPUT and 'holds a metrics.csv but no flags.json' in line
+  assert _tree(tmp_path / 'runs') == before
+  _assert_left_clean(tmp_path, refused=True)
+
+
+def test_an_immutable_metrics_csv_is_the_machines_refusal(finished_run, tmp_path):
+  """5: `chattr +i metrics.csv` used to exit 1 ("a bug")."""
+  run_dir = _copy(finished_run[0], tmp_path)
+  args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
+  metrics = run_dir / 'metrics.csv'
+  before = metrics.read_bytes()
+  if subprocess.run(['chattr', '+i', str(metrics)], capture_output=True).returncode != 0:
+    pytest.skip('chattr +i needs root and a file system with attributes')
+  try:
+    code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  finally:
+    subprocess.run(['chattr', '-i', str(metrics)], check=True)
+  line = _one_error_line(err, 'train')
+  assert code == failures.EXIT_ENVIRONMENT and 'Operation not permitted' in line, err
+  assert 'the checkpoint of round 1 is kept' in line, line
+  assert metrics.read_bytes() == before
+  assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
+  assert len(analysis.runs.read_runtime(str(run_dir))) == 1  # Round 2 was not trained.
+  _assert_left_clean(tmp_path)
+
+
+def test_a_full_disk_while_client_states_are_written_says_so_in_one_line(cache_dir, tmp_path):
+  """5: SCAFFOLD's client states on a 30 MiB tmpfs (round 0's checkpoint fits, round 1's
+  states do not), in process and in TFF's worker (there a ~1,200-character line before)."""
+  if shutil.which('unshare') is None or subprocess.run(
+      ['unshare', '-rm', 'true'], capture_output=True).returncode != 0:
+    pytest.skip('user namespaces are not available')
+  runtimes = ('in_process', 'tff_worker')
+  commands = []
+  for runtime in runtimes:
+    root = tmp_path / runtime
+    root.mkdir()
+    train = ' '.join([sys.executable, '-m', 'launch.train', *_train_args(
+        cache_dir, root, '--algo=scaffold', '--total_rounds=2', f'--runtime={runtime}')])
+    commands.append((None, '-c', (
+        'import subprocess, sys; sys.exit(subprocess.run(["unshare", "-rm", "sh", "-c",'
+        f' "mount -t tmpfs -o size=30m tmpfs {root} && exec {train}"]).returncode)')))
+  for runtime, (code, out, err) in zip(runtimes, _run_side_by_side(commands, tmp_path)):
+    line = _one_error_line(err, 'train')
+    assert code == failures.EXIT_ENVIRONMENT, (runtime, err)
+    assert 'No space left on device' in line and 'File "' not in line, line
+    assert len(line) < 400 and 'the checkpoint of round 0 is kept' in line, line
+    assert 'round 0/2' in out and 'round 1/2' not in out, out
+  # The tmpfs went with its namespace; nothing was written beside it.
+  assert sorted(os.listdir(tmp_path)) == sorted(['home', 'tmp', *runtimes])
+  assert all(os.listdir(tmp_path / runtime) == [] for runtime in runtimes)
+  _assert_left_clean(tmp_path)
+
+
 # 6. Text and boolean hyperparameters as the grid's third axis.
 
 
