@@ -53,6 +53,11 @@ EXIT_DIVERGED = 3
 EXIT_WORKER_LOST = 4
 EXIT_ENVIRONMENT = 5
 EXIT_INTERRUPTED = 130
+# A program that runs others passes on their status when it is one of these.
+DOCUMENTED_EXIT_CODES = frozenset({
+    EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_WORKER_LOST, EXIT_ENVIRONMENT,
+    EXIT_INTERRUPTED,
+})
 
 EXIT_CODES_HELP = (
     'Exit status: 0 done, 1 an unexpected failure (a bug; --verbose shows the traceback),'

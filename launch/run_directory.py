@@ -132,6 +132,15 @@ def _check_folder(path: str, what: str, must_write: bool = True) -> None:
     )
 
 
+def check_output_file(path: str, flag: str) -> None:
+  """Refuses, before any work, an output file that cannot be written: a folder, or a
+  parent that is a file or not writable (`RunEnvironmentError` for the latter)."""
+  error, _ = _errors()
+  if os.path.isdir(path):
+    raise error(f'--{flag}={path} is a folder; give the path of a file to write')
+  _check_folder(os.path.dirname(os.path.abspath(path)), f'the folder of --{flag}')
+
+
 def checkpoint_bytes(num_parameters: int) -> int:
   """The free space a run asks for before it starts: the model's float32 weights, which
   every checkpoint holds (with the optimizers' states, where they have any)."""
