@@ -34,6 +34,7 @@ from absl import flags
 import tasks
 from launch import experiment
 from launch import failures
+from launch import run_directory
 from launch import runner
 from launch import train
 from tff_zmg import analysis
@@ -141,10 +142,12 @@ def _parse_settings():
   return task_names, algos, seeds, parse_algo_hparams(_ALGO_HPARAMS.value, algos), thresholds
 
 
-def collect(root: str, task: str, algos, seeds, stream=None):
+def collect(root: str, task: str, algos, seeds, stream=None, hparams=None):
   """(series algo -> seed -> (rounds, accuracies), one status row per run) of a task.
 
-  Missing and diverged runs are left out of the series, with a line on `stream`.
+  Missing and diverged runs are left out of the series, with a line on `stream`; a run
+  trained with other hyperparameters than `hparams[algo]` (those the comparison asks
+  for) is compared as it is, with a line saying which differ (--collect_only).
 
   Raises:
     ValueError: the runs were not trained on the same data split.
@@ -160,6 +163,13 @@ def collect(root: str, task: str, algos, seeds, stream=None):
         print(f'{task}: no run {run_dir}; left out', file=stream, flush=True)
         continue
       row['hparams'] = json.dumps(recorded.get('hparams', {}), sort_keys=True)
+      if hparams is not None:
+        asked = json.loads(json.dumps(hparams[algo]))
+        differ = run_directory.differences(asked, recorded.get('hparams') or {})
+        if differ:
+          row['other_hparams'] = differ
+          print(f'{task}: {run_dir} was trained with other hyperparameters than asked'
+                f' ({differ}); compared as it is', file=stream, flush=True)
       data[run_dir] = {k: recorded.get(k) for k in DATA_SETTINGS}
       done = analysis.runs.completed_rounds(run_dir)
       if os.path.exists(os.path.join(run_dir, runner.DIVERGED_FILENAME)):
@@ -212,15 +222,22 @@ def _format_summary(summary, thresholds):
   return out
 
 
-def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None) -> str:
-  """Collects the runs, writes the tables and figures; returns the Markdown report."""
+def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
+           hparams=None) -> str:
+  """Collects the runs, writes the tables and figures; returns the Markdown report.
+
+  `hparams`: algo -> the hyperparameters asked for (`collect`); runs trained with others
+  are named in the report too.
+  """
   stream = stream or sys.stdout
   os.makedirs(report_dir, exist_ok=True)
   all_runs, all_summary, all_ttests, markdown = [], [], [], []
   for task in task_names:
     task_thresholds = thresholds or tasks.SPECS[task].accuracy_thresholds
-    series, status_rows = collect(root, task, algos, seeds, stream)
+    series, status_rows = collect(root, task, algos, seeds, stream, hparams)
     markdown.append(f'## {task}\n\n')
+    markdown += [f'Note: {r["run_dir"]} was trained with other hyperparameters than asked'
+                 f' ({r["other_hparams"]}).\n\n' for r in status_rows if 'other_hparams' in r]
     if not series:
       markdown.append('No runs to compare.\n\n')
       all_runs.extend(status_rows)
@@ -261,14 +278,15 @@ def main(argv) -> int:
   task_names, algos, seeds, hparams, thresholds = _parse_settings()
   root = flags.FLAGS.root_output_dir
   report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
+  runs = [
+      runner.train_run(run_name(t, a, s), {
+          'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
+          **hparams.get(a, {}),
+      })
+      for t in task_names for a in algos for s in seeds
+  ]
+  asked = {run.config.algo: run.config.recorded()['hparams'] for run in runs}
   if not _COLLECT_ONLY.value:
-    runs = [
-        runner.train_run(run_name(t, a, s), {
-            'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
-            **hparams.get(a, {}),
-        })
-        for t in task_names for a in algos for s in seeds
-    ]
     print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
     try:
       runner.run_all(
@@ -282,7 +300,7 @@ def main(argv) -> int:
           ' runs made with other settings, add --collect_only; for new runs, choose another'
           ' --root_output_dir)'
       ) from e
-  text = report(root, report_dir, task_names, algos, seeds, thresholds)
+  text = report(root, report_dir, task_names, algos, seeds, thresholds, hparams=asked)
   print(text)
   print(f'tables and figures: {report_dir}', flush=True)
   return 0

@@ -789,10 +789,11 @@ def _evaluation_fn(config, task, training_process, runtime_context, in_process_t
   return _Evaluation(held_out, evaluator, training_process)
 
 
-def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
-  """Resumes from the newest checkpoint that can be read into this process's state.
+def _check_checkpoint(config: ExperimentConfig, process, store=None) -> Optional[int]:
+  """Resumes from the newest checkpoint that can be read into this process's state (and
+  whose client states `store`, if any, can restore).
 
-  Newer ones that cannot (a save cut short, a damaged disk) are set aside as
+  Newer ones that cannot (a save cut short, a damaged disk, a lost snapshot) are set aside as
   `checkpoints/unreadable_program_state_N`, saying so; if none can, the run is refused.
 
   Returns:
@@ -803,10 +804,13 @@ def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
   manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
   structure = process.initialize()
   loop = _thread_event_loop()
-  version, refused = run_directory.find_intact_checkpoint(
-      config.checkpoint_dir,
-      lambda v: loop.run_until_complete(manager.load(v, structure)),
-  )
+
+  def load(version):
+    loop.run_until_complete(manager.load(version, structure))
+    if store is not None:
+      store.check_restorable(version)
+
+  version, refused = run_directory.find_intact_checkpoint(config.checkpoint_dir, load)
   if refused and version is None:
     newest, e = refused[0]
     message = str(e).strip().splitlines()[0] if str(e).strip() else ''
@@ -823,6 +827,14 @@ def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
         f' {CHECKPOINT_DIRNAME}/{aside})', flush=True,
     )
   return version
+
+
+def _say_if_capped(config: ExperimentConfig, train_data) -> None:
+  """One line when --clients_per_round asks for more clients than the data has."""
+  population = len(train_data.client_ids)
+  if config.clients_per_round > population:
+    print(f'clients_per_round: {config.clients_per_round} asked, but the data has'
+          f' {population} training clients: all {population} train every round', flush=True)
 
 
 def _runtime_line(config: ExperimentConfig, runtime_context, in_process_threads) -> str:
@@ -1016,11 +1028,18 @@ def run(config: ExperimentConfig) -> dict:
       print(_runtime_line(config, runtime_context, in_process_threads), flush=True)
       evaluate = _evaluation_fn(config, task, process, runtime_context, in_process_threads)
       print(f'evaluation: {evaluate.held_out.description}', flush=True)
-      resumed_from = _check_checkpoint(config, process)
+      store = None
+      if stateful:
+        store = client_states.create_store(
+            config.client_state_store,
+            os.path.join(config.output_dir, CLIENT_STATES_DIRNAME),
+        )
+      resumed_from = _check_checkpoint(config, process, store)
       repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)
       if repaired:
         print(repaired, flush=True)
       progress.set_reference(read_metric(config.metrics_csv, 'evaluation/loss').get(0))
+      _say_if_capped(config, train_data)
       run_directory.write_identity(config.checkpoint_dir, identity)
       run_directory.write_json_atomically(
           os.path.join(config.output_dir, FLAGS_FILENAME), config.recorded()
@@ -1028,10 +1047,6 @@ def run(config: ExperimentConfig) -> dict:
       state_manager = _FiniteStateManager(config, keep_total=3)
       training_process = process
       if stateful:
-        store = client_states.create_store(
-            config.client_state_store,
-            os.path.join(config.output_dir, CLIENT_STATES_DIRNAME),
-        )
         # Remote workers may not see this machine's files: their states go in the call.
         training_process = client_states.StatefulClientsTrainer(
             process, store, states_in_worker=not config.workers

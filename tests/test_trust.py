@@ -436,6 +436,74 @@ def test_bad_flags_are_refused_before_any_work_and_help_exits_0(tmp_path):
   _assert_left_clean(tmp_path, refused=True)
 
 
+# 8. The smaller cases.
+
+
+def test_a_cohort_above_the_population_is_said_and_recorded(finished_run):
+  """8: --clients_per_round=8 of 6 clients used to be capped without a word."""
+  run_dir, out = finished_run
+  assert 'clients_per_round: 8 asked, but the data has 6 training clients' in out
+  (session,) = analysis.runs.read_runtime(str(run_dir))
+  assert list(session['client_devices'].values()) == [_TRAIN_CLIENTS]
+
+
+def test_collect_only_names_runs_trained_with_other_hyperparameters(finished_run, tmp_path):
+  """8: `compare --collect_only` used to mix them in without a word."""
+  run_dir = finished_run[0]
+  before = _tree(run_dir)
+  report = tmp_path / 'report'
+  code, out, err = _run('compare', f'--root_output_dir={run_dir.parent}', '--task=emnist',
+                        '--algos=fedavg', '--seeds=0', '--collect_only',
+                        '--client_learning_rate=0.5', f'--report_dir={report}',
+                        tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  assert 'was trained with other hyperparameters than asked (client_learning_rate:' in out
+  assert 'other hyperparameters than asked' in (report / 'report.md').read_text()
+  assert _tree(run_dir) == before
+  _assert_left_clean(tmp_path)
+
+
+def test_a_lost_memory_snapshot_resumes_from_the_checkpoint_before(cache_dir, tmp_path):
+  """8: the newest checkpoint without its client-state snapshot used to offer only
+  --overwrite; it is set aside and the previous one resumes."""
+  root = tmp_path / 'runs'
+  args = _train_args(cache_dir, root, '--algo=scaffold', '--client_state_store=memory')
+  code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  run_dir = root / 'emnist_scaffold_seed0'
+  os.remove(run_dir / 'client_states' / 'snapshot-00000002.npz')
+  code, out, err = _run('train', *args, '--total_rounds=3', tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  assert 'checkpoint of round 2 cannot be read' in out and 'resuming from round 1' in out
+  assert 'round 2/3' in out and 'round 3/3' in out
+  assert 'unreadable_program_state_2' in os.listdir(run_dir / 'checkpoints')
+  assert [s['rounds'] for s in analysis.runs.read_runtime(str(run_dir))] == [[1, 2], [2, 3]]
+  _assert_left_clean(tmp_path)
+
+
+def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(tmp_path):
+  """8: `reproduce --dry_run` trained where its help said it trains nothing: its help now
+  names the timing runs, and they are all it trains (once; a second dry run reuses them)."""
+  code, out, err = _run('reproduce', '--helpfull', tmp_path=tmp_path)
+  assert code == 0 and 'only a 3-round timing run of each kind of run' in ' '.join(
+      out.split()), err
+  root = tmp_path / 'root'
+  args = ('--paper=fedzmg', '--table=5', '--scale=ci', '--data_source=synthetic',
+          '--dry_run', f'--root_output_dir={root}', f'--cache_dir={tmp_path / "data"}')
+  code, out, err = _run('reproduce', *args, tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  timed = [l for l in out.splitlines() if l.startswith('dry run: timing 3 rounds of')]
+  plan = root / 'reproduce_fedzmg_ci'
+  assert os.listdir(plan) == ['dry_run']  # No grid/ nor runs/: none of the plan's runs.
+  runs = [d for d in os.listdir(plan / 'dry_run') if d.startswith('emnist-')]
+  assert len(runs) == len(timed) == 2  # FedZMG's client rule, and plain SGD's.
+  before = _tree(root)
+  code, out, err = _run('reproduce', *args, tmp_path=tmp_path)
+  assert code == 0 and err == '' and 'dry run: timing' not in out, err
+  assert _tree(root) == before
+  _assert_left_clean(tmp_path)
+
+
 # 9. Quiet imports; no leftovers of killed programs.
 
 
