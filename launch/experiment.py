@@ -890,8 +890,9 @@ def _record_session(
       started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(_PROCESS_START)),
   )
   sessions = analysis.runs.read_runtime(config.output_dir)
-  run_directory.write_json_atomically(
-      os.path.join(config.output_dir, RUNTIME_FILENAME), {'sessions': [*sessions, session]})
+  run_directory.write_json_atomically(  # Each session's keys in the order above.
+      os.path.join(config.output_dir, RUNTIME_FILENAME), {'sessions': [*sessions, session]},
+      sort_keys=False)
   return session
 
 

@@ -423,11 +423,12 @@ def write_identity(checkpoint_dir: str, identity: dict) -> None:
   write_json_atomically(path, identity)
 
 
-def write_json_atomically(path: str, value) -> None:
-  """Writes `value` as JSON to `path` via a temporary file renamed into place."""
+def write_json_atomically(path: str, value, sort_keys: bool = True) -> None:
+  """Writes `value` as JSON to `path` via a temporary file renamed into place (its keys
+  sorted, unless their order says something)."""
   tmp = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.tmp')
   with open(tmp, 'w') as f:
-    json.dump(value, f, indent=2, sort_keys=True)
+    json.dump(value, f, indent=2, sort_keys=sort_keys)
     f.write('\n')
   os.replace(tmp, path)
 
