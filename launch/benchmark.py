@@ -52,7 +52,6 @@ the traceback.
 
 import collections
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -69,6 +68,7 @@ import tensorflow_federated as tff
 import tasks
 from launch import failures
 from launch import resources
+from launch import run_directory
 from tasks import evaluation
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
@@ -88,11 +88,12 @@ _DATA_SOURCE = flags.DEFINE_enum(
     'data_source', 'synthetic', ['tff', 'synthetic'], 'Where the client data comes from.'
 )
 _CACHE_DIR = flags.DEFINE_string('cache_dir', None, 'Data directory (see launch.train).')
-_CLIENTS = flags.DEFINE_integer('clients_per_round', 10, 'Clients per timed round.')
+_CLIENTS = flags.DEFINE_integer(
+    'clients_per_round', 10, 'Clients per timed round.', lower_bound=1)
 _EXAMPLES = flags.DEFINE_integer(
     'examples_per_client', 240, 'Examples each client trains on per round.'
 )
-_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed rounds per contender.')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed rounds per contender.', lower_bound=1)
 _SCALING = flags.DEFINE_list(
     'scaling_clients', ['10', '20', '50'], 'Clients per round for the scaling table.'
 )
@@ -103,6 +104,19 @@ _CONCURRENCY = flags.DEFINE_list(
     'concurrency', ['1', '2', '-1'],
     'Values of --max_concurrent_clients to compare (-1: no limit).',
 )
+
+
+def _integers(values, minimum=None) -> bool:
+  try:
+    return all(minimum is None or int(v) >= minimum for v in values)
+  except ValueError:
+    return False
+
+
+flags.register_validator('scaling_clients', lambda v: _integers(v, 1),
+                         '--scaling_clients must be a comma list of integers >= 1')
+flags.register_validator('concurrency', _integers,
+                         '--concurrency must be a comma list of integers')
 _MAX_CONCURRENT = flags.DEFINE_integer(
     'max_concurrent_clients', -1, 'TFF worker concurrency for the main comparison.'
 )
@@ -548,8 +562,16 @@ def main(argv) -> int:
   del argv
   logging.set_verbosity(logging.WARNING)
   tf.get_logger().setLevel('ERROR')
+  if _OUTPUT.value:  # Before the timing, not after it.
+    run_directory.check_output_file(_OUTPUT.value, 'output')
   process_threads = set_process_threads()
   algos = _algorithms(_ALGOS.value)
+  registry.get(_SCALING_ALGO.value)  # An unknown name fails here, before any timing.
+  if _IN_PROCESS.value and _IN_PROCESS_DEVICES.value:
+    try:
+      in_process.check_devices(_IN_PROCESS_DEVICES.value)
+    except ValueError as e:
+      raise ValueError(f'--in_process_devices: {e}') from None
   scaling = sorted(int(c) for c in _SCALING.value)
   num_clients = max([_CLIENTS.value] + scaling)
   synthetic = None
@@ -662,16 +684,16 @@ def main(argv) -> int:
           flush=True,
       )
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      json.dump(
-          # command, date and cpus: what scripts/benchmark_table.py prints above the table.
-          dict(command=sys.argv[1:], date=time.strftime('%Y-%m-%d'), cpus=os.cpu_count(),
-               contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
-               worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
-               in_process_client_devices=in_process_devices,
-               evaluation=evaluation_results),
-          f, indent=2,
-      )
+    run_directory.write_json_atomically(
+        _OUTPUT.value,
+        # command, date and cpus: what scripts/benchmark_table.py prints above the table.
+        dict(command=sys.argv[1:], date=time.strftime('%Y-%m-%d'), cpus=os.cpu_count(),
+             contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
+             worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
+             in_process_client_devices=in_process_devices,
+             evaluation=evaluation_results),
+        sort_keys=False,  # The contenders in the order scripts/benchmark_table.py prints.
+    )
   return 0
 
 

@@ -62,7 +62,8 @@ _CACHE_DIR = flags.DEFINE_string(
     'cache_dir', None, 'Where the synthetic data is written (default: a temporary directory).'
 )
 _TOLERANCE = flags.DEFINE_float(
-    'tolerance', 1e-5, 'Largest absolute weight difference between the two rounds that passes.'
+    'tolerance', 1e-5, 'Largest absolute weight difference between the two rounds that passes.',
+    lower_bound=0,
 )
 
 # Model arithmetic (oneDNN renames MatMul to _MklMatMul, _MklNativeFusedMatMul, ...;
@@ -74,12 +75,6 @@ _WORKER_DEVICE_LINE = re.compile(
 )
 
 
-def short_device(name: str) -> str:
-  """'/job:localhost/replica:0/task:0/device:GPU:1' (or '/GPU:1') -> '/device:GPU:1'."""
-  spec = tf.DeviceSpec.from_string(name)
-  return f'/device:{spec.device_type or "CPU"}:{spec.device_index or 0}'
-
-
 def op_counts(run_metadata) -> dict[str, tuple[int, int]]:
   """Per device: (nodes, model ops) in the partition graphs of the functions run."""
   nodes = collections.Counter()
@@ -87,7 +82,7 @@ def op_counts(run_metadata) -> dict[str, tuple[int, int]]:
   for function_graph in run_metadata.function_graphs:
     for graph in function_graph.partition_graphs:
       for node in graph.node:
-        device = short_device(node.device)
+        device = in_process.device_name(node.device)
         nodes[device] += 1
         model[device] += bool(MODEL_OP.search(node.op))
   return {device: (nodes[device], model[device]) for device in sorted(nodes)}
@@ -139,6 +134,10 @@ def main(argv) -> int:
   del argv
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
+  try:  # Before any output: a round placed there would only fail.
+    in_process.check_devices(_DEVICES.value or [])
+  except ValueError as e:
+    raise ValueError(f'--devices: {e}') from None
   info = tf.sysconfig.get_build_info()
   print(
       f'tf_build: version={tf.__version__} is_cuda_build={info.get("is_cuda_build", False)}'
@@ -147,7 +146,7 @@ def main(argv) -> int:
       flush=True,
   )
   physical_gpus = [d.name for d in tf.config.list_physical_devices('GPU')]
-  gpus = in_process.visible_gpus()  # Memory growth on, before TensorFlow starts.
+  gpus = in_process.visible_gpus()
   print(f'tf_gpus: physical={physical_gpus or "none"} logical={gpus or "none"}', flush=True)
   if not gpus:
     print(f'no_gpu_cause: {gpu_diagnosis.no_gpu_cause()}', flush=True)
@@ -228,7 +227,7 @@ def main(argv) -> int:
     print(f'ops: device={device} nodes={nodes} model_ops={model_ops}', flush=True)
   ok = True
   for device in devices:
-    model_ops = sum(m for d, (_, m) in counts.items() if d == short_device(device))
+    model_ops = sum(m for d, (_, m) in counts.items() if d == in_process.device_name(device))
     if model_ops:
       print(f'placement: {device} ran {model_ops} model ops', flush=True)
     else:

@@ -36,6 +36,7 @@ from absl import flags
 import tasks
 from launch import experiment
 from launch import failures
+from launch import run_directory
 from launch import runner
 from launch import train
 from tff_zmg import analysis
@@ -222,12 +223,14 @@ def untuned_warning(task: str, algos) -> str:
   )
 
 
-def collect(root: str, task: str, algos, seeds, stream=None, tuned=None):
+def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams=None):
   """(series algo -> seed -> (rounds, accuracies), one status row per run) of a task.
 
   Missing and diverged runs are left out of the series, with a line on `stream`. Each row
   says where the run's learning rates came from (`rates`: tuned by a grid search in
-  `tuned`, `tuned_picks`'s mapping, untuned defaults, or given by hand).
+  `tuned`, `tuned_picks`'s mapping, untuned defaults, or given by hand); a run trained with
+  other hyperparameters than `hparams[algo]` (those the comparison asks for) is compared as
+  it is, with a line saying which differ (--collect_only).
 
   Raises:
     ValueError: the runs were not trained on the same data split.
@@ -247,6 +250,13 @@ def collect(root: str, task: str, algos, seeds, stream=None, tuned=None):
       row['rates'] = rates_source(task, algo, run_hparams, tuned or {})
       row['learning_rates'] = analysis.tuning.format_hparams(
           {k: v for k, v in run_hparams.items() if k.endswith('learning_rate')})
+      if hparams is not None:
+        asked = json.loads(json.dumps(hparams[algo]))
+        differ = run_directory.differences(asked, run_hparams)
+        if differ:
+          row['other_hparams'] = differ
+          print(f'{task}: {run_dir} was trained with other hyperparameters than asked'
+                f' ({differ}); compared as it is', file=stream, flush=True)
       data[run_dir] = {k: recorded.get(k) for k in DATA_SETTINGS}
       done = analysis.runs.completed_rounds(run_dir)
       if os.path.exists(os.path.join(run_dir, runner.DIVERGED_FILENAME)):
@@ -309,18 +319,21 @@ def _format_summary(summary, thresholds, rates):
 
 
 def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
-           tuned=None) -> str:
+           tuned=None, hparams=None) -> str:
   """Collects the runs, writes the tables and figures; returns the Markdown report.
 
   `tuned`: `tuned_picks`'s mapping, to tell tuned rates from given ones. A task whose runs
   used untuned default rates gets a warning (on stderr and atop its section).
+  `hparams`: task -> algo -> the hyperparameters asked for (`collect`); runs trained with
+  others are named in the report too.
   """
   stream = stream or sys.stdout
   os.makedirs(report_dir, exist_ok=True)
   all_runs, all_summary, all_ttests, markdown = [], [], [], []
   for task in task_names:
     task_thresholds = thresholds or tasks.SPECS[task].accuracy_thresholds
-    series, status_rows = collect(root, task, algos, seeds, stream, tuned)
+    series, status_rows = collect(root, task, algos, seeds, stream, tuned,
+                                  None if hparams is None else hparams[task])
     markdown.append(f'## {task}\n\n')
     rates = _rates_by_algo(status_rows)
     untuned = [a for a in algos
@@ -329,6 +342,8 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
     if untuned:
       print(f'compare: warning: {untuned_warning(task, untuned)}', file=sys.stderr, flush=True)
       markdown.append(f'**Untuned:** {untuned_warning(task, untuned)}.\n\n')
+    markdown += [f'Note: {r["run_dir"]} was trained with other hyperparameters than asked'
+                 f' ({r["other_hparams"]}).\n\n' for r in status_rows if 'other_hparams' in r]
     if not series:
       markdown.append('No runs to compare.\n\n')
       all_runs.extend(status_rows)
@@ -377,22 +392,24 @@ def main(argv) -> int:
     tuned = tuned_picks(_TUNED_FROM.value, task_names, algos, hparams, _ALLOW_UNTUNED.value)
     for (task, algo), pick in tuned.items():
       print(f'compare: {algo} on {task} at its tuned {pick.describe()}', flush=True)
+  runs = [
+      runner.train_run(run_name(t, a, s), {
+          'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
+          **hparams.get(a, {}), **(tuned[t, a].hparams if (t, a) in tuned else {}),
+      })
+      for t in task_names for a in algos for s in seeds
+  ]
+  asked = {}  # task -> algo -> the hyperparameters this comparison trains with
+  for run in runs:
+    asked.setdefault(run.config.task, {})[run.config.algo] = run.config.recorded()['hparams']
   if not _COLLECT_ONLY.value:
-    runs = []
     for t in task_names:
-      untuned = []
       for a in algos:
-        pick = tuned.get((t, a))
-        for s in seeds:
-          runs.append(runner.train_run(run_name(t, a, s), {
-              'task': t, 'algo': a, 'seed': s, 'experiment_name': run_name(t, a, s),
-              **hparams.get(a, {}), **(pick.hparams if pick else {}),
-          }))
-        if pick:
-          check_tuned_data(runs[-1], pick)
-        run_hparams = runs[-1].config.recorded()['hparams']
-        if rates_source(t, a, run_hparams, tuned) == analysis.tuning.DEFAULTS:
-          untuned.append(a)
+        if (t, a) in tuned:
+          check_tuned_data(next(r for r in runs if r.config.task == t and r.config.algo == a),
+                           tuned[t, a])
+      untuned = [a for a in algos
+                 if rates_source(t, a, asked[t][a], tuned) == analysis.tuning.DEFAULTS]
       if untuned:
         print(f'compare: warning: {untuned_warning(t, untuned)}', file=sys.stderr, flush=True)
     print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
@@ -408,7 +425,8 @@ def main(argv) -> int:
           ' runs made with other settings, add --collect_only; for new runs, choose another'
           ' --root_output_dir)'
       ) from e
-  text = report(root, report_dir, task_names, algos, seeds, thresholds, tuned=tuned)
+  text = report(root, report_dir, task_names, algos, seeds, thresholds, tuned=tuned,
+                hparams=asked)
   print(text)
   print(f'tables and figures: {report_dir}', flush=True)
   return 0

@@ -45,7 +45,7 @@ METRICS_FILENAME = 'metrics.csv'
 CHECKPOINT_DIRNAME = 'checkpoints'
 TENSORBOARD_DIRNAME = 'tensorboard'
 CLIENT_STATES_DIRNAME = 'client_states'
-RUNTIME_FILENAME = 'runtime.json'
+RUNTIME_FILENAME = analysis.runs.RUNTIME_FILENAME
 IN_PROCESS, TFF_WORKER = 'in_process', 'tff_worker'
 RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
 # `--executor=cpu --runtime=auto` runs in process: on this 2-core CPU its rounds were faster
@@ -53,16 +53,22 @@ RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
 # and it starts sooner (docs/performance.md; launch.benchmark's `in_process` contenders
 # re-measure it).
 CPU_RUNTIME = IN_PROCESS
+# A round whose training or evaluation loss is above this multiple of round 0's evaluation
+# loss (an untrained model's, about the uniform prediction's log(classes): 4.1 on EMNIST's
+# 62) diverged, as one whose loss is not finite did (`divergence`); --divergence_factor.
+DIVERGENCE_FACTOR = 10.0
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
     {
         'total_rounds', 'executor', 'runtime', 'max_concurrent_clients',
         'intra_op_threads', 'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
+        'divergence_factor',
     }
 )
 # Where a run and its data are, not what they are: a run folder may be copied or renamed
 # and the data moved (the data's identity is checked instead, `_identity`).
 _LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
+_PROCESS_START = time.time()  # A session's start in runtime.json.
 
 
 class ExperimentError(Exception):
@@ -133,6 +139,9 @@ class ExperimentConfig:
   worker_timeout_s: float = cpp_worker.REMOTE_CONNECT_TIMEOUT_S
   # One of tasks.MODELS[task]; None is the task's own model.
   model: Optional[str] = None
+  # A loss above this multiple of round 0's evaluation loss is divergence (`divergence`);
+  # math.inf judges by finiteness alone.
+  divergence_factor: float = DIVERGENCE_FACTOR
 
   @property
   def output_dir(self) -> str:
@@ -180,6 +189,11 @@ def _validate(config: ExperimentConfig) -> None:
   ):
     validation.check_positive(name, getattr(config, name))
   validation.check_non_negative('intra_op_threads', config.intra_op_threads)
+  if not config.divergence_factor > 1:
+    raise ExperimentError(
+        f'divergence_factor must be > 1 (inf: only a non-finite loss is divergence), got'
+        f' {config.divergence_factor!r}'
+    )
   evaluation.check_settings(config.evaluation, config.eval_examples, config.num_eval_clients)
   for name in ('client_batch_size', 'max_elements_per_client'):  # None: no setting.
     if getattr(config, name) is not None:
@@ -570,24 +584,50 @@ def _check_run_directory(config: ExperimentConfig) -> None:
   )
   if config.overwrite:
     run_directory.check_deletable(config.root_output_dir, config.output_dir)
+  elif os.path.isdir(config.output_dir):
+    run_directory.check_holds_a_run(config.output_dir)
   run_directory.check_not_locked(config.output_dir)
   if not config.overwrite:
     _check_total_rounds(config)
 
 
-def divergence(metrics: collections.abc.Mapping) -> Optional[str]:
+@dataclasses.dataclass(frozen=True)
+class LossLimit:
+  """The loss above which a round diverged: `factor` x `reference`, round 0's evaluation
+  loss (the run's own untrained model)."""
+
+  factor: float
+  reference: float
+
+  @property
+  def value(self) -> float:
+    return self.factor * self.reference
+
+
+def divergence(
+    metrics: collections.abc.Mapping, limit: Optional[LossLimit] = None
+) -> Optional[str]:
   """Why a round's flat metrics show that training diverged, or None.
 
   A round diverged when its training loss, or its evaluation loss where it was
-  evaluated, is not finite; when the finalizer saw a non-finite update; or when more
-  than half of its clients' updates were not finite. The last matters for client works
-  that drop such an update (weight 0) and keep the client's old state (FedRKMGC, FedGPS):
-  their round's loss stays finite while the model learns from (almost) no one.
+  evaluated, is not finite or above `limit`; when the finalizer saw a non-finite update;
+  or when more than half of its clients' updates were not finite. The last matters for
+  client works that drop such an update (weight 0) and keep the client's old state
+  (FedRKMGC, FedGPS): their round's loss stays finite while the model learns from
+  (almost) no one.
   """
   for name, label in (('client_work/train/loss', 'training loss'),
                       ('evaluation/loss', 'evaluation loss')):
-    if name in metrics and not math.isfinite(float(metrics[name])):
-      return f'{label} {float(metrics[name])}'
+    if name not in metrics:
+      continue
+    value = float(metrics[name])
+    if not math.isfinite(value):
+      return f'{label} {value}'
+    if limit is not None and value > limit.value:
+      return (
+          f'{label} {value:.4g} is above {limit.factor:g} x round 0\'s evaluation loss'
+          f' {limit.reference:.4g} (--divergence_factor)'
+      )
   if metrics.get('finalizer/update_non_finite', 0):
     return 'the aggregated update is not finite'
   clients = int(metrics.get('client_work/clients', 0))
@@ -606,6 +646,25 @@ def non_finite_leaf(structure) -> Optional[str]:
   return None
 
 
+def diverged_error(config: ExperimentConfig, round_num: int, reason: str) -> DivergedError:
+  """Says which round diverged and why, what is kept, and how to train with other settings.
+
+  The same command would resume and diverge again; other settings are a new run, which
+  the run's folder refuses without --overwrite (or another --experiment_name).
+  """
+  kept = _newest_checkpoint(config)
+  kept_text = ('no checkpoint was kept' if kept is None
+               else f'the checkpoint of round {kept} is kept')
+  rates = [f'--{n}' for n in ('client_learning_rate', 'server_learning_rate')
+           if n in registry.get(config.algo).defaults]
+  return DivergedError(
+      f'training diverged in round {round_num}: {reason}. Nothing of round {round_num} was'
+      f' saved; {kept_text}. To train with other settings (e.g. a smaller'
+      f' {" or ".join(rates) or "learning rate"}), re-run with them and --overwrite, or'
+      ' with another --experiment_name'
+  )
+
+
 class _FiniteStateManager(tff.program.FileProgramStateManager):
   """Saves a program state only if every float in it is finite.
 
@@ -614,14 +673,15 @@ class _FiniteStateManager(tff.program.FileProgramStateManager):
   the run before it is written.
   """
 
+  def __init__(self, config: ExperimentConfig, keep_total: int):
+    super().__init__(config.checkpoint_dir, keep_total=keep_total)
+    self._config = config
+
   async def save(self, program_state, version: int) -> None:
     where = non_finite_leaf(program_state)
     if where is not None:
-      raise DivergedError(
-          f'training diverged in round {version}: the state holds non-finite values'
-          f' ({where}). Nothing of round {version} was saved; the newest checkpoint is'
-          ' kept; try a smaller learning rate.'
-      )
+      raise diverged_error(
+          self._config, version, f'the state holds non-finite values ({where})')
     await super().save(program_state, version)
 
 
@@ -632,34 +692,45 @@ _EVALUATION_TIME = 'evaluation/evaluation_time_in_seconds'
 class _RoundReleaseManager(tff.program.ReleaseManager):
   """Judges each round, then releases its metrics and prints one progress line.
 
-  A diverged round (`divergence`) raises `DivergedError` before anything of it is
-  written (metrics, TensorBoard, checkpoint: TFF's training loop releases a round's
-  metrics before it saves the round's state). Otherwise the metrics go to `managers`
-  in order, then one line: metrics, rounds per second, ETA.
+  A diverged round (`divergence`, against the limit round 0's evaluation loss sets)
+  raises `DivergedError` before anything of it is written (metrics, TensorBoard,
+  checkpoint: TFF's training loop releases a round's metrics before it saves the round's
+  state). Otherwise the metrics go to `managers` in order, then one line: metrics, rounds
+  per second, ETA.
   """
 
-  def __init__(self, total_rounds: int, stream=None):
-    self._total_rounds = total_rounds
+  def __init__(self, config: ExperimentConfig, stream=None):
+    self._config = config
+    self._total_rounds = config.total_rounds
     self.managers = []  # The run's CSV and TensorBoard managers, once it has made them.
     self._stream = stream
     self._start = None
     self._first_key = None
     self.last_key = None
+    self.limit: Optional[LossLimit] = None
+    self.trained_rounds: Optional[tuple[int, int]] = None  # [first, last] released here.
+
+  def set_reference(self, round_0_loss: Optional[float]) -> None:
+    """Round 0's evaluation loss (None: unknown, only non-finite losses count)."""
+    if round_0_loss is not None and math.isfinite(round_0_loss) and round_0_loss > 0:
+      if math.isfinite(self._config.divergence_factor):
+        self.limit = LossLimit(self._config.divergence_factor, round_0_loss)
 
   async def release(self, value, key):
     evaluation = [k for k in value if k.startswith(_EVALUATION_PREFIX)]
     if evaluation == [_EVALUATION_TIME]:  # A round `_evaluation_due` skipped.
       value = collections.OrderedDict((k, v) for k, v in value.items() if k != _EVALUATION_TIME)
     flat = _flatten(value)
-    reason = divergence(flat)
+    reason = divergence(flat, self.limit)
     if reason is not None:
-      raise DivergedError(
-          f'training diverged in round {key}: {reason}. Nothing of round {key} was saved;'
-          ' the newest checkpoint is kept; try a smaller learning rate.'
-      )
+      raise diverged_error(self._config, key, reason)
+    if key == 0 and 'evaluation/loss' in flat:
+      self.set_reference(float(flat['evaluation/loss']))
     for manager in self.managers:
       await manager.release(value, key)
     self.last_key = key
+    if key > 0:  # Round 0 is the untrained model's evaluation.
+      self.trained_rounds = ((self.trained_rounds or (key,))[0], key)
     now = time.monotonic()
     if self._start is None:
       self._start, self._first_key = now, key
@@ -730,10 +801,11 @@ def _evaluation_fn(config, task, training_process, runtime_context, in_process_t
   return _Evaluation(held_out, evaluator, training_process)
 
 
-def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
-  """Resumes from the newest checkpoint that can be read into this process's state.
+def _check_checkpoint(config: ExperimentConfig, process, store=None) -> Optional[int]:
+  """Resumes from the newest checkpoint that can be read into this process's state (and
+  whose client states `store`, if any, can restore).
 
-  Newer ones that cannot (a save cut short, a damaged disk) are set aside as
+  Newer ones that cannot (a save cut short, a damaged disk, a lost snapshot) are set aside as
   `checkpoints/unreadable_program_state_N`, saying so; if none can, the run is refused.
 
   Returns:
@@ -744,10 +816,13 @@ def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
   manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
   structure = process.initialize()
   loop = _thread_event_loop()
-  version, refused = run_directory.find_intact_checkpoint(
-      config.checkpoint_dir,
-      lambda v: loop.run_until_complete(manager.load(v, structure)),
-  )
+
+  def load(version):
+    loop.run_until_complete(manager.load(version, structure))
+    if store is not None:
+      store.check_restorable(version)
+
+  version, refused = run_directory.find_intact_checkpoint(config.checkpoint_dir, load)
   if refused and version is None:
     newest, e = refused[0]
     message = str(e).strip().splitlines()[0] if str(e).strip() else ''
@@ -764,6 +839,14 @@ def _check_checkpoint(config: ExperimentConfig, process) -> Optional[int]:
         f' {CHECKPOINT_DIRNAME}/{aside})', flush=True,
     )
   return version
+
+
+def _say_if_capped(config: ExperimentConfig, train_data) -> None:
+  """One line when --clients_per_round asks for more clients than the data has."""
+  population = len(train_data.client_ids)
+  if config.clients_per_round > population:
+    print(f'clients_per_round: {config.clients_per_round} asked, but the data has'
+          f' {population} training clients: all {population} train every round', flush=True)
 
 
 def _runtime_line(config: ExperimentConfig, runtime_context, in_process_threads) -> str:
@@ -787,19 +870,24 @@ def _threads(count: int) -> str:
   return f'{count} thread' + ('s' if count != 1 else '')
 
 
-def _record_runtime(
-    config: ExperimentConfig, runtime_context, in_process_threads: Optional[int], held_out
-) -> dict:
-  """Writes `runtime.json`: the runtime, where the clients' computations ran, the
-  threads per TF op on this machine's CPU (None: TensorFlow's default, or remote), and
-  what the evaluation covered and the device its test examples were kept on.
+def _record_session(
+    config: ExperimentConfig, runtime_context, in_process_threads: Optional[int], held_out,
+    trained: Optional[tuple[int, int]],
+) -> Optional[dict]:
+  """Adds this process's session to `runtime.json` and returns it (None: it trained no
+  round, and adds nothing: a no-op re-run does not erase what the sessions before say).
 
-  In process, the devices are read from the tensors each client's training computation
-  returned (with how many ran on each); TFF's worker returns NumPy values, and its pip
-  build has only a CPU device. The evaluation runs in this process (`tasks.evaluation`);
-  its device is read from its tensors too.
+  A session: the rounds it trained, the runtime, where the clients' computations ran,
+  the threads per TF op on this machine's CPU (None: TensorFlow's default, or remote),
+  what the evaluation covered and the device its test examples were kept on, and when
+  it started. In process, the devices are read from the tensors each client's training
+  computation returned (with how many ran on each); TFF's worker returns NumPy values,
+  and its pip build has only a CPU device. The evaluation runs in this process
+  (`tasks.evaluation`); its device is read from its tensors too. A runtime.json from
+  before sessions is kept as the first (`analysis.runs.read_runtime`).
   """
-  runtime = resolved_runtime(config)
+  if trained is None:
+    return None
   if runtime_context is not None:
     client_devices = dict(sorted(runtime_context.client_devices.items()))
     threads = in_process_threads
@@ -807,13 +895,17 @@ def _record_runtime(
     where = 'remote TFF workers' if config.workers else "TFF's local worker_binary"
     client_devices = {f'CPU of {where} (a build without CUDA)': None}
     threads = None if config.workers else local_intra_op_threads(config)
-  record = collections.OrderedDict(
-      runtime=runtime, client_devices=client_devices, intra_op_threads=threads,
+  session = collections.OrderedDict(
+      rounds=list(trained), runtime=resolved_runtime(config), client_devices=client_devices,
+      intra_op_threads=threads,
       evaluation=dict(covered=held_out.description, device=held_out.groups[0][0]['x'].device),
+      started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(_PROCESS_START)),
   )
-  with open(os.path.join(config.output_dir, RUNTIME_FILENAME), 'w') as f:
-    json.dump(record, f, indent=2)
-  return record
+  sessions = analysis.runs.read_runtime(config.output_dir)
+  run_directory.write_json_atomically(  # Each session's keys in the order above.
+      os.path.join(config.output_dir, RUNTIME_FILENAME), {'sessions': [*sessions, session]},
+      sort_keys=False)
+  return session
 
 
 def read_metric(csv_path: str, name: str) -> dict[int, float]:
@@ -928,7 +1020,7 @@ def run(config: ExperimentConfig) -> dict:
     return datasets
 
   start = time.monotonic()
-  progress = _RoundReleaseManager(config.total_rounds)
+  progress = _RoundReleaseManager(config)
   # One process per run from here on: checks made before are made again under the lock.
   with run_directory.locked(config.output_dir):
     if config.overwrite:
@@ -949,21 +1041,25 @@ def run(config: ExperimentConfig) -> dict:
       print(_runtime_line(config, runtime_context, in_process_threads), flush=True)
       evaluate = _evaluation_fn(config, task, process, runtime_context, in_process_threads)
       print(f'evaluation: {evaluate.held_out.description}', flush=True)
-      resumed_from = _check_checkpoint(config, process)
-      repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)
-      if repaired:
-        print(repaired, flush=True)
-      run_directory.write_identity(config.checkpoint_dir, identity)
-      run_directory.write_json_atomically(
-          os.path.join(config.output_dir, FLAGS_FILENAME), config.recorded()
-      )
-      state_manager = _FiniteStateManager(config.checkpoint_dir, keep_total=3)
-      training_process = process
+      store = None
       if stateful:
         store = client_states.create_store(
             config.client_state_store,
             os.path.join(config.output_dir, CLIENT_STATES_DIRNAME),
         )
+      resumed_from = _check_checkpoint(config, process, store)
+      repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)
+      if repaired:
+        print(repaired, flush=True)
+      progress.set_reference(read_metric(config.metrics_csv, 'evaluation/loss').get(0))
+      _say_if_capped(config, train_data)
+      run_directory.write_identity(config.checkpoint_dir, identity)
+      run_directory.write_json_atomically(
+          os.path.join(config.output_dir, FLAGS_FILENAME), config.recorded()
+      )
+      state_manager = _FiniteStateManager(config, keep_total=3)
+      training_process = process
+      if stateful:
         # Remote workers may not see this machine's files: their states go in the call.
         training_process = client_states.StatefulClientsTrainer(
             process, store, states_in_worker=not config.workers
@@ -976,20 +1072,29 @@ def run(config: ExperimentConfig) -> dict:
           ),
       ]
       _thread_event_loop()  # run_training_process asks for it.
-      tff.simulation.run_training_process(
-          training_process=training_process,
-          training_selection_fn=training_selection_fn,
-          total_rounds=config.total_rounds,
-          evaluation_fn=evaluate,
-          evaluation_selection_fn=lambda round_num: _evaluation_due(config, round_num),
-          rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
-          program_state_manager=state_manager,
-          rounds_per_saving_program_state=config.rounds_per_checkpoint,
-          metrics_managers=[progress],
-      )
+
+      def record_session():
+        return _record_session(config, runtime_context, in_process_threads,
+                               evaluate.held_out, progress.trained_rounds)
+
+      try:
+        tff.simulation.run_training_process(
+            training_process=training_process,
+            training_selection_fn=training_selection_fn,
+            total_rounds=config.total_rounds,
+            evaluation_fn=evaluate,
+            evaluation_selection_fn=lambda round_num: _evaluation_due(config, round_num),
+            rounds_per_evaluation=1,  # Asks every round; `_evaluation_due` decides.
+            program_state_manager=state_manager,
+            rounds_per_saving_program_state=config.rounds_per_checkpoint,
+            metrics_managers=[progress],
+        )
+      except BaseException:
+        with contextlib.suppress(Exception):  # The error that stopped the run is the news.
+          record_session()
+        raise
       evaluate.close()
-      runtime_record = _record_runtime(
-          config, runtime_context, in_process_threads, evaluate.held_out)
+      session = record_session()
   wall = time.monotonic() - start
   eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
   train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
@@ -1001,7 +1106,7 @@ def run(config: ExperimentConfig) -> dict:
       output_dir=config.output_dir,
       metrics_csv=config.metrics_csv,
       tensorboard_dir=os.path.join(config.output_dir, TENSORBOARD_DIRNAME),
-      runtime=runtime_record['runtime'],
-      client_devices=runtime_record['client_devices'],
+      runtime=resolved_runtime(config),
+      client_devices=session['client_devices'] if session else {},
       evaluation=evaluate.held_out.description,
   )

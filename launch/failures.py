@@ -44,6 +44,8 @@ from typing import Callable, Optional
 from absl import app
 from absl import flags
 
+import launch
+
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_BAD_INPUT = 2
@@ -51,6 +53,11 @@ EXIT_DIVERGED = 3
 EXIT_WORKER_LOST = 4
 EXIT_ENVIRONMENT = 5
 EXIT_INTERRUPTED = 130
+# A program that runs others passes on their status when it is one of these.
+DOCUMENTED_EXIT_CODES = frozenset({
+    EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_WORKER_LOST, EXIT_ENVIRONMENT,
+    EXIT_INTERRUPTED,
+})
 
 EXIT_CODES_HELP = (
     'Exit status: 0 done, 1 an unexpected failure (a bug; --verbose shows the traceback),'
@@ -76,8 +83,8 @@ _ENVIRONMENT_ERRNOS = frozenset(
 # errors carry a status code, not the errno.
 _ENVIRONMENT_TEXTS = tuple(
     os.strerror(e)
-    for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS,
-              errno.ENOTDIR, errno.EISDIR)
+    for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM,
+              errno.EROFS, errno.ENOTDIR, errno.EISDIR)
 )
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TMP_PREFIX = 'tff_zmg-tmp-'
@@ -102,9 +109,23 @@ def environment_cause(error: BaseException) -> Optional[str]:
     text = _error_text(error)
     for cause in _ENVIRONMENT_TEXTS:
       if cause in text:
-        return _one_line(text)
+        return _cause_line(text, cause)
     error = error.__cause__ or error.__context__
   return None
+
+
+def _cause_line(text: str, cause: str) -> str:
+  """The line of an error's message that names `cause`, cut after it: TensorFlow's and
+  TFF's messages wrap it in node names, traceback lines and hints ('/x/y.tmp; No space
+  left on device' of dozens of lines)."""
+  line = next(l for l in _lines(text) if cause in l)
+  return line[:line.index(cause) + len(cause)]
+
+
+def _lines(text: str) -> list[str]:
+  # TensorFlow wraps an op's error in "{{function_node ...}} ... [Op:SaveV2]": only noise.
+  text = re.sub(r'\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?', '', str(text))
+  return [l.strip() for l in text.strip().splitlines() if l.strip()]
 
 
 def _error_text(error: BaseException) -> str:
@@ -117,9 +138,7 @@ def _error_text(error: BaseException) -> str:
 
 
 def _one_line(text: str) -> str:
-  # TensorFlow wraps an op's error in "{{function_node ...}} ... [Op:SaveV2]": only noise.
-  text = re.sub(r'\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?', '', str(text))
-  lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+  lines = _lines(text)
   # TensorFlow appends op and node lines ("[[{{node SaveV2}}]]"); the cause is first.
   lines = [l for l in lines if not l.startswith(('[[', '{{'))] or lines
   return re.sub(r'\s+', ' ', '; '.join(lines[:3]))
@@ -127,7 +146,7 @@ def _one_line(text: str) -> str:
 
 def classify(error: BaseException) -> tuple[int, str]:
   """(exit status, one-line message) for an exception that ended a program."""
-  # Imported here: they import TensorFlow, and flag errors must not wait for it.
+  # Imported here: `experiment` imports this module.
   from launch import experiment  # pylint: disable=g-import-not-at-top
   import tasks  # pylint: disable=g-import-not-at-top
 
@@ -243,6 +262,22 @@ def private_tempdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def keep_after_exit(path: str) -> str:
+  """Moves a file out of this program's temporary folder (`private_tempdir`), which goes
+  when it ends, into the folder that holds it; returns where it is now (`path` itself
+  when it is elsewhere)."""
+  private = os.environ.get('TMPDIR', '')
+  if not os.path.basename(private).startswith(_TMP_PREFIX):
+    return path
+  if os.path.dirname(os.path.abspath(path)) != os.path.abspath(private):
+    return path
+  kept = os.path.join(os.path.dirname(private), os.path.basename(path))
+  with contextlib.suppress(OSError):
+    shutil.move(path, kept)
+    return kept
+  return path
+
+
 def report(program: str, error: BaseException, stream=None) -> int:
   """Prints the one line (after the traceback with --verbose); returns the exit status."""
   stream = stream or sys.stderr
@@ -282,13 +317,31 @@ def one_line_errors(program: str):
   return decorate
 
 
+_HELP_FLAGS = frozenset({'help', 'helpshort', 'helpfull', 'helpxml', '?'})
+
+
+def _asks_for_help(argv: list) -> bool:
+  args = argv[1:argv.index('--')] if '--' in argv else argv[1:]
+  return any(a.startswith('-') and a.lstrip('-').split('=')[0] in _HELP_FLAGS for a in args)
+
+
 def _parse_flags(program: str, argv: list) -> list:
+  """absl's parse with this module's statuses: a flag error is one line and status 2, the
+  help (absl exits 1 after it) status 0; either way, as after any refusal (status 2), a
+  Keras config file the import of TensorFlow wrote is removed
+  (`launch.remove_new_keras_config`)."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
+    launch.remove_new_keras_config()
     print(f'{program}: error: {_one_line(e)} (--helpfull lists the flags)', file=sys.stderr,
           flush=True)
     sys.exit(EXIT_BAD_INPUT)
+  except SystemExit as e:
+    launch.remove_new_keras_config()
+    if e.code == 1 and _asks_for_help(argv):
+      sys.exit(EXIT_OK)
+    raise
 
 
 def install_managed_tff_context() -> None:
@@ -317,7 +370,7 @@ def run_program(
   `tff_context`: install the managed TFF context (`install_managed_tff_context`) first,
   so that TFF's own never serves, nor, at exit, prints a traceback from its `__del__` (as
   TFF 0.87 does), even after a flag error (False for a program that runs no TFF
-  computation, so it never imports TensorFlow).
+  computation itself).
   """
   install_stop_signals()
   if tff_context:
@@ -326,6 +379,8 @@ def run_program(
   def run(argv):
     with private_tempdir() if own_tempdir else contextlib.nullcontext():
       code = guarded_main(program, main, argv)
+    if code == EXIT_BAD_INPUT:  # Refused what it was given: it leaves no Keras config.
+      launch.remove_new_keras_config()
     sys.exit(code)
 
   app.run(run, flags_parser=lambda argv: _parse_flags(program, argv))

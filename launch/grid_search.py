@@ -65,6 +65,7 @@ import numpy as np
 from launch import experiment
 from launch import failures
 from launch import halving
+from launch import run_directory
 from launch import runner
 from launch import train
 from launch.papers import fedzmg as fedzmg_paper
@@ -76,6 +77,7 @@ HALF_DECADES = fedzmg_paper.HALF_DECADES
 DEFAULT_TOTAL_ROUNDS = fedzmg_paper.GRID.total_rounds
 EXHAUSTIVE, HALVING = 'exhaustive', 'halving'
 STABILITY_DIRNAME = 'stability'
+LOGS_DIRNAME = 'logs'
 
 _CLIENT_LRS = flags.DEFINE_list(
     'client_learning_rates', None,
@@ -154,15 +156,31 @@ def parse_hparam_grid(text, algo: str) -> tuple[Optional[str], tuple]:
     )
   if name in ('client_learning_rate', 'server_learning_rate'):
     raise ValueError(f'--hparam_grid: the grid sets {name}; give it with --{name}s')
-  values = tuple(spec.hparams(**{name: v}).as_dict()[name] for v in listed.split(','))
+  values = []
+  for text_value in listed.split(','):
+    try:  # The flag's own parser: numbers, True/False, text as on the command line.
+      value = flags.FLAGS[name].parser.parse(text_value)
+    except ValueError as e:
+      raise ValueError(f'--hparam_grid: {name}={text_value!r}: {e}') from None
+    values.append(spec.hparams(**{name: value}).as_dict()[name])
+  values = tuple(values)
   if len(set(values)) != len(values):
     raise ValueError(f'--hparam_grid has repeated values: {listed}')
   return name, values
 
 
+def axis_value_text(value) -> str:
+  """A third axis' value in names and lines: numbers as %g, text and booleans as they are."""
+  if isinstance(value, float):
+    return f'{value:g}'
+  return str(value)
+
+
 def axis_dir(grid_dir: str, name: Optional[str], value) -> str:
   """The directory of the grid at one value of the third axis (`grid_dir` without one)."""
-  return grid_dir if name is None else os.path.join(grid_dir, f'{name}={value:g}')
+  if name is None:
+    return grid_dir
+  return os.path.join(grid_dir, f'{name}={axis_value_text(value)}')
 
 
 def cell_name(client_lr: float, server_lr: float) -> str:
@@ -475,8 +493,9 @@ def describe_pick(best: dict) -> str:
   """One line: the pick, its score and rounds, and a stability replacement if any."""
   text = (f'client {best["client_learning_rate"]:.3g}, server'
           f' {best["server_learning_rate"]:.3g}'
-          + ''.join(f', {k} {v:g}' for k, v in analysis.tuning.hparams_of(best).items()
-                  if not k.endswith('learning_rate'))
+          + ''.join(f', {k} {axis_value_text(v)}'
+                    for k, v in analysis.tuning.hparams_of(best).items()
+                    if not k.endswith('learning_rate'))
           + f' (score {best["score"]:.4f}: mean of rounds'
           f' {best["total_rounds"] - best["score_rounds"] + 1}-{best["total_rounds"]})')
   stability = best.get('stability')
@@ -515,6 +534,31 @@ def search_from_flags() -> Search:
                 stability_check=_STABILITY_CHECK.value)
 
 
+def grid_directory(root_output_dir: str, name: str) -> str:
+  """`<root_output_dir>/<name>`, a grid's folder: the name checked as `launch.train` checks
+  a run's, inside the root once links are followed, and new, empty or a grid's own.
+
+  A grid replaces its grid.csv, grid.md, heatmap and best.json on every pass; a folder
+  without the `logs/` folder a grid makes first is not one, and its files are not
+  replaced.
+
+  Raises:
+    experiment.ExperimentError: (one line) a bad name, or a folder that is not a grid's.
+  """
+  run_directory.check_name(name)
+  path = os.path.join(root_output_dir, name)
+  run_directory.check_inside(root_output_dir, path, 'a grid search writes only inside it')
+  if os.path.isdir(path) and not os.path.isdir(os.path.join(path, LOGS_DIRNAME)):
+    entries = sorted(os.listdir(path))
+    if entries:
+      raise experiment.ExperimentError(
+          f'{path} holds files no grid search wrote ({entries[0]!r}'
+          f'{f" and {len(entries) - 1} more" if len(entries) > 1 else ""}); a grid'
+          ' replaces only its own: choose another --experiment_name'
+      )
+  return path
+
+
 def _check_flags() -> None:
   for name in ('task', 'algo'):
     if flags.FLAGS[name].value is None:
@@ -522,6 +566,14 @@ def _check_flags() -> None:
   for name in ('client_learning_rate', 'server_learning_rate'):
     if flags.FLAGS[name].present:
       raise ValueError(f'the grid sets --{name}; give the values with --{name}s')
+  algo = flags.FLAGS.algo
+  # Said here, in the grid's terms: each cell would refuse the server rate it is given.
+  if 'server_learning_rate' not in registry.get(algo).hparams_class.names():
+    raise ValueError(
+        f'--algo={algo} has no server learning rate and the grid search tunes client x'
+        ' server rates; train it with launch.train or launch.compare at the client rates'
+        ' to try'
+    )
 
 
 @failures.one_line_errors('grid_search')
@@ -532,7 +584,7 @@ def main(argv) -> int:
   search = search_from_flags()
   client_lrs = parse_learning_rates('client_learning_rates', _CLIENT_LRS.value)
   server_lrs = parse_learning_rates('server_learning_rates', _SERVER_LRS.value)
-  grid_dir = os.path.join(
+  grid_dir = grid_directory(
       flags.FLAGS.root_output_dir,
       flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
   )
@@ -543,7 +595,7 @@ def main(argv) -> int:
       Grid(directory=axis_dir(grid_dir, axis, value), client_lrs=client_lrs,
            server_lrs=server_lrs, **({} if axis is None else dict(
                overrides={axis: value}, label={axis: value},
-               prefix=f'{axis}{value:g}_')))  # Names (and logs) unique across the values.
+               prefix=f'{axis}{axis_value_text(value)}_')))  # Unique names (and logs).
       for value in values
   ]
   for grid in grids:  # Refuses bad settings before anything trains.
@@ -556,7 +608,7 @@ def main(argv) -> int:
       f' {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
   )
   (outcome,) = run_search(grids, search, parallel=runner.PARALLEL.value,
-                          log_dir=os.path.join(grid_dir, 'logs')).values()
+                          log_dir=os.path.join(grid_dir, LOGS_DIRNAME)).values()
   for index, grid in enumerate(grids):
     heatmap_path = write_results(grid, index, search, outcome)
     print(f'table: {os.path.join(grid.directory, "grid.csv")}\nheatmap: {heatmap_path}')
@@ -575,7 +627,7 @@ def main(argv) -> int:
   print(
       f'best: --client_learning_rate={best["client_learning_rate"]!r}'
       f' --server_learning_rate={best["server_learning_rate"]!r}'
-      + ('' if axis is None else f' --{axis}={best[axis]!r}')
+      + ('' if axis is None else f' {train.flag_argument(axis, best[axis])}')
       + f' (score {best["score"]:.4f})', flush=True,
   )
   return 0

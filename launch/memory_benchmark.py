@@ -13,8 +13,9 @@ store with the ratio of the largest population's peak to the smallest's:
   store=disk population=30 ... peak_rss_mib=2311 clients_with_state=29
   store=disk peak_rss_ratio=1.01 (population x10)
 
-Exit status: 0 done, 1 a run failed (see its log) or an unexpected failure, 2 bad flags,
-5 the machine refused, 130 interrupted (launch/failures.py).
+Exit status: 0 done, 1 an unexpected failure, 2 bad flags, 5 the machine refused, 130
+interrupted (launch/failures.py); a run that fails passes on its own status, with its
+error line.
 """
 
 import json
@@ -26,17 +27,20 @@ import time
 
 from absl import flags
 
+import tasks
 from launch import failures
+from tff_zmg import client_states
 
 _POPULATIONS = flags.DEFINE_list(
     'populations', ['30', '300'], 'Numbers of training clients to compare.'
 )
 _STORES = flags.DEFINE_list('stores', ['disk', 'memory'], 'Client-state stores.')
-_COHORT = flags.DEFINE_integer('cohort', 10, 'Clients per round.')
-_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Training rounds per run.')
+_COHORT = flags.DEFINE_integer('cohort', 10, 'Clients per round.', lower_bound=1)
+_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Training rounds per run.', lower_bound=1)
 _TASK = flags.DEFINE_string('task', 'emnist', 'Task (its model sets the state size).')
 _EXAMPLES = flags.DEFINE_integer(
-    'examples_per_client', 5, 'Synthetic examples per client (few: memory is the point).'
+    'examples_per_client', 5, 'Synthetic examples per client (few: memory is the point).',
+    lower_bound=1,
 )
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Where runs and data go (default: a temporary directory).'
@@ -48,7 +52,6 @@ def _child(settings: dict) -> None:
   """One run; prints one JSON line with its peak memory."""
   from launch import experiment  # pylint: disable=g-import-not-at-top
   from launch import resources  # pylint: disable=g-import-not-at-top
-  from tff_zmg import client_states  # pylint: disable=g-import-not-at-top
 
   sampler = resources.PeakMemorySampler()
   config = experiment.ExperimentConfig(
@@ -90,13 +93,36 @@ def _child(settings: dict) -> None:
   )
 
 
+def _check_flags() -> list[int]:
+  """The populations, sorted; every flag checked before the first run."""
+  if _TASK.value not in tasks.TASK_NAMES:
+    raise ValueError(f'--task must be one of {list(tasks.TASK_NAMES)}, got {_TASK.value!r}')
+  unknown = [s for s in _STORES.value if s not in client_states.STORES]
+  if unknown or not _STORES.value:
+    raise ValueError(f'--stores must name stores of {list(client_states.STORES)}, got'
+                     f' {_STORES.value}')
+  try:
+    populations = sorted(int(p) for p in _POPULATIONS.value)
+  except ValueError:
+    populations = []
+  if not populations or populations[0] < 1:
+    raise ValueError(f'--populations must be integers >= 1, got {_POPULATIONS.value}')
+  return populations
+
+
+def _last_error_line(log_path: str) -> str:
+  with open(log_path, errors='replace') as log:
+    lines = [l.strip() for l in log.read().splitlines() if 'error:' in l]
+  return lines[-1] if lines else 'no error line'
+
+
 @failures.one_line_errors('memory_benchmark')
 def main(argv) -> int:
   del argv
   if _CHILD.value:
     _child(json.loads(_CHILD.value))
     return 0
-  populations = sorted(int(p) for p in _POPULATIONS.value)
+  populations = _check_flags()
   root = _OUTPUT_DIR.value or tempfile.mkdtemp(prefix='tff_zmg-memory-')
   os.makedirs(root, exist_ok=True)
   print(f'runs and data under {root}', flush=True)
@@ -120,8 +146,12 @@ def main(argv) -> int:
       with open(log_path) as log:
         lines = [l for l in log.read().splitlines() if l.startswith('{')]
       if rc != 0 or not lines:
-        print(f'store={store} population={population} failed (rc={rc}); see {log_path}')
-        return 1
+        # One line on stderr (the log may be in this program's temporary folder, removed
+        # as it ends): the child's own error line and its status, when documented.
+        kept = f' (its log: {log_path})' if _OUTPUT_DIR.value else ''
+        print(f'memory_benchmark: error: store={store} population={population} failed'
+              f' (exit {rc}): {_last_error_line(log_path)}{kept}', file=sys.stderr, flush=True)
+        return rc if rc in failures.DOCUMENTED_EXIT_CODES else failures.EXIT_UNEXPECTED
       result = json.loads(lines[-1])
       peaks[store, population] = result['peak_rss_mib']
       print(

@@ -41,8 +41,13 @@ RUN_ENTRIES = frozenset({
     'runtime.json', 'diverged.txt', LOCK_FILENAME,
 })
 # Temporary files of interrupted writes: TFF's CSV manager (`metrics.csv_temp1234`) and
-# ours (`.name.tmp`).
-_TEMP_ENTRY = re.compile(r'^(metrics\.csv_temp\d+|\..*\.tmp)$')
+# ours (`.flags.json.tmp`, `write_json_atomically`), named after the files they replace;
+# any other `.*.tmp` is a user's and stays.
+_TEMP_ENTRY = re.compile(
+    r'^(metrics\.csv_temp\d+|\.('
+    + '|'.join(re.escape(n) for n in sorted(RUN_ENTRIES) if '.' in n.strip('.'))
+    + r')\.tmp)$'
+)
 _CHECKPOINT_TEMP = re.compile(r'^program_state_\d+_temp\d+$')
 _NAME_MAX = 255  # Bytes per file name on Linux file systems.
 # Longest path a run writes below its folder, with room to spare:
@@ -91,6 +96,18 @@ def check_name(name: str) -> None:
       )
 
 
+def check_inside(root_output_dir: str, path: str, rule: str) -> None:
+  """Refuses `path` unless it is below `root_output_dir` once links are followed.
+
+  `check_name` keeps a name's own components inside; this catches a link on the way out.
+  """
+  error, _ = _errors()
+  root = os.path.realpath(root_output_dir)
+  real = os.path.realpath(path)
+  if os.path.commonpath([root, real]) != root or real == root:
+    raise error(f'{path} is not inside --root_output_dir {root_output_dir}; {rule}')
+
+
 def _nearest_existing(path: str) -> str:
   path = os.path.abspath(path)
   while not os.path.lexists(path):
@@ -113,6 +130,15 @@ def _check_folder(path: str, what: str, must_write: bool = True) -> None:
         f'{what} {path}{where} is not writable by this user (or the disk is mounted'
         ' read-only); fix its permissions or choose another path'
     )
+
+
+def check_output_file(path: str, flag: str) -> None:
+  """Refuses, before any work, an output file that cannot be written: a folder, or a
+  parent that is a file or not writable (`RunEnvironmentError` for the latter)."""
+  error, _ = _errors()
+  if os.path.isdir(path):
+    raise error(f'--{flag}={path} is a folder; give the path of a file to write')
+  _check_folder(os.path.dirname(os.path.abspath(path)), f'the folder of --{flag}')
 
 
 def checkpoint_bytes(num_parameters: int) -> int:
@@ -167,6 +193,21 @@ def check_environment(
     )
 
 
+def check_holds_a_run(output_dir: str) -> None:
+  """Refuses a folder whose metrics.csv no run wrote: a run writes flags.json (and its
+  checkpoints) before its first row, and appends to that file."""
+  error, _ = _errors()
+  if not os.path.isfile(os.path.join(output_dir, 'metrics.csv')):
+    return
+  if any(os.path.lexists(os.path.join(output_dir, n)) for n in ('flags.json', 'checkpoints')):
+    return
+  raise error(
+      f'{output_dir} holds a metrics.csv but no flags.json or checkpoints/ of the run that'
+      ' wrote it, so it is not a run\'s, and a run appends to its metrics.csv: move the file,'
+      ' or choose another --experiment_name'
+  )
+
+
 def foreign_entries(output_dir: str) -> list[str]:
   """The entries at the top of `output_dir` that no run writes (sorted)."""
   return sorted(
@@ -186,15 +227,10 @@ def check_deletable(root_output_dir: str, output_dir: str) -> None:
         ' --overwrite deletes only a run folder inside --root_output_dir: remove the link'
         ' yourself or choose another --experiment_name'
     )
-  root = os.path.realpath(root_output_dir)
-  real = os.path.realpath(output_dir)
-  if os.path.commonpath([root, real]) != root or real == root:
-    raise error(
-        f'{output_dir} is not inside --root_output_dir {root_output_dir}; --overwrite'
-        ' deletes only a run folder inside it'
-    )
+  check_inside(root_output_dir, output_dir, '--overwrite deletes only a run folder inside it')
   if not os.path.isdir(output_dir):
     return  # `check_environment` says it is a file.
+  check_holds_a_run(output_dir)
   foreign = foreign_entries(output_dir)
   if foreign:
     more = f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''
@@ -387,11 +423,12 @@ def write_identity(checkpoint_dir: str, identity: dict) -> None:
   write_json_atomically(path, identity)
 
 
-def write_json_atomically(path: str, value) -> None:
-  """Writes `value` as JSON to `path` via a temporary file renamed into place."""
+def write_json_atomically(path: str, value, sort_keys: bool = True) -> None:
+  """Writes `value` as JSON to `path` via a temporary file renamed into place (its keys
+  sorted, unless their order says something)."""
   tmp = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.tmp')
   with open(tmp, 'w') as f:
-    json.dump(value, f, indent=2, sort_keys=True)
+    json.dump(value, f, indent=2, sort_keys=sort_keys)
     f.write('\n')
   os.replace(tmp, path)
 

@@ -187,14 +187,10 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
     with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
       f.write(_last_error_line(log_path) + '\n')
     return DIVERGED
-  documented = (
-      failures.EXIT_UNEXPECTED, failures.EXIT_BAD_INPUT, failures.EXIT_WORKER_LOST,
-      failures.EXIT_ENVIRONMENT, failures.EXIT_INTERRUPTED,
-  )
   raise RunFailed(
       f'{run.name} failed (exit {returncode}) after {seconds:.0f} s:'
       f' {_last_error_line(log_path, "no error line")} (its log: {log_path})',
-      returncode if returncode in documented else failures.EXIT_UNEXPECTED,
+      returncode if returncode in failures.DOCUMENTED_EXIT_CODES else failures.EXIT_UNEXPECTED,
   )
 
 

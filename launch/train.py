@@ -155,6 +155,13 @@ _NUM_EVAL_CLIENTS = flags.DEFINE_integer(
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
     'rounds_per_checkpoint', 1, 'Save a checkpoint every this many rounds.'
 )
+_DIVERGENCE_FACTOR = flags.DEFINE_float(
+    'divergence_factor', experiment.DIVERGENCE_FACTOR,
+    'A round whose training or evaluation loss is above this multiple of round 0\'s'
+    ' evaluation loss (the untrained model\'s, about log(classes)) has diverged, as one'
+    ' with a non-finite loss: the run stops (exit status 3) before anything of the round'
+    ' is saved. inf: only non-finite losses count.',
+)
 _ROOT_OUTPUT_DIR = flags.DEFINE_string(
     'root_output_dir', 'runs', 'Directory under which each experiment gets its own.'
 )
@@ -279,13 +286,15 @@ class Settings:
   def command_line(self) -> tuple[str, ...]:
     """The `launch.train` arguments that describe this run: its given flags."""
     return tuple(
-        _flag_argument(flags.FLAGS[name], value)
+        flag_argument(name, value)
         for name, value in self.values.items()
         if name in self.given and value is not None
     )
 
 
-def _flag_argument(flag, value) -> str:
+def flag_argument(name: str, value) -> str:
+  """The command-line argument that sets flag `name` to `value` (`--noname` for False)."""
+  flag = flags.FLAGS[name]
   if isinstance(value, bool):
     return f'--{"" if value else "no"}{flag.name}'
   return f'--{flag.name}={flag.serializer.serialize(value)}'
@@ -387,6 +396,7 @@ def experiment_config(settings: Settings) -> experiment.ExperimentConfig:
       workers=tuple(v['workers']),
       worker_timeout_s=v['worker_timeout_s'],
       model=v['model'],
+      divergence_factor=v['divergence_factor'],
   )
 
 

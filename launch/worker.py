@@ -73,9 +73,12 @@ def main(argv) -> int:
   try:
     try:
       worker.stub()
-    except cpp_worker.WorkerStartError:
-      keep_log = True  # The message names it.
-      raise
+    except cpp_worker.WorkerStartError as e:
+      keep_log = True  # The message names it: kept beyond this program's temporary folder.
+      log_path = worker.log_path
+      worker.stop(keep_log=True)
+      kept = failures.keep_after_exit(log_path)
+      raise cpp_worker.WorkerStartError(str(e).replace(log_path, kept)) from None
     print(
         f'TFF {tff.__version__} worker (pid {worker.pid}) serving on'
         f' {socket.gethostname()}:{port}; its log is {worker.log_path}.'
@@ -84,7 +87,10 @@ def main(argv) -> int:
     )
     while worker.poll() is None:
       time.sleep(_POLL_S)
-    log_path, status, keep_log = worker.log_path, worker.poll(), True
+    status, keep_log = worker.poll(), True
+    log_path = worker.log_path
+    worker.stop(keep_log=True)
+    log_path = failures.keep_after_exit(log_path)
     last = _tail(log_path, 1).strip() or 'empty'
     print(
         f'worker: error: the TFF worker ended by itself (status {status}); its log'
@@ -100,4 +106,6 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  failures.run_program('worker', main, own_tempdir=False)
+  # Its log is in this program's temporary folder, which the next program removes if this
+  # one is killed; a log a failure names is moved out first (`failures.keep_after_exit`).
+  failures.run_program('worker', main)

@@ -53,20 +53,30 @@ if [[ ! -x "$venv/bin/python" ]]; then
   "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+# pip's stderr without the conflicts of the pins below, which it reports on every install
+# ("ERROR: ... dependency conflicts"): one line says they are expected.
+quiet_conflicts() {
+  local status=0 log
+  log=$(mktemp)
+  "$@" 2>"$log" || status=$?
+  awk -f scripts/expected_pip_conflicts.awk "$log" >&2
+  rm -f "$log"
+  return "$status"
+}
 "${pip[@]}" install -U 'pip>=23' 'setuptools>=65' wheel
 # TFF pins jax/jaxlib 0.4.14, which is not served, and its google-vizier needs a
 # grpcio-tools that wants protobuf 4 (TF 2.14 needs 3.20): install both without their
 # requirements and give them the rest, with jax 0.4.13, from the constraints file.
 "${pip[@]}" install --no-deps -c requirements/constraints.txt tensorflow-federated google-vizier
-"${pip[@]}" install -c requirements/constraints.txt -r requirements/requirements.txt
+quiet_conflicts "${pip[@]}" install -c requirements/constraints.txt -r requirements/requirements.txt
 if (( gpu )); then
   # Under the same constraints, so that only the listed wheels are added (gpu.txt says why
   # each, and why TensorRT is left out).
-  "${pip[@]}" install -c requirements/constraints.txt -r requirements/gpu.txt
+  quiet_conflicts "${pip[@]}" install -c requirements/constraints.txt -r requirements/gpu.txt
 fi
 # Then the versions the resolver cannot pick, each with its reason (overrides.txt).
-"${pip[@]}" install --no-deps -r requirements/overrides.txt
-"${pip[@]}" install --no-deps --no-build-isolation -e .
+quiet_conflicts "${pip[@]}" install --no-deps -r requirements/overrides.txt
+quiet_conflicts "${pip[@]}" install --no-deps --no-build-isolation -e .
 # (The managed context, installed lazily, replaces TFF's own, whose clean-up prints a
 # traceback at exit.)
 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}" "$venv/bin/python" -c 'import tensorflow_federated, tff_zmg, tasks, launch; tff_zmg.set_default_execution_context(start=False)' \

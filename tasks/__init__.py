@@ -1,5 +1,10 @@
 """Federated tasks: EMNIST-62, CIFAR-100, Shakespeare, and tfds CIFAR-10/100 partitioned."""
 
+from tasks import quiet
+
+quiet.quiet_tensorflow()  # Before anything below imports TensorFlow (tasks/quiet.py).
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from tasks.registry import CENTRALIZED_TASK_NAMES
 from tasks.registry import get
 from tasks.registry import MODEL_NAMES
@@ -11,3 +16,5 @@ from tasks.registry import TFF_TASK_NAMES
 from tasks.registry import TaskSpec
 from tasks.sources import CorruptDataError
 from tasks.sources import MissingDataError
+
+quiet.register_tff_cleanup()

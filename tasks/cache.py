@@ -62,18 +62,51 @@ def build_once(
 def atomic_path(path: str, prefix: str) -> Iterator[str]:
   """Yields a temporary path beside `path`, renamed over `path` if the block succeeds.
 
-  On an error the temporary file is removed and `path` is left as it was.
+  On an error the temporary file is removed and `path` is left as it was. The writer
+  holds an `flock` on its temporary file while it writes, so one whose writer is gone
+  (killed with SIGKILL: nothing removed it) is unlocked, and the next writer of `path`
+  removes it first.
   """
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
+  _remove_abandoned(directory, prefix)
   fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=prefix, suffix='.tmp')
-  os.close(fd)
   try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
     yield tmp_path
     os.replace(tmp_path, path)
   finally:
+    os.close(fd)
     if os.path.exists(tmp_path):
       os.remove(tmp_path)
+
+
+def _remove_abandoned(directory: str, prefix: str) -> None:
+  """Removes `<prefix>*.tmp` files in `directory` that no live writer holds locked, with
+  what SQLite keeps beside them (`<file>.tmp-journal`)."""
+  names = [n for n in os.listdir(directory) if n.startswith(prefix) and '.tmp' in n]
+  for stem in {n[:n.index('.tmp') + len('.tmp')] for n in names}:
+    if _being_written(os.path.join(directory, stem)):
+      continue
+    for name in names:
+      if name.startswith(stem):
+        with contextlib.suppress(OSError):
+          os.remove(os.path.join(directory, name))
+
+
+def _being_written(path: str) -> bool:
+  """Whether a live writer holds `path` locked (`atomic_path`)."""
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return False
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return False
+  except BlockingIOError:
+    return True
+  finally:
+    os.close(fd)
 
 
 @contextlib.contextmanager

@@ -83,7 +83,8 @@ def no_worker_outlives_the_session():
 # the longest first instead keeps one worker from starting a long file as the other ends.
 # Measured 2026-11-23 on the nearly quiet 2-core machine, protobuf's C implementation
 # (870 s in all, 7.5 min of wall time); test_reproduce, test_experiments, test_evaluation,
-# test_benchmark and test_setup estimated 2026-11-24 after their new tests.
+# test_benchmark and test_setup estimated 2026-11-24 after their new tests; test_trust
+# measured 2026-11-24 with its subprocesses (the one file that runs programs side by side).
 _FILE_SECONDS = {
     'test_train.py': 220, 'test_failures.py': 96, 'test_cifar10.py': 65,
     'test_algorithms.py': 64, 'test_cpp_worker.py': 53, 'test_in_process.py': 46,
@@ -93,7 +94,7 @@ _FILE_SECONDS = {
     'test_synthetic.py': 16, 'test_readme.py': 14, 'test_reproduce.py': 150,
     'test_shakespeare_gru.py': 13, 'test_tasks.py': 8, 'test_client_states.py': 6,
     'test_tff_baselines.py': 25, 'test_scaffold.py': 20, 'test_evaluation.py': 60,
-    'test_setup.py': 45, 'test_tuned_comparison.py': 150,
+    'test_setup.py': 45, 'test_tuned_comparison.py': 150, 'test_trust.py': 600,
 }
 
 

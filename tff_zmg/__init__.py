@@ -1,7 +1,8 @@
 """tff_zmg: gradient-projection and gradient-correction federated optimizers for TFF.
 
 Importing the package runs nothing: TFF's default execution context stays TFF's own, and no
-worker, signal handler or exit hook is installed. `tff_zmg.set_default_execution_context()`
+worker or signal handler is installed (the one exit hook, of `tasks`, lets TFF's own clean-up
+run quietly: `tasks/quiet.py`). `tff_zmg.set_default_execution_context()`
 makes a managed local worker, stopped at exit, the default for the rest of the program
 (`with tff_zmg.execution_context():` for a block); without either, computations run on
 TFF's own context, whose worker may outlive the program (see `tff_zmg.runtime.cpp_worker`).
@@ -22,6 +23,10 @@ The public API, everything a notebook or script needs (see notebooks/):
 
 Tasks (data and models) are the sibling package `tasks` (`tasks.get(name, ...)`).
 """
+
+# First: hides TensorFlow's C++ logs before it loads and makes TFF's clean-up quiet at exit
+# (tasks/quiet.py).
+import tasks  # pylint: disable=unused-import
 
 from tff_zmg import runtime
 from tff_zmg.runtime import cpp_worker

@@ -33,6 +33,7 @@ CALIBRATION_FILENAME = 'calibration.json'
 _COST_FREE = frozenset({
     'algo', 'hparams', 'seed', 'experiment_name', 'root_output_dir', 'total_rounds',
     'overwrite', 'rounds_per_checkpoint', 'rounds_per_eval', 'partition_seed',
+    'divergence_factor',
 })
 
 

@@ -1,4 +1,4 @@
-"""Reading what a training run wrote: its metrics.csv and flags.json.
+"""Reading what a training run wrote: its metrics.csv, flags.json and runtime.json.
 
 `launch.train` writes `<run>/metrics.csv` with TFF's `tff.program.CSVFileReleaseManager`:
 one row per round, the round in column `key`, round 0 being the evaluation of the
@@ -17,6 +17,7 @@ EVAL_ACCURACY = 'evaluation/sparse_categorical_accuracy'
 TRAIN_LOSS = 'client_work/train/loss'
 METRICS_FILENAME = 'metrics.csv'
 FLAGS_FILENAME = 'flags.json'
+RUNTIME_FILENAME = 'runtime.json'
 
 
 def metric_series(
@@ -71,3 +72,22 @@ def read_flags(run_dir: str) -> Optional[dict]:
     return None
   with open(path) as f:
     return json.load(f)
+
+
+def read_runtime(run_dir: str) -> list[dict]:
+  """The sessions of a run that runtime.json records, oldest first ([] when it has none).
+
+  Each session is one process that trained rounds of the run (a resume is another):
+  `rounds` ([first, last] it trained), `runtime`, `client_devices` (where the clients'
+  computations ran, and how many), `intra_op_threads`, `evaluation` (what it covered, on
+  which device) and `started` (UTC). A runtime.json from before sessions holds one such
+  record, of the newest process only: it reads as one session whose `rounds` is None.
+  """
+  path = os.path.join(run_dir, RUNTIME_FILENAME)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    record = json.load(f)
+  if isinstance(record, dict) and isinstance(record.get('sessions'), list):
+    return record['sessions']
+  return [dict(record, rounds=None)]

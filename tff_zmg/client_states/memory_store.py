@@ -112,10 +112,7 @@ class InMemoryClientStateStore(store.ClientStateStore):
       if v not in kept:
         os.remove(self._snapshot_path(v))
 
-  def restore(self, version: Optional[int]) -> None:
-    if version is None:
-      self._states = {}
-      return
+  def check_restorable(self, version: int) -> None:
     if self._snapshot_directory is None:
       raise ValueError(
           'an in-memory client-state store without a snapshot directory cannot be'
@@ -125,9 +122,15 @@ class InMemoryClientStateStore(store.ClientStateStore):
     if not os.path.exists(path):
       raise store.CorruptClientStateError(
           f'no client-state snapshot for checkpoint {version} ({path} is missing);'
-          ' start the run afresh with --overwrite'
+          ' resume from an earlier checkpoint or start the run afresh with --overwrite'
       )
-    arrays = store.load_arrays(path)
+
+  def restore(self, version: Optional[int]) -> None:
+    if version is None:
+      self._states = {}
+      return
+    self.check_restorable(version)
+    arrays = store.load_arrays(self._snapshot_path(version))
     self._states = {
         str(client_id): [arrays[f'c{n}_{j}'] for j in range(int(length))]
         for n, (client_id, length) in enumerate(zip(arrays[_IDS], arrays[_LENGTHS]))

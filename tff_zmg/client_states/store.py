@@ -63,6 +63,11 @@ class ClientStateStore(abc.ABC):
   def restore(self, version: Optional[int]) -> None:
     """Returns to the states of checkpoint `version` (None: no states)."""
 
+  def check_restorable(self, version: int) -> None:
+    """Raises `CorruptClientStateError` if `restore(version)` would find its files
+    missing, changing nothing (default: nothing to check before `restore`)."""
+    del version
+
   @abc.abstractmethod
   def client_ids(self) -> list[str]:
     """The ids of the clients with a state, sorted."""

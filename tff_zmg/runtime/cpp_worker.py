@@ -20,7 +20,9 @@ contexts, and it owns their workers:
   and on SIGTERM.
 
 Nothing happens at import: TFF's default context stays TFF's own, and no worker, signal
-handler or exit hook is installed. Where computations run is chosen explicitly, in one line::
+handler or exit hook is installed (`tasks`, imported first, drops TFF's own context at exit
+so that its clean-up runs quietly: `tasks/quiet.py`). Where computations run is chosen
+explicitly, in one line::
 
   tff_zmg.set_default_execution_context()  # For the rest of the program (notebooks, scripts).
 
@@ -30,9 +32,8 @@ handler or exit hook is installed. Where computations run is chosen explicitly, 
 The programs of `launch` install the managed default at start (`launch.failures.run_program`),
 the tests for their session (`tests/conftest.py`). A notebook or script that installs nothing
 runs on TFF's own default context, as with TFF alone: its computations work, but its worker
-may write into the program's output and outlive it, and TFF 0.87 prints an "Exception
-ignored in ... ServiceManager.__del__" traceback at exit (`set_default_execution_context()`
-replaces that context, and so ends both). The library does not make that choice at import:
+may write into the program's output and outlive it if the program is killed (at a normal
+exit `tasks/quiet.py` stops it). The library does not make that choice at import:
 replacing TFF's global context from an import would also silently discard a context the
 user had set before `import tff_zmg`, depending on import order.
 

@@ -57,6 +57,30 @@ def visible_gpus() -> list[str]:
   return [d.name for d in tf.config.list_logical_devices('GPU')]
 
 
+def device_name(name: str) -> str:
+  """'/job:localhost/replica:0/task:0/device:GPU:1', '/GPU:1' or 'GPU:1' -> '/device:GPU:1'.
+
+  Raises:
+    ValueError: `name` is not a device name.
+  """
+  spec = tf.DeviceSpec.from_string(name)
+  return f'/device:{spec.device_type or "CPU"}:{spec.device_index or 0}'
+
+
+def check_devices(devices: Sequence[str]) -> None:
+  """Refuses a device this process's TensorFlow does not see, before any work: a round
+  placed on it would fail only once it runs.
+
+  Raises:
+    ValueError: (one line) naming the first such device, and those TensorFlow sees.
+  """
+  visible_gpus()  # Memory growth on, before listing devices starts TensorFlow's runtime.
+  known = sorted({device_name(d.name) for d in tf.config.list_logical_devices()})
+  for device in devices:
+    if device_name(device) not in known:
+      raise ValueError(f'{device} is not a device of this process; TensorFlow sees {known}')
+
+
 def set_intra_op_threads(threads: int) -> bool:
   """Sets the threads each TF op of this process may use; True if that holds now.
 

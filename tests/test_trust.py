@@ -1,0 +1,591 @@
+"""Issue 28, each numbered case as a user meets it: a real subprocess of the program, its
+exit status, one line on stderr without a traceback, nothing touched outside the run, and
+what the run's records say afterwards. A test per case, named after the behaviour, its
+item in the docstring.
+
+The runs are tiny (six synthetic EMNIST clients, one or two rounds); runs a test only
+reads or copies are made once (`finished_run`), and independent programs of one test run
+side by side.
+"""
+
+import csv
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import failures
+from launch import grid_search
+from tasks import synthetic
+from tff_zmg import analysis
+import small_runs
+
+_REPO = small_runs.REPO
+_SMALL = small_runs.FLAGS
+_TRAIN_CLIENTS = 6  # small_runs' --synthetic_train_clients.
+
+
+@pytest.fixture(scope='module')
+def cache_dir(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp('trust_cache'))
+  synthetic.ensure_synthetic_cache_dir(
+      'emnist', directory, num_train_clients=_TRAIN_CLIENTS, num_test_clients=2,
+      mean_examples_per_client=12)
+  return directory
+
+
+def _environment(tmp_path):
+  """TMPDIR and HOME of the test's own, TF's log level unset (the programs' own default)."""
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  for name in ('tmp', 'home'):
+    os.makedirs(tmp_path / name, exist_ok=True)
+  env.update(TMPDIR=str(tmp_path / 'tmp'), HOME=str(tmp_path / 'home'))
+  return env
+
+
+def _start(program, *args, tmp_path, **kwargs):
+  """A program of `launch` (None: python itself) in a subprocess."""
+  command = [sys.executable, *(['-m', f'launch.{program}'] if program else []), *args]
+  return subprocess.Popen(
+      command, cwd=_REPO, text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, env=_environment(tmp_path), **kwargs)
+
+
+# Generous: a run takes seconds alone, but minutes on two cores shared with other work.
+_TIMEOUT_S = 900
+
+
+def _finish(proc, timeout=_TIMEOUT_S):
+  out, err = proc.communicate(timeout=timeout)
+  return proc.returncode, out, err
+
+
+def _run(program, *args, tmp_path, timeout=_TIMEOUT_S):
+  return _finish(_start(program, *args, tmp_path=tmp_path), timeout)
+
+
+def _run_side_by_side(commands, tmp_path):
+  """[(exit status, stdout, stderr)] of `commands` ((program, *args)) run at once."""
+  procs = [_start(*command, tmp_path=tmp_path) for command in commands]
+  return [_finish(proc) for proc in procs]
+
+
+def _one_error_line(err, program):
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and 'Traceback' not in err, err
+  assert lines[0].startswith(f'{program}: error: '), err
+  return lines[0]
+
+
+def _train_args(cache_dir, root, *args):
+  return (f'--cache_dir={cache_dir}', f'--root_output_dir={root}', *_SMALL, '--task=emnist',
+          *args)
+
+
+def _tree(path):
+  """Every entry below `path` with its size and modification time (files) or None."""
+  found = {}
+  for directory, dirs, files in os.walk(path):
+    for name in dirs + files:
+      full = os.path.join(directory, name)
+      stat = os.lstat(full)
+      found[os.path.relpath(full, path)] = (
+          None if name in dirs else (stat.st_size, stat.st_mtime_ns))
+  return found
+
+
+def _assert_left_clean(tmp_path, refused=False):
+  """The programs' private temporary folders are gone; programs that only `refused` what
+  they were given (status 2) left no ~/.keras/keras.json either."""
+  assert os.listdir(tmp_path / 'tmp') == []
+  if refused:
+    assert os.listdir(tmp_path / 'home') == []
+
+
+@pytest.fixture(scope='module')
+def finished_run(cache_dir, tmp_path_factory):
+  """(folder, stdout) of a finished 1-round FedAvg run, trained in process, that asked for
+  8 clients a round of the data's 6. Tests read it or copy it (`_copy`)."""
+  tmp_path = tmp_path_factory.mktemp('finished')
+  code, out, err = _run('train', *_train_args(
+      cache_dir, tmp_path / 'runs', '--algo=fedavg', '--clients_per_round=8',
+      '--total_rounds=1'), tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  return tmp_path / 'runs' / 'emnist_fedavg_seed0', out
+
+
+_FINISHED_ARGS = ('--algo=fedavg', '--clients_per_round=8')
+
+
+def _copy(run_dir, tmp_path):
+  """A copy of a run folder in `tmp_path/runs` (a copied run resumes)."""
+  copy = tmp_path / 'runs' / run_dir.name
+  shutil.copytree(run_dir, copy)
+  return copy
+
+
+def _cache_of(run_dir):
+  return json.loads((run_dir / 'flags.json').read_text())['cache_dir']
+
+
+# 1. The grid search writes only inside its root and replaces only its own files.
+
+
+def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(tmp_path):
+  """1: '..', an absolute path, a link out of the root, a 300-character name, a folder of
+  someone else's (its best.json would be replaced): refused as launch.train refuses, 2."""
+  root = tmp_path / 'root'
+  outside = tmp_path / 'outside'
+  mine = root / 'mine'
+  for folder in (outside, mine):
+    folder.mkdir(parents=True)
+    (folder / 'best.json').write_text('{"mine": 1}')
+    (folder / 'grid.csv').write_text('mine\n')
+  os.symlink(outside, root / 'link')
+  grid = ('grid_search', '--task=emnist', '--algo=fedavg', f'--root_output_dir={root}',
+          '--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1')
+  cases = {
+      '../outside': "has a '..' component",
+      str(outside): 'is an absolute path',
+      'g' * 300: 'a file name holds at most 255',
+      'link': 'is not inside --root_output_dir',
+      'mine': "holds files no grid search wrote ('best.json' and 1 more)",
+  }
+  before = _tree(root), _tree(outside)
+  results = _run_side_by_side(
+      [(*grid, f'--experiment_name={name}') for name in cases], tmp_path)
+  for (name, message), (code, out, err) in zip(cases.items(), results):
+    assert code == failures.EXIT_BAD_INPUT, (name, err)
+    assert message in _one_error_line(err, 'grid_search'), (name, err)
+    assert out == '', out
+  assert (_tree(root), _tree(outside)) == before
+  assert (outside / 'best.json').read_text() == '{"mine": 1}'
+  _assert_left_clean(tmp_path, refused=True)
+
+
+# 2. Run records stay true.
+
+
+def test_each_process_that_trains_adds_its_session_to_runtime_json(finished_run, tmp_path):
+  """2: a no-op re-run of a finished run changes nothing; a resume in TFF's worker adds its
+  own session beside the first one's, in process."""
+  run_dir = _copy(finished_run[0], tmp_path)
+  args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
+  record = (run_dir / 'runtime.json').read_bytes()
+  code, out, err = _run('train', *args, '--total_rounds=1', tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  assert (run_dir / 'runtime.json').read_bytes() == record
+  code, out, err = _run('train', *args, '--total_rounds=2', '--runtime=tff_worker',
+                        tmp_path=tmp_path)
+  assert code == 0 and err == '' and 'round 2/2' in out, err
+  first, second = analysis.runs.read_runtime(str(run_dir))
+  assert first['rounds'] == [1, 1] and first['runtime'] == 'in_process'
+  (device, count), = first['client_devices'].items()
+  assert device.endswith('/device:CPU:0') and count == _TRAIN_CLIENTS
+  assert second['rounds'] == [2, 2] and second['runtime'] == 'tff_worker'
+  (device, count), = second['client_devices'].items()
+  assert 'worker_binary' in device and count is None
+  assert os.listdir(tmp_path / 'runs') == [run_dir.name]
+  _assert_left_clean(tmp_path)
+
+
+def test_a_runtime_json_from_before_sessions_reads_as_one_session(tmp_path):
+  """2: runs recorded before sessions keep what they said."""
+  (tmp_path / 'runtime.json').write_text(json.dumps(
+      {'runtime': 'tff_worker', 'client_devices': {'CPU': None}, 'intra_op_threads': 1}))
+  assert analysis.runs.read_runtime(str(tmp_path)) == [
+      {'runtime': 'tff_worker', 'client_devices': {'CPU': None}, 'intra_op_threads': 1,
+       'rounds': None}]
+
+
+# 3. Only the program's own temporary files are deleted.
+
+
+def test_resume_and_overwrite_keep_a_users_tmp_file(finished_run, tmp_path):
+  """3: a resume removes only the temporaries of the run's own interrupted writes;
+  --overwrite refuses a folder that holds a user's .notes.tmp, deleting nothing."""
+  run_dir = _copy(finished_run[0], tmp_path)
+  args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
+  (run_dir / '.notes.tmp').write_text('mine')
+  (run_dir / '.flags.json.tmp').write_text('{"cut sh')  # A killed write of ours.
+  (run_dir / 'metrics.csv_temp1234').write_text('key\n')  # TFF's CSV manager's.
+  code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  assert code == 0 and err == '' and 'round 2/2' in out, err
+  assert (run_dir / '.notes.tmp').read_text() == 'mine'
+  assert not (run_dir / '.flags.json.tmp').exists()
+  assert not (run_dir / 'metrics.csv_temp1234').exists()
+
+  before = _tree(tmp_path / 'runs')
+  code, out, err = _run('train', *args, '--total_rounds=2', '--overwrite', tmp_path=tmp_path)
+  line = _one_error_line(err, 'train')
+  assert code == failures.EXIT_BAD_INPUT and "('.notes.tmp')" in line, err
+  assert _tree(tmp_path / 'runs') == before
+  assert analysis.runs.completed_rounds(str(run_dir)) == 2
+  _assert_left_clean(tmp_path)
+
+
+# 4. Divergence is judged against the run's own round 0.
+
+
+def _losses(run_dir):
+  """{round: (training loss, evaluation loss)} of metrics.csv (NaN where not recorded)."""
+  with open(run_dir / 'metrics.csv', newline='') as f:
+    return {int(row['key']): tuple(float(row.get(k) or math.nan) for k in (
+        analysis.runs.TRAIN_LOSS, 'evaluation/loss')) for row in csv.DictReader(f)}
+
+
+def _checkpoints(run_dir):
+  return sorted(n for n in os.listdir(run_dir / 'checkpoints') if n.startswith('program_'))
+
+
+def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advice_works(
+    cache_dir, tmp_path):
+  """4: FedAdam (a huge server rate, one round), FedProx (a huge mu), SCAFFOLD and FedZMG
+  (huge client rates) used to keep rounds with losses up to 1e31; each now exits 3 in
+  that round, keeping round 0's checkpoint, whose losses are finite and under the limit.
+  The advice (other settings and --overwrite), followed, trains."""
+  root = tmp_path / 'runs'
+  diverging = {
+      'fedadam': ['--server_learning_rate=1e6'],
+      # Two local steps: the pull mu (w - w^t) is 0 at the first.
+      'fedprox': ['--proximal_strength=1e6', '--client_epochs_per_round=2'],
+      'scaffold': ['--client_learning_rate=1e4'],
+      'fedzmg': ['--client_learning_rate=1e4'],
+  }
+  results = _run_side_by_side(
+      [('train', *_train_args(cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra))
+       for algo, extra in diverging.items()], tmp_path)
+  for algo, (code, out, err) in zip(diverging, results):
+    assert code == failures.EXIT_DIVERGED, (algo, code, out[-300:], err)
+    line = _one_error_line(err, 'train')
+    assert line.startswith('train: error: training diverged in round 1: '), line
+    assert "x round 0's evaluation loss" in line and '(--divergence_factor)' in line, line
+    assert 'the checkpoint of round 0 is kept' in line, line
+    assert 're-run with them and --overwrite, or with another --experiment_name' in line
+    run_dir = root / f'emnist_{algo}_seed0'
+    assert _checkpoints(run_dir) == ['program_state_0'], algo
+    (reference,) = [e for _, e in _losses(run_dir).values()]
+    # Round 0's, an untrained model's: about log(62), and under the limit it set.
+    assert math.isfinite(reference) and reference < 2 * math.log(62), (algo, reference)
+    assert 'round 1/1' not in out
+  assert sorted(os.listdir(root)) == sorted(f'emnist_{a}_seed0' for a in diverging)
+
+  followed = {'fedadam': ['--server_learning_rate=0.01'],
+              'scaffold': ['--client_learning_rate=0.01']}
+  results = _run_side_by_side(
+      [('train', *_train_args(cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra,
+                              '--overwrite')) for algo, extra in followed.items()], tmp_path)
+  for algo, (code, out, err) in zip(followed, results):
+    assert code == 0 and err == '' and 'round 1/1' in out, (algo, err)
+    run_dir = root / f'emnist_{algo}_seed0'
+    assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
+    losses = _losses(run_dir)
+    limit = 10 * losses[0][1]  # The documented default --divergence_factor.
+    assert all(math.isfinite(l) and l < limit for l in losses[1]), losses
+  _assert_left_clean(tmp_path)
+
+
+# 5. Exit statuses as docs/operations.md defines them, with the cause.
+
+
+def test_a_folder_with_someone_elses_metrics_csv_is_refused_untouched(cache_dir, tmp_path):
+  """5: training into it used to write files there and then exit 1."""
+  theirs = tmp_path / 'runs' / 'theirs'
+  theirs.mkdir(parents=True)
+  (theirs / 'metrics.csv').write_text('round,accuracy\n1,0.5\n')
+  before = _tree(tmp_path / 'runs')
+  code, out, err = _run('train', *_train_args(
+      cache_dir, tmp_path / 'runs', '--algo=fedavg', '--experiment_name=theirs'),
+      tmp_path=tmp_path)
+  line = _one_error_line(err, 'train')
+  assert code == failures.EXIT_BAD_INPUT and 'holds a metrics.csv but no flags.json' in line
+  assert _tree(tmp_path / 'runs') == before
+  _assert_left_clean(tmp_path, refused=True)
+
+
+def test_an_immutable_metrics_csv_is_the_machines_refusal(finished_run, tmp_path):
+  """5: `chattr +i metrics.csv` used to exit 1 ("a bug")."""
+  run_dir = _copy(finished_run[0], tmp_path)
+  args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
+  metrics = run_dir / 'metrics.csv'
+  before = metrics.read_bytes()
+  if subprocess.run(['chattr', '+i', str(metrics)], capture_output=True).returncode != 0:
+    pytest.skip('chattr +i needs root and a file system with attributes')
+  try:
+    code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  finally:
+    subprocess.run(['chattr', '-i', str(metrics)], check=True)
+  line = _one_error_line(err, 'train')
+  assert code == failures.EXIT_ENVIRONMENT and 'Operation not permitted' in line, err
+  assert 'the checkpoint of round 1 is kept' in line, line
+  assert metrics.read_bytes() == before
+  assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
+  assert len(analysis.runs.read_runtime(str(run_dir))) == 1  # Round 2 was not trained.
+  _assert_left_clean(tmp_path)
+
+
+def test_a_full_disk_while_client_states_are_written_says_so_in_one_line(cache_dir, tmp_path):
+  """5: SCAFFOLD's client states on a 30 MiB tmpfs (round 0's checkpoint fits, round 1's
+  states do not), in process and in TFF's worker (there a ~1,200-character line before)."""
+  if shutil.which('unshare') is None or subprocess.run(
+      ['unshare', '-rm', 'true'], capture_output=True).returncode != 0:
+    pytest.skip('user namespaces are not available')
+  runtimes = ('in_process', 'tff_worker')
+  commands = []
+  for runtime in runtimes:
+    root = tmp_path / runtime
+    root.mkdir()
+    train = ' '.join([sys.executable, '-m', 'launch.train', *_train_args(
+        cache_dir, root, '--algo=scaffold', '--total_rounds=2', f'--runtime={runtime}')])
+    commands.append((None, '-c', (
+        'import subprocess, sys; sys.exit(subprocess.run(["unshare", "-rm", "sh", "-c",'
+        f' "mount -t tmpfs -o size=30m tmpfs {root} && exec {train}"]).returncode)')))
+  for runtime, (code, out, err) in zip(runtimes, _run_side_by_side(commands, tmp_path)):
+    line = _one_error_line(err, 'train')
+    assert code == failures.EXIT_ENVIRONMENT, (runtime, err)
+    assert 'No space left on device' in line and 'File "' not in line, line
+    assert len(line) < 400 and 'the checkpoint of round 0 is kept' in line, line
+    assert 'round 0/2' in out and 'round 1/2' not in out, out
+  # The tmpfs went with its namespace; nothing was written beside it.
+  assert sorted(os.listdir(tmp_path)) == sorted(['home', 'tmp', *runtimes])
+  assert all(os.listdir(tmp_path / runtime) == [] for runtime in runtimes)
+  _assert_left_clean(tmp_path)
+
+
+# 6. Text and boolean hyperparameters as the grid's third axis.
+
+
+def test_the_grids_third_axis_takes_text_and_booleans(cache_dir, tmp_path):
+  """6: `local_gc_layers:all,feature` (text) and `center_vectors:True` (a bool) used to
+  end in "Unknown format code 'g'" and "must be a bool, got 'True'"; an algorithm without
+  a server rate (FedRKMGC's km_clock) is refused in the grid's terms."""
+  assert grid_search.parse_hparam_grid('center_vectors:True,false', 'fedzmg') == (
+      'center_vectors', (True, False))
+  root = tmp_path / 'runs'
+  grid = ('--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
+          '--nostability_check', '--parallel=2')
+  results = _run_side_by_side([
+      ('grid_search', *_train_args(cache_dir, root, '--algo=local_gc'), *grid,
+       '--hparam_grid=local_gc_layers:all,feature'),
+      ('grid_search', *_train_args(cache_dir, root, '--algo=fedzmg'), *grid,
+       '--hparam_grid=center_vectors:True'),
+      ('grid_search', *_train_args(cache_dir, root, '--algo=fedrkmgc'),
+       '--client_learning_rates=0.1', '--hparam_grid=km_clock:global,participation'),
+  ], tmp_path)
+  (text, text_out, text_err), (boolean, bool_out, bool_err), refused = results
+  assert text == 0 and text_err == '', text_err
+  assert boolean == 0 and bool_err == '', bool_err
+  for name, value, out in (('local_gc_layers', 'all', text_out),
+                           ('local_gc_layers', 'feature', text_out),
+                           ('center_vectors', True, bool_out)):
+    algo = 'local_gc' if name == 'local_gc_layers' else 'fedzmg'
+    axis = root / f'grid_emnist_{algo}' / f'{name}={value}'
+    assert (axis / 'grid.csv').exists() and (axis / 'grid_heatmap.png').exists()
+    (cell,) = [d for d in os.listdir(axis) if d.startswith('clr')]
+    assert json.loads((axis / cell / 'flags.json').read_text())['hparams'][name] == value
+  best = json.loads((root / 'grid_emnist_local_gc' / 'best.json').read_text())
+  assert best['local_gc_layers'] in ('all', 'feature')
+  assert f' --local_gc_layers={best["local_gc_layers"]} ' in text_out.splitlines()[-1]
+  assert ' --center_vectors ' in bool_out.splitlines()[-1]
+  code, out, err = refused
+  assert code == failures.EXIT_BAD_INPUT and out == '', err
+  assert '--algo=fedrkmgc has no server learning rate' in _one_error_line(err, 'grid_search')
+  assert sorted(os.listdir(root)) == ['grid_emnist_fedzmg', 'grid_emnist_local_gc']
+  _assert_left_clean(tmp_path)
+
+
+# 7. Every flag checked before any work; --help exits 0.
+
+
+# One path parses every program's flags (launch.failures.run_program); these cover a
+# module's own program, a package's (reproduce), and each way run_program is called.
+_HELP_PROGRAMS = ('train', 'reproduce', 'memory_benchmark', 'worker')
+
+
+def test_bad_flags_are_refused_before_any_work_and_help_exits_0(tmp_path):
+  """7: each used to fail after the work (49 s; the whole run, its JSON lost), or exit 1
+  with an empty stderr; absl's --help exits 1, which docs/operations.md calls a bug."""
+  cases = [
+      (('benchmark', '--repeats=0'), '--repeats=0: 0 is not a positive integer'),
+      (('benchmark', f'--output={tmp_path}'), 'is a folder; give the path of a file'),
+      (('benchmark', '--scaling_algo=nope'), "Unknown algorithm 'nope'"),
+      (('benchmark', '--in_process_devices=/device:GPU:9'),
+       '--in_process_devices: /device:GPU:9 is not a device of this process'),
+      (('check_devices', '--devices=/device:GPU:7'),
+       '--devices: /device:GPU:7 is not a device of this process'),
+      (('check_devices', '--tolerance=-1'), '--tolerance=-1: -1.0 is not a non-negative'),
+      (('memory_benchmark', '--stores=floppy'), "--stores must name stores of ['disk',"),
+      (('memory_benchmark', '--task=nope'), "--task must be one of ['emnist',"),
+  ]
+  results = _run_side_by_side([command for command, _ in cases], tmp_path)
+  for (command, message), (code, out, err) in zip(cases, results):
+    assert code == failures.EXIT_BAD_INPUT, (command, err)
+    assert message in _one_error_line(err, command[0]), (command, err)
+    assert out == '', (command, out)
+  helps = _run_side_by_side([(program, '--help') for program in _HELP_PROGRAMS], tmp_path)
+  for program, (code, out, err) in zip(_HELP_PROGRAMS, helps):
+    assert code == 0 and err == '' and 'Try --helpfull' in out, (program, code, err)
+  assert sorted(os.listdir(tmp_path)) == ['home', 'tmp']
+  _assert_left_clean(tmp_path, refused=True)
+
+
+# 8. The smaller cases.
+
+
+def test_a_cohort_above_the_population_is_said_and_recorded(finished_run):
+  """8: --clients_per_round=8 of 6 clients used to be capped without a word."""
+  run_dir, out = finished_run
+  assert 'clients_per_round: 8 asked, but the data has 6 training clients' in out
+  (session,) = analysis.runs.read_runtime(str(run_dir))
+  assert list(session['client_devices'].values()) == [_TRAIN_CLIENTS]
+
+
+def test_collect_only_names_runs_trained_with_other_hyperparameters(finished_run, tmp_path):
+  """8: `compare --collect_only` used to mix them in without a word."""
+  run_dir = finished_run[0]
+  before = _tree(run_dir)
+  report = tmp_path / 'report'
+  code, out, err = _run('compare', f'--root_output_dir={run_dir.parent}', '--task=emnist',
+                        '--algos=fedavg', '--seeds=0', '--collect_only',
+                        '--client_learning_rate=0.5', f'--report_dir={report}',
+                        tmp_path=tmp_path)
+  # The run trained at fedavg's default rates, which issue 32's warning names on stderr.
+  assert code == 0 and err.startswith('compare: warning: the learning rates of fedavg'), err
+  assert len(err.splitlines()) == 1, err
+  assert 'was trained with other hyperparameters than asked (client_learning_rate:' in out
+  assert 'other hyperparameters than asked' in (report / 'report.md').read_text()
+  assert _tree(run_dir) == before
+  _assert_left_clean(tmp_path)
+
+
+def test_a_lost_memory_snapshot_resumes_from_the_checkpoint_before(cache_dir, tmp_path):
+  """8: the newest checkpoint without its client-state snapshot used to offer only
+  --overwrite; it is set aside and the previous one resumes."""
+  root = tmp_path / 'runs'
+  args = _train_args(cache_dir, root, '--algo=scaffold', '--client_state_store=memory')
+  code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  run_dir = root / 'emnist_scaffold_seed0'
+  os.remove(run_dir / 'client_states' / 'snapshot-00000002.npz')
+  code, out, err = _run('train', *args, '--total_rounds=3', tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  assert 'checkpoint of round 2 cannot be read' in out and 'resuming from round 1' in out
+  assert 'round 2/3' in out and 'round 3/3' in out
+  assert 'unreadable_program_state_2' in os.listdir(run_dir / 'checkpoints')
+  assert [s['rounds'] for s in analysis.runs.read_runtime(str(run_dir))] == [[1, 2], [2, 3]]
+  _assert_left_clean(tmp_path)
+
+
+def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(tmp_path):
+  """8: `reproduce --dry_run` trained where its help said it trains nothing: its help now
+  names the timing runs, and they are all it trains (once; a second dry run reuses them)."""
+  code, out, err = _run('reproduce', '--helpfull', tmp_path=tmp_path)
+  assert code == 0 and 'only a 3-round timing run of each kind of run' in ' '.join(
+      out.split()), err
+  root = tmp_path / 'root'
+  args = ('--paper=fedzmg', '--table=5', '--scale=ci', '--data_source=synthetic',
+          '--dry_run', f'--root_output_dir={root}', f'--cache_dir={tmp_path / "data"}')
+  code, out, err = _run('reproduce', *args, tmp_path=tmp_path)
+  assert code == 0 and err == '', err
+  timed = [l for l in out.splitlines() if l.startswith('dry run: timing 3 rounds of')]
+  plan = root / 'reproduce_fedzmg_ci'
+  assert os.listdir(plan) == ['dry_run']  # No grid/ nor runs/: none of the plan's runs.
+  runs = [d for d in os.listdir(plan / 'dry_run') if d.startswith('emnist-')]
+  assert len(runs) == len(timed) == 2  # FedZMG's client rule, and plain SGD's.
+  before = _tree(root)
+  code, out, err = _run('reproduce', *args, tmp_path=tmp_path)
+  assert code == 0 and err == '' and 'dry run: timing' not in out, err
+  assert _tree(root) == before
+  _assert_left_clean(tmp_path)
+
+
+# 9. Quiet imports; no leftovers of killed programs.
+
+
+def test_importing_the_packages_prints_nothing_even_at_exit(tmp_path):
+  """9: TensorFlow's C++ start-up lines, and TFF's "Exception ignored in
+  ServiceManager.__del__" at exit, for each package alone (the README's example:
+  tests/test_readme.py)."""
+  results = _run_side_by_side(
+      [(None, '-c', f'import {package}') for package in ('tasks', 'tff_zmg')], tmp_path)
+  for code, out, err in results:
+    assert code == 0 and out == '' and err == '', err
+
+
+def test_bootstrap_filters_only_the_expected_pip_conflicts():
+  """9: a successful bootstrap printed pip's "ERROR: ... dependency conflicts"."""
+  pip_output = '\n'.join([
+      "ERROR: pip's dependency resolver does not currently take into account all the"
+      ' packages that are installed.',
+      'tensorflow-federated 0.87.0 requires jax==0.4.14, but you have jax 0.4.13 which is'
+      ' incompatible.',
+      'google-vizier 0.1.11 requires grpcio-tools, which is not installed.',
+      'Successfully installed x'])
+  awk = subprocess.run(['awk', '-f', 'scripts/expected_pip_conflicts.awk'], cwd=_REPO,
+                       input=pip_output, capture_output=True, text=True, check=True)
+  lines = awk.stdout.splitlines()
+  assert lines[0] == 'Successfully installed x' and len(lines) == 2
+  assert lines[1].startswith('bootstrap: pip reports 2 dependency conflict(s) of the pins')
+  other = "ERROR: pip's dependency resolver ...\nfoo 1.0 requires bar<2, but you have bar 3."
+  awk = subprocess.run(['awk', '-f', 'scripts/expected_pip_conflicts.awk'], cwd=_REPO,
+                       input=other, capture_output=True, text=True, check=True)
+  assert awk.stdout.splitlines() == other.splitlines()  # Any other conflict stays.
+  with open(os.path.join(_REPO, 'scripts', 'bootstrap.sh')) as f:
+    assert f.read().count('quiet_conflicts "${pip[@]}" install') >= 3
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('', 0))
+    return s.getsockname()[1]
+
+
+def test_a_killed_workers_log_is_removed_by_the_next_program(tmp_path):
+  """9: a SIGKILLed `launch.worker` left its log in $TMPDIR for ever."""
+  worker = _start('worker', f'--port={_free_port()}', tmp_path=tmp_path)
+  try:
+    assert 'serving on' in worker.stdout.readline()
+    (private,) = os.listdir(tmp_path / 'tmp')  # Its temporary folder, with the log.
+    assert os.listdir(tmp_path / 'tmp' / private)
+  finally:
+    worker.send_signal(signal.SIGKILL)
+    worker.communicate()
+  code, _, err = _run('worker', '--port=0', tmp_path=tmp_path)
+  assert code == failures.EXIT_BAD_INPUT and '--port must be in' in err, err
+  _assert_left_clean(tmp_path)
+
+
+def test_an_abandoned_synthetic_data_file_is_removed_by_the_next_writer(tmp_path):
+  """9: a SIGKILL during synthetic-data generation left a 0-byte
+  .emnist_all.sqlite.*.tmp for ever; a user's other .tmp file stays."""
+  data = tmp_path / 'data'
+
+  def generate(clients):
+    return _start(None, '-c', (
+        'from tasks import synthetic; synthetic.write_synthetic_sqlite("emnist",'
+        f' "{data}/emnist_all.sqlite", num_train_clients={clients}, num_test_clients=1,'
+        ' mean_examples_per_client=5)'), tmp_path=tmp_path)
+
+  generator = generate(3000)
+  try:
+    deadline = time.monotonic() + _TIMEOUT_S
+    while time.monotonic() < deadline:
+      if data.exists() and any(n.endswith('.tmp') for n in os.listdir(data)):
+        break
+      time.sleep(0.1)
+  finally:
+    generator.send_signal(signal.SIGKILL)
+    generator.communicate()
+  abandoned = os.listdir(data)
+  assert abandoned and all('.tmp' in n for n in abandoned), abandoned
+  (data / 'notes.sqlite.tmp').write_text("a user's")  # Another prefix: not ours.
+  code, out, err = _finish(generate(3))
+  assert code == 0 and err == '', err
+  assert sorted(os.listdir(data)) == ['emnist_all.sqlite', 'notes.sqlite.tmp'], abandoned
