@@ -87,7 +87,7 @@ def no_worker_outlives_the_session():
 # measured 2026-11-24 with its subprocesses (the one file that runs programs side by side).
 _FILE_SECONDS = {
     'test_train.py': 220, 'test_failures.py': 96, 'test_cifar10.py': 65,
-    'test_algorithms.py': 64, 'test_cpp_worker.py': 53, 'test_in_process.py': 46,
+    'test_algorithms.py': 64, 'test_cpp_worker.py': 53, 'test_in_process.py': 46, 'test_in_process_shapes.py': 40,
     'test_benchmark.py': 60, 'test_experiments.py': 130, 'test_remote_workers.py': 36,
     'test_devices.py': 25, 'test_run_directory.py': 23, 'test_notebooks.py': 22,
     'test_fedgps.py': 22, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,

@@ -87,13 +87,26 @@ _SCRIPT = textwrap.dedent(r'''
     with in_process.in_process_context():
       initial = process.initialize()
 
+    # 'round': FedAvg's rounds (MapReduceForm); 'client_work': a client work's `next`, whose
+    # results are at CLIENTS (the interpreter).
+    shape = sys.argv[3]
+    client_work = tff.learning.templates.build_model_delta_client_work(
+        model_fn, tff.learning.optimizers.build_sgdm(0.1),
+        tff.learning.ClientWeighting.NUM_EXAMPLES,
+        loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR)
+
     def two_rounds(devices):
       # One client at a time per device: one import of the client graph per device.
       with in_process.in_process_context(devices, clients_per_device=1) as context:
-        state = initial
-        for _ in range(2):
-          state = process.next(state, data).state
-        weights = process.get_model_weights(state).trainable
+        if shape == 'round':
+          state = initial
+          for _ in range(2):
+            state = process.next(state, data).state
+          weights = process.get_model_weights(state).trainable
+        else:
+          start = process.get_model_weights(initial)
+          results = client_work.next(client_work.initialize(), [start] * 4, data).result
+          weights = [u for r in results for u in r.update]
       return [w.tolist() for w in weights], context.last_client_devices
 
     tf_context = eager_context.context()
@@ -132,13 +145,13 @@ _SCRIPT = textwrap.dedent(r'''
 ''')
 
 
-def _run_script(mode: str, tmp_path, env_extra=None) -> dict:
+def _run_script(mode: str, tmp_path, env_extra=None, shape='round') -> dict:
   dump_dir = tmp_path / 'dump'
   dump_dir.mkdir()
   env = dict(os.environ, PYTHONPATH=_REPO, TF_CPP_MIN_LOG_LEVEL='2')
   env.update(env_extra or {})
   completed = subprocess.run(
-      [sys.executable, '-c', _SCRIPT, mode, str(dump_dir)],
+      [sys.executable, '-c', _SCRIPT, mode, str(dump_dir), shape],
       cwd=_REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
       timeout=_TIMEOUT_S,
   )
@@ -242,6 +255,19 @@ def test_two_logical_cpus_run_the_clients_and_equal_one_device(tmp_path):
   # GPU, the float updates it reads live in GPU memory and carry the GPU's name.
   assert len(result['client_devices']) == 4
   assert all(d.endswith('/device:CPU:0') for d in result['client_devices'])
+
+
+def test_two_logical_cpus_run_a_client_works_clients_when_interpreted(tmp_path):
+  """Placement holds for computations of other shapes: a client work's `next`."""
+  result = _run_script('two_cpus', tmp_path, shape='client_work')
+  assert _max_diff(result['weights'], result['host_weights']) <= 1e-6
+  ops = result['ops']
+  assert sorted(ops) == ['/device:CPU:0', '/device:CPU:1'], sorted(ops)
+  for device in ops:
+    assert _count(ops, device, re.compile('MatMul')) >= 2, (device, ops[device])
+  assert _count(ops, '/device:CPU:0', re.compile('IteratorGetNext')) > 0, ops['/device:CPU:0']
+  assert _count(ops, '/device:CPU:1', _ITERATOR_OP) == 0, ops['/device:CPU:1']
+  assert len(result['client_devices']) == 4
 
 
 def test_xla_cpu_runs_the_model_while_iterators_stay_on_the_host(tmp_path):

@@ -177,17 +177,6 @@ def test_imported_computations_bind_their_arguments_to_a_signature():
   np.testing.assert_array_equal(result[0].numpy(), [6.0, 6.0, 6.0])
 
 
-def test_a_round_the_form_cannot_express_is_refused_in_one_error(tff_context):
-  """States in the call come back CLIENTS-placed: no MapReduceForm, no silent fallback."""
-  del tff_context
-  process = registry.build('fedrkmgc', tiny_model_fn, **HPARAMS)
-  state = process.initialize()
-  initial = process.initial_client_state()
-  with in_process.in_process_context():
-    with pytest.raises(in_process.InProcessUnsupportedError, match='MapReduceForm'):
-      process.next(state, [client_dataset(0)], [initial])
-
-
 def test_threads_per_op_are_set_before_tensorflow_starts_and_kept_after():
   # A fresh interpreter: this one's TensorFlow has started.
   script = (

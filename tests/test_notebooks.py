@@ -129,6 +129,16 @@ def test_compose_notebook_runs_two_processes_and_plots_them(
   assert image.ndim == 3
   assert 'image/png' in notebook.cells[-1].outputs[0]['data']
 
+  # The same notebook with the in-process runtime prints the same rounds.
+  in_process = _text(execute(
+      'compose_processes.ipynb', TFF_ZMG_DATA_DIR=synthetic_cache_dir,
+      TFF_ZMG_OUTPUT_DIR=str(tmp_path / 'out_in_process'), TFF_ZMG_ROUNDS='2',
+      TFF_ZMG_RUNTIME='in_process',
+  ))
+  assert 'running in this process' in in_process and 'TFF worker running' not in in_process
+  rounds = re.compile(r'.*: round \d, train loss .*')
+  assert rounds.findall(in_process) == rounds.findall(text) != []
+
 
 def _write_run(root, algo, seed, accuracies, diverged=False):
   """A run directory in the format launch.train writes: flags.json and metrics.csv."""

@@ -1,13 +1,11 @@
-"""Runs TFF processes with the TensorFlow of this Python process, on its CPUs or GPUs.
+"""Runs TFF computations with the TensorFlow of this Python process, on its CPUs or GPUs.
 
 TFF 0.87's pip `worker_binary` is built without CUDA, so nothing it runs reaches a GPU
 (TFF issues #3709, #4600). The TensorFlow in this process is a CUDA build. This context
-runs every computation here instead:
+runs every computation here instead, in one of three ways:
 
 * a TF computation (`get_model_weights`, `initial_client_state`, ...) is imported and run
   as one graph (`tf_computation.ImportedComputation`);
-* a no-argument federated computation returning a SERVER value (`initialize`) through
-  `tff.backends.mapreduce.get_state_initialization_computation`;
 * a round, `<S@SERVER, {D}@CLIENTS> -> <S@SERVER, X@SERVER>` (`next` of a learning or
   evaluation process), through TFF's public MapReduceForm compiler, after lowering the
   secure-sum intrinsics as TFF's test backend does
@@ -17,15 +15,20 @@ runs every computation here instead:
       for each client i, in order:  A = accumulate(A, work(D_i, C)[0])
       S', X = update(S, <report(A), <>, <>, <>>)
 
-  Each computation is compiled and imported once per context. Clients are spread over
-  `devices` round-robin (client i on `devices[i % len(devices)]`), each device runs
-  `clients_per_device` of them at once (a thread each; by default one per core on the
-  CPU, one per GPU), and the updates are accumulated in client order, so the result does
-  not depend on timing.
+  This is the rounds' fast path: four imported graphs, one call of `work` per client;
+* any other federated computation (`initialize`, a client work's or a finalizer's `next`,
+  a distributor, a round whose clients return values, personalization evaluation, ...)
+  by evaluating its call-dominant form (`interpreter.FederatedInterpreter`).
 
-Anything else (a `next` with CLIENTS-placed results, three arguments, ...) is refused with
-`InProcessUnsupportedError`, which says what the form could not express; nothing falls back
-to another runtime.
+Each computation is compiled and imported once per context. Clients are spread over
+`devices` round-robin (client i on `devices[i % len(devices)]`), each device runs
+`clients_per_device` of them at once (a thread each; by default one per core on the CPU,
+one per GPU), the server's parts run on the first device, and client values are added in
+client order, so results do not depend on timing.
+
+What neither can run (external data, an intrinsic the interpreter does not define) is
+refused with `InProcessUnsupportedError` naming the computation's type and why; nothing
+falls back to another runtime.
 
 The state stays the Python structure `process.next` returns on TFF's own contexts, so
 checkpoints, resumption and `get_model_weights` work unchanged.
@@ -42,11 +45,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.common_libs import structure
 
+from tff_zmg.runtime import interpreter
 from tff_zmg.runtime import tf_computation
 
-
-class InProcessUnsupportedError(TypeError):
-  """A computation the in-process runtime cannot run; the message says why."""
+InProcessUnsupportedError = interpreter.InProcessUnsupportedError
 
 
 def visible_gpus() -> list[str]:
@@ -113,6 +115,27 @@ def _device_of(update: Sequence[tf.Tensor]) -> str:
   if not update:
     return ''
   return max(update, key=lambda t: t.shape.num_elements() or 0).device
+
+
+def _is_round(type_signature: tff.FunctionType) -> bool:
+  """Whether a computation has a round's shape: <S@SERVER, {D}@CLIENTS> -> SERVER values.
+
+  Such a computation runs through MapReduceForm (`_Round`) when TFF can compile it to one;
+  the interpreter runs the rest.
+  """
+  parameter, result = type_signature.parameter, type_signature.result
+
+  def placed_at(t, placement, all_equal):
+    return (isinstance(t, tff.FederatedType) and t.placement is placement
+            and t.all_equal == all_equal)
+
+  if not isinstance(parameter, tff.StructType) or len(parameter) != 2:
+    return False
+  if not (placed_at(parameter[0], tff.SERVER, True)
+          and placed_at(parameter[1], tff.CLIENTS, False)):
+    return False
+  results = list(result) if isinstance(result, tff.StructType) else [result]
+  return all(placed_at(t, tff.SERVER, True) for t in results)
 
 
 class _Round:
@@ -267,20 +290,18 @@ class InProcessContext(tff.framework.SyncContext):
       cached = self._compiled.get(id(comp))
       if cached is not None and cached[0] is comp:
         return cached[1]
-      type_signature = comp.type_signature
       if tf_computation.is_tensorflow(comp):
         runnable = tf_computation.ImportedComputation(comp, self.devices[0])
-      elif type_signature.parameter is None:
-        try:
-          init = tff.backends.mapreduce.get_state_initialization_computation(comp)
-        except (TypeError, ValueError) as e:
-          raise InProcessUnsupportedError(
-              'the in-process runtime runs no-argument federated computations that'
-              f' return a SERVER value; {_describe(comp)} is not one ({e})'
-          ) from e
-        runnable = tf_computation.ImportedComputation(init, self.devices[0])
       else:
-        runnable = _Round(comp, self.devices, self.clients_per_device)
+        runnable = None
+        if _is_round(comp.type_signature):
+          # Not every round compiles to MapReduceForm (two broadcasts, say): those go to
+          # the interpreter, like any other shape.
+          with contextlib.suppress(InProcessUnsupportedError):
+            runnable = _Round(comp, self.devices, self.clients_per_device)
+        if runnable is None:
+          runnable = interpreter.FederatedInterpreter(
+              comp, self.devices, self.clients_per_device)
       self._compiled[id(comp)] = (comp, runnable)  # Holds comp, so its id stays its own.
       return runnable
 
@@ -289,12 +310,16 @@ class InProcessContext(tff.framework.SyncContext):
       raise InProcessUnsupportedError(f'not a TFF computation: {comp!r}')
     runnable = self._compile(comp)
     type_signature = comp.type_signature
-    if isinstance(runnable, _Round):
-      state, client_values = (value for _, value in structure.to_elements(arg))
-      result = runnable(state, client_values)
-      self.rounds_run += 1
-      self.last_client_devices = runnable.last_client_devices
-      self.client_devices.update(runnable.last_client_devices)
+    if isinstance(runnable, (_Round, interpreter.FederatedInterpreter)):
+      if isinstance(runnable, _Round):
+        state, client_values = (value for _, value in structure.to_elements(arg))
+        result = runnable(state, client_values)
+      else:
+        result = runnable(arg)
+      if runnable.last_client_devices:  # Clients ran: a round, or a piece of one.
+        self.rounds_run += 1
+        self.last_client_devices = runnable.last_client_devices
+        self.client_devices.update(runnable.last_client_devices)
       return result
     flat_args = []
     if type_signature.parameter is not None:

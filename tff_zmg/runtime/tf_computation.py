@@ -222,8 +222,8 @@ def flatten(value: Any, type_spec: tff.Type) -> list[Any]:
   if isinstance(type_spec, tff.TensorType):
     return [value]
   if isinstance(type_spec, tff.SequenceType):
-    if isinstance(value, tf.data.Dataset):
-      return [tf.data.experimental.to_variant(value)]
+    if isinstance(value, (tf.data.Dataset, list, tuple)):
+      return [tf.data.experimental.to_variant(as_dataset(value, type_spec))]
     return [value]  # Already a variant tensor.
   if isinstance(type_spec, tff.StructType):
     if not isinstance(value, structure.Struct):
@@ -238,6 +238,16 @@ def flatten(value: Any, type_spec: tff.Type) -> list[Any]:
       leaves.extend(flatten(element, element_type))
     return leaves
   raise TypeError(f'cannot flatten a value of type {type_spec}')
+
+
+def as_dataset(value: Any, type_spec: tff.SequenceType) -> tf.data.Dataset:
+  """A sequence given as a dataset or as a Python list of its elements, as a dataset (made
+  as TFF's own contexts make one of a list)."""
+  if isinstance(value, tf.data.Dataset):
+    return value
+  if isinstance(value, (list, tuple)):
+    return tensorflow_utils.make_data_set_from_elements(None, list(value), type_spec.element)
+  raise TypeError(f'a sequence must be a tf.data.Dataset or a list, got {type(value).__name__}')
 
 
 def count_leaves(type_spec: tff.Type) -> int:
