@@ -27,7 +27,15 @@ import tasks
 from launch import experiment
 from launch import train
 from launch import worker
+from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
+from tff_zmg.runtime import in_process
+from tff_zmg.runtime import remote_clients
+from test_in_process import assert_all_close
+from test_in_process import client_dataset
+from test_in_process import HPARAMS
+from test_in_process import tiny_keras_model
+from test_in_process import tiny_model_fn
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the flags below give (launch.train fills in the Dirichlet alpha and the seed).
@@ -306,3 +314,73 @@ def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
     if diff > _ATOL:
       mismatches.append(f'round-2 checkpoint array {i}: max abs difference {diff:.3g}')
   assert not mismatches, '\n'.join(mismatches)
+
+
+# Stateful algorithms across workers: the round is evaluated in this process and only the
+# clients' work goes to the workers (tff_zmg.runtime.remote_clients).
+
+_STATEFUL_PARTICIPATION = ((0, 1, 2), (1, 3), (0, 2, 3))  # Partial, and a client repeats.
+
+
+def _stateful_rounds(algo, workers_for_run=None):
+  """Weights, metrics and every client's state after _STATEFUL_PARTICIPATION's rounds."""
+
+  process = registry.build(algo, tiny_model_fn, keras_model_fn=tiny_keras_model, num_clients=4,
+                           **HPARAMS)
+  with in_process.in_process_context(workers=workers_for_run) as context:
+    state = process.initialize()
+    states = {c: process.initial_client_state() for c in range(4)}
+    metrics = []
+    for clients in _STATEFUL_PARTICIPATION:
+      output = process.next(state, [client_dataset(c) for c in clients],
+                            [states[c] for c in clients])
+      state = output.state
+      states.update(zip(clients, output.client_states))
+      metrics.append(output.metrics)
+    weights = process.get_model_weights(state)
+  return dict(weights=weights, metrics=metrics, states=states), context
+
+
+@pytest.mark.parametrize('algo', ['fedrkmgc', 'fedgps', 'scaffold'])
+def test_stateful_algorithms_on_two_and_three_workers_equal_one_process(algo, workers):
+
+  expected, _ = _stateful_rounds(algo)
+  for count in (2, 3):
+    remote = cpp_worker.connect_workers([w.address for w in workers[:count]], 30)
+    try:
+      actual, context = _stateful_rounds(algo, remote)
+    finally:
+      for w in remote:
+        w.close()
+    assert_all_close(actual, expected)
+    # The last round's 3 clients: one contiguous slice per worker, in client order.
+    ran_on = [d.split(' ')[-1] for d in context.last_client_devices]
+    assert ran_on == [workers[w].address for w, part in enumerate(remote_clients.slices(3, count))
+                      for _ in part], ran_on
+
+
+
+def test_a_worker_lost_during_a_stateful_round_is_named(workers, tmp_path):
+  """The round fails with the lost worker's address (exit 4 in launch.train); the
+  states given to the round are untouched, so a resume repeats it."""
+
+  process = registry.build('scaffold', tiny_model_fn, num_clients=4, **HPARAMS)
+  doomed = _Launcher(str(tmp_path))
+  try:
+    doomed.wait_serving()
+    remote = cpp_worker.connect_workers([workers[0].address, doomed.address], 5)
+    with in_process.in_process_context(workers=remote):
+      state = process.initialize()
+      states = [process.initial_client_state()] * 2
+      data = [client_dataset(0), client_dataset(1)]
+      process.next(state, data, states)
+      doomed.kill()
+      with pytest.raises(cpp_worker.WorkerUnavailableError) as error:
+        process.next(state, data, states)
+    assert error.value.addresses == (doomed.address,)
+    assert doomed.address in str(error.value) and len(str(error.value).splitlines()) == 1
+  finally:
+    if doomed.proc.poll() is None:
+      doomed.kill()
+  for pid in [doomed.proc.pid, *doomed.worker_pids]:
+    assert _gone(pid)

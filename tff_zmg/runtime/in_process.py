@@ -46,6 +46,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.common_libs import structure
 
 from tff_zmg.runtime import interpreter
+from tff_zmg.runtime import remote_clients
 from tff_zmg.runtime import tf_computation
 
 InProcessUnsupportedError = interpreter.InProcessUnsupportedError
@@ -263,12 +264,18 @@ class InProcessContext(tff.framework.SyncContext):
       on the host CPU (a client's small ops keep one core busy better than two: FedAvg's
       EMNIST round went from 1.50x to 1.15x the plain-TF floor with two at once on two
       cores, docs/performance.md), one per GPU.
+    workers: Optional connected TFF workers (`cpp_worker.RemoteWorker`s) of other
+      machines: the clients' work goes to them, a contiguous slice each
+      (`remote_clients`), and every computation runs through the interpreter, so that a
+      stateful algorithm's clients' states come back; the rest runs here.
   """
 
   def __init__(
-      self, devices: Optional[Sequence[str]] = None, clients_per_device: Optional[int] = None
+      self, devices: Optional[Sequence[str]] = None, clients_per_device: Optional[int] = None,
+      workers: Optional[Sequence[Any]] = None,
   ):
     self.devices = list(devices) if devices else [tf_computation.HOST_DEVICE]
+    self._remote = remote_clients.RemoteClientWork(workers) if workers else None
     if clients_per_device is None:
       on_host = all(tf_computation.is_cpu(d) for d in self.devices)
       clients_per_device = (os.cpu_count() or 1) if on_host else 1
@@ -294,14 +301,14 @@ class InProcessContext(tff.framework.SyncContext):
         runnable = tf_computation.ImportedComputation(comp, self.devices[0])
       else:
         runnable = None
-        if _is_round(comp.type_signature):
+        if self._remote is None and _is_round(comp.type_signature):
           # Not every round compiles to MapReduceForm (two broadcasts, say): those go to
           # the interpreter, like any other shape.
           with contextlib.suppress(InProcessUnsupportedError):
             runnable = _Round(comp, self.devices, self.clients_per_device)
         if runnable is None:
           runnable = interpreter.FederatedInterpreter(
-              comp, self.devices, self.clients_per_device)
+              comp, self.devices, self.clients_per_device, self._remote)
       self._compiled[id(comp)] = (comp, runnable)  # Holds comp, so its id stays its own.
       return runnable
 
@@ -330,7 +337,8 @@ class InProcessContext(tff.framework.SyncContext):
 
 @contextlib.contextmanager
 def in_process_context(
-    devices: Optional[Sequence[str]] = None, clients_per_device: Optional[int] = None
+    devices: Optional[Sequence[str]] = None, clients_per_device: Optional[int] = None,
+    workers: Optional[Sequence[Any]] = None,
 ):
   """Runs the enclosed TFF computations in this process (see `InProcessContext`).
 
@@ -338,6 +346,6 @@ def in_process_context(
     The `InProcessContext` (its `last_client_devices` says where the last round's
     clients ran).
   """
-  context = InProcessContext(devices, clients_per_device)
+  context = InProcessContext(devices, clients_per_device, workers)
   with tff.framework.get_context_stack().install(context):
     yield context

@@ -94,15 +94,18 @@ class FederatedInterpreter:
     comp: A `tff.framework.ConcreteComputation` (federated).
     devices: Where clients run (client i on `devices[i % n]`); the server on the first.
     clients_per_device: Clients each device runs at once.
+    remote: Optional `remote_clients.RemoteClientWork`: compiled client computations
+      mapped over the clients run on its TFF workers instead (everything else here).
   """
 
-  def __init__(self, comp, devices: Sequence[str], clients_per_device: int):
+  def __init__(self, comp, devices: Sequence[str], clients_per_device: int, remote=None):
     self.type_signature = comp.type_signature
     if _uses_secure_intrinsics(comp.to_building_block()):
       comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
     self._root = tff.framework.to_call_dominant(comp.to_building_block())
     self._check(self._root)
     self._slots = _ClientSlots(devices, clients_per_device)
+    self._remote = remote
     self._imports: dict[tuple[int, int, str], tf_computation.ImportedComputation] = {}
     self._imports_lock = threading.Lock()
     self.last_client_devices: list[str] = []
@@ -217,8 +220,19 @@ class FederatedInterpreter:
     return federated_values.Placed(placements.CLIENTS.uri, members, all_equal)
 
   def map_clients(self, fn: Callable[[Any], Any], members: list) -> list:
-    results = self._slots.map(fn, members)
-    self.last_client_devices = [_device_of(r) for r in results]
+    """[fn(m) for m in members] on the client slots (or the remote workers), in order."""
+    block = getattr(fn, 'block', None)
+    if self._remote is not None and block is not None:
+      results = self._remote.map(block, members)
+      devices = [f'worker {self._remote.workers[w].address}'
+                 for w in self._remote.last_client_workers]
+    else:
+      results = self._slots.map(fn, members)
+      devices = [_device_of(r) for r in results]
+    # Where the clients' work ran: the call's first compiled computation over them (the
+    # lambdas that follow only select from its results).
+    if block is not None and not self.last_client_devices:
+      self.last_client_devices = devices
     return results
 
   def on_server(self, fn: Callable[[], Any]) -> Any:
