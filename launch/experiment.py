@@ -32,6 +32,11 @@ from tasks import sources
 from tasks import tfds_source
 from launch import failures
 from launch import run_directory
+# Raised here, and named `experiment.<Error>` by programs, notebooks and tests.
+from launch.errors import DivergedError
+from launch.errors import ExperimentError
+from launch.errors import RunEnvironmentError
+from launch.errors import WorkerLostError
 from tff_zmg import analysis
 from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
@@ -69,23 +74,6 @@ _RESUMABLE_CHANGES = frozenset(
 # and the data moved (the data's identity is checked instead, `_identity`).
 _LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
 _PROCESS_START = time.time()  # A session's start in runtime.json.
-
-
-class ExperimentError(Exception):
-  """A run cannot start or continue; the message says why and what to do."""
-
-
-class DivergedError(ExperimentError):
-  """Training produced a non-finite loss or update."""
-
-
-class WorkerLostError(ExperimentError):
-  """A remote TFF worker stopped answering during a round; the last checkpoint is kept."""
-
-
-class RunEnvironmentError(ExperimentError):
-  """The machine, not the settings, stops the run: a full disk, a folder that cannot be
-  written, a file where a folder belongs."""
 
 
 @dataclasses.dataclass(frozen=True)

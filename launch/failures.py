@@ -8,10 +8,10 @@ program exits with
   1    an unexpected failure, a bug (the line names the exception; --verbose shows where);
   2    bad input: a flag (unknown, malformed, missing, out of range), settings or data
        (missing, corrupt) that the program refuses, an unreachable remote worker;
-  3    training diverged (`experiment.DivergedError`; the last good checkpoint is kept);
-  4    a TFF worker was lost mid-run (`experiment.WorkerLostError`; re-run to resume);
+  3    training diverged (`errors.DivergedError`; the last good checkpoint is kept);
+  4    a TFF worker was lost mid-run (`errors.WorkerLostError`; re-run to resume);
   5    the machine refused: a full disk, a folder that cannot be written, a file where a
-       folder belongs (`experiment.RunEnvironmentError`, and the `OSError`s, TensorFlow
+       folder belongs (`errors.RunEnvironmentError`, and the `OSError`s, TensorFlow
        and gRPC errors that carry such a cause); re-run once it is fixed;
   130  interrupted by Ctrl-C (SIGINT), SIGTERM or SIGHUP (training says after which round
        and resumes when re-run).
@@ -45,6 +45,7 @@ from absl import app
 from absl import flags
 
 import launch
+from launch import errors
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -146,8 +147,6 @@ def _one_line(text: str) -> str:
 
 def classify(error: BaseException) -> tuple[int, str]:
   """(exit status, one-line message) for an exception that ended a program."""
-  # Imported here: `experiment` imports this module.
-  from launch import experiment  # pylint: disable=g-import-not-at-top
   import tasks  # pylint: disable=g-import-not-at-top
 
   if isinstance(error, KeyboardInterrupt):
@@ -155,11 +154,11 @@ def classify(error: BaseException) -> tuple[int, str]:
     return EXIT_INTERRUPTED, message or 'interrupted; re-run the same command to resume'
   if isinstance(error, flags.Error):
     return EXIT_BAD_INPUT, _one_line(error)
-  if isinstance(error, experiment.DivergedError):
+  if isinstance(error, errors.DivergedError):
     return EXIT_DIVERGED, _one_line(error)
-  if isinstance(error, experiment.WorkerLostError):
+  if isinstance(error, errors.WorkerLostError):
     return EXIT_WORKER_LOST, _one_line(error)
-  if isinstance(error, experiment.RunEnvironmentError):
+  if isinstance(error, errors.RunEnvironmentError):
     return EXIT_ENVIRONMENT, _one_line(error)
   if isinstance(error, (tasks.MissingDataError, tasks.CorruptDataError)):
     return EXIT_BAD_INPUT, _one_line(error)
@@ -173,15 +172,14 @@ def classify(error: BaseException) -> tuple[int, str]:
         f'the machine refused: {cause}. Free some space or fix the permissions, then re-run'
         ' the same command'
     )
-  if isinstance(error, (experiment.ExperimentError, ValueError)):
+  if isinstance(error, (errors.ExperimentError, ValueError)):
     return EXIT_BAD_INPUT, _one_line(error)
   if isinstance(error, FileNotFoundError):
     return EXIT_BAD_INPUT, _one_line(error)
   tff_worker = sys.modules.get('tff_zmg.runtime.cpp_worker')
   if tff_worker is not None and isinstance(error, tff_worker.WorkerStartError):
     return EXIT_ENVIRONMENT, _one_line(error)
-  runner = sys.modules.get('launch.runner')
-  if runner is not None and isinstance(error, runner.RunFailed):
+  if isinstance(error, errors.RunFailed):
     return error.exit_code, _one_line(error)
   if isinstance(error, OSError):
     return EXIT_ENVIRONMENT, _one_line(error)

@@ -62,6 +62,7 @@ from typing import Hashable, Mapping, Optional, Sequence
 from absl import flags
 import numpy as np
 
+from launch import errors
 from launch import experiment
 from launch import failures
 from launch import halving
@@ -543,7 +544,7 @@ def grid_directory(root_output_dir: str, name: str) -> str:
   replaced.
 
   Raises:
-    experiment.ExperimentError: (one line) a bad name, or a folder that is not a grid's.
+    errors.ExperimentError: (one line) a bad name, or a folder that is not a grid's.
   """
   run_directory.check_name(name)
   path = os.path.join(root_output_dir, name)
@@ -551,7 +552,7 @@ def grid_directory(root_output_dir: str, name: str) -> str:
   if os.path.isdir(path) and not os.path.isdir(os.path.join(path, LOGS_DIRNAME)):
     entries = sorted(os.listdir(path))
     if entries:
-      raise experiment.ExperimentError(
+      raise errors.ExperimentError(
           f'{path} holds files no grid search wrote ({entries[0]!r}'
           f'{f" and {len(entries) - 1} more" if len(entries) > 1 else ""}); a grid'
           ' replaces only its own: choose another --experiment_name'

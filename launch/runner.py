@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
+from launch import errors
 from launch import experiment
 from launch import failures
 from launch import train
@@ -38,18 +39,6 @@ _STOP_GRACE_S = 30.0
 _POLL_S = 0.5
 _LOG_TAIL_LINES = 15
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class RunFailed(Exception):
-  """A training run ended with an error other than divergence.
-
-  `exit_code` is the status this program passes on (launch/failures.py): the run's own
-  when it is one of the documented ones, else 1.
-  """
-
-  def __init__(self, message: str, exit_code: int = failures.EXIT_UNEXPECTED):
-    super().__init__(message)
-    self.exit_code = exit_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +114,7 @@ def run_all(
     name -> FINISHED or DIVERGED.
 
   Raises:
-    RunFailed: a run failed otherwise; the others are stopped (they resume next time).
+    errors.RunFailed: a run failed otherwise; the others are stopped (they resume next time).
     experiment.ExperimentError: a run's directory holds a run with other settings.
   """
   if parallel < 1:
@@ -179,7 +168,7 @@ def _start(run: Run, log_path: str, env: dict) -> subprocess.Popen:
 
 
 def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
-  """FINISHED or DIVERGED (recorded in the run's directory); raises RunFailed otherwise."""
+  """FINISHED or DIVERGED (recorded in the run's directory); else `errors.RunFailed`."""
   if returncode == 0:
     return FINISHED
   if returncode == _DIVERGED_EXIT_CODE:
@@ -187,7 +176,7 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
     with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
       f.write(_last_error_line(log_path) + '\n')
     return DIVERGED
-  raise RunFailed(
+  raise errors.RunFailed(
       f'{run.name} failed (exit {returncode}) after {seconds:.0f} s:'
       f' {_last_error_line(log_path, "no error line")} (its log: {log_path})',
       returncode if returncode in failures.DOCUMENTED_EXIT_CODES else failures.EXIT_UNEXPECTED,
