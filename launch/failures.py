@@ -24,8 +24,8 @@ TensorFlow's autograph files and TFF's worker logs (`TMPDIR` and `tempfile.tempd
 removed when it ends; the ones of programs killed with SIGKILL are removed by the next
 program that starts.
 
-Nothing here imports TensorFlow at import: importing `launch` sets `TF_CPP_MIN_LOG_LEVEL`
-first.
+TensorFlow's C++ start-up lines stay hidden: importing this module imports `launch` first,
+which sets `TF_CPP_MIN_LOG_LEVEL` before anything imports TensorFlow.
 """
 
 import contextlib
@@ -45,7 +45,9 @@ from absl import app
 from absl import flags
 
 import launch
+import tasks
 from launch import errors
+from tff_zmg.runtime import cpp_worker
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -147,8 +149,6 @@ def _one_line(text: str) -> str:
 
 def classify(error: BaseException) -> tuple[int, str]:
   """(exit status, one-line message) for an exception that ended a program."""
-  import tasks  # pylint: disable=g-import-not-at-top
-
   if isinstance(error, KeyboardInterrupt):
     message = str(error) if isinstance(error, Interrupted) and str(error) else ''
     return EXIT_INTERRUPTED, message or 'interrupted; re-run the same command to resume'
@@ -176,8 +176,7 @@ def classify(error: BaseException) -> tuple[int, str]:
     return EXIT_BAD_INPUT, _one_line(error)
   if isinstance(error, FileNotFoundError):
     return EXIT_BAD_INPUT, _one_line(error)
-  tff_worker = sys.modules.get('tff_zmg.runtime.cpp_worker')
-  if tff_worker is not None and isinstance(error, tff_worker.WorkerStartError):
+  if isinstance(error, cpp_worker.WorkerStartError):
     return EXIT_ENVIRONMENT, _one_line(error)
   if isinstance(error, errors.RunFailed):
     return error.exit_code, _one_line(error)
@@ -249,9 +248,7 @@ def private_tempdir():
   try:
     yield path
   finally:
-    tff_worker = sys.modules.get('tff_zmg.runtime.cpp_worker')
-    if tff_worker is not None:
-      tff_worker.stop_all_workers(final=True)
+    cpp_worker.stop_all_workers(final=True)
     tempfile.tempdir = saved[0]
     if saved[1] is None:
       os.environ.pop('TMPDIR', None)
@@ -349,9 +346,6 @@ def install_managed_tff_context() -> None:
   per run) then runs on a worker that is stopped when the program ends, not on TFF's own,
   which can outlive it; a program that runs none starts no worker.
   """
-  # Imported here: it imports TensorFlow (the programs that call this have already).
-  from tff_zmg.runtime import cpp_worker  # pylint: disable=g-import-not-at-top
-
   cpp_worker.set_default_execution_context(start=False)
 
 
