@@ -63,9 +63,9 @@ from absl import flags
 import numpy as np
 
 from launch import errors
-from launch import experiment
 from launch import failures
 from launch import halving
+from launch import resumption
 from launch import run_directory
 from launch import runner
 from launch import train
@@ -309,9 +309,9 @@ def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
   From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
   """
   path = os.path.join(run_dir, analysis.runs.METRICS_FILENAME)
-  trained = {r: t for r, t in experiment.read_metric(
+  trained = {r: t for r, t in resumption.read_metric(
       path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
-  evaluated = experiment.read_metric(path, 'evaluation/evaluation_time_in_seconds')
+  evaluated = resumption.read_metric(path, 'evaluation/evaluation_time_in_seconds')
   seconds = sum(trained.values()) + sum(t for r, t in evaluated.items() if r <= up_to)
   return len(trained), seconds
 

@@ -361,6 +361,15 @@ def checkpoint_versions(checkpoint_dir: str) -> list[int]:
   )
 
 
+def newest_checkpoint(checkpoint_dir: str) -> Optional[int]:
+  """The round of the newest complete checkpoint (what a re-run resumes from), or None.
+
+  TFF writes a checkpoint under a temporary name and renames it when complete, so only
+  `program_state_<round>` directories count.
+  """
+  return max(checkpoint_versions(checkpoint_dir), default=None)
+
+
 def check_identity(
     output_dir: str,
     checkpoint_dir: str,

@@ -24,8 +24,9 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from launch import errors
-from launch import experiment
 from launch import failures
+from launch import resumption
+from launch import run_config
 from launch import train
 
 PARALLEL = flags.DEFINE_integer(
@@ -46,7 +47,7 @@ class Run:
   """One training run: a name for progress lines and logs, its config and its flags."""
 
   name: str
-  config: experiment.ExperimentConfig
+  config: run_config.ExperimentConfig
   args: tuple[str, ...]
 
   @property
@@ -75,11 +76,11 @@ def status(run: Run) -> str:
   """FINISHED (all rounds trained), DIVERGED (recorded as such) or PENDING.
 
   Raises:
-    experiment.ExperimentError: the run's directory holds a run with other settings.
+    errors.ExperimentError: the run's directory holds a run with other settings.
   """
   if run.config.overwrite:
     return PENDING
-  finished = experiment.is_finished(run.config)  # Checks the recorded settings first.
+  finished = resumption.is_finished(run.config)  # Checks the recorded settings first.
   if os.path.exists(os.path.join(run.config.output_dir, DIVERGED_FILENAME)):
     return DIVERGED
   return FINISHED if finished else PENDING
@@ -115,7 +116,7 @@ def run_all(
 
   Raises:
     errors.RunFailed: a run failed otherwise; the others are stopped (they resume next time).
-    experiment.ExperimentError: a run's directory holds a run with other settings.
+    errors.ExperimentError: a run's directory holds a run with other settings.
   """
   if parallel < 1:
     raise ValueError(f'parallel must be >= 1, got {parallel}')
