@@ -34,7 +34,7 @@ import sys
 from absl import flags
 
 import tasks
-from launch import experiment
+from launch import errors
 from launch import failures
 from launch import run_directory
 from launch import runner
@@ -417,9 +417,9 @@ def main(argv) -> int:
       runner.run_all(
           runs, parallel=runner.PARALLEL.value, log_dir=os.path.join(report_dir, 'logs')
       )
-    except experiment.RunEnvironmentError:
+    except errors.RunEnvironmentError:
       raise
-    except experiment.ExperimentError as e:
+    except errors.ExperimentError as e:
       raise ValueError(
           f'{e} (in a comparison the run names are fixed, <task>_<algo>_seed<seed>: to compare'
           ' runs made with other settings, add --collect_only; for new runs, choose another'

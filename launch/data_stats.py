@@ -28,7 +28,7 @@ from absl import flags
 import numpy as np
 
 import tasks
-from launch import experiment
+from launch import errors
 from launch import failures
 from launch import train
 from tasks import labels
@@ -99,15 +99,15 @@ def _check_output_dir(path: str) -> None:
   try:
     os.makedirs(path, exist_ok=True)
   except FileExistsError as e:
-    raise experiment.RunEnvironmentError(
+    raise errors.RunEnvironmentError(
         f'--output_dir={path} is a file, not a directory; choose another --output_dir'
     ) from e
   except OSError as e:
-    raise experiment.RunEnvironmentError(
+    raise errors.RunEnvironmentError(
         f'--output_dir={path} cannot be created ({e.strerror}); choose another --output_dir'
     ) from e
   if not os.access(path, os.W_OK | os.X_OK):
-    raise experiment.RunEnvironmentError(
+    raise errors.RunEnvironmentError(
         f'--output_dir={path} is not writable; choose another --output_dir'
     )
 

@@ -8,10 +8,10 @@ program exits with
   1    an unexpected failure, a bug (the line names the exception; --verbose shows where);
   2    bad input: a flag (unknown, malformed, missing, out of range), settings or data
        (missing, corrupt) that the program refuses, an unreachable remote worker;
-  3    training diverged (`experiment.DivergedError`; the last good checkpoint is kept);
-  4    a TFF worker was lost mid-run (`experiment.WorkerLostError`; re-run to resume);
+  3    training diverged (`errors.DivergedError`; the last good checkpoint is kept);
+  4    a TFF worker was lost mid-run (`errors.WorkerLostError`; re-run to resume);
   5    the machine refused: a full disk, a folder that cannot be written, a file where a
-       folder belongs (`experiment.RunEnvironmentError`, and the `OSError`s, TensorFlow
+       folder belongs (`errors.RunEnvironmentError`, and the `OSError`s, TensorFlow
        and gRPC errors that carry such a cause); re-run once it is fixed;
   130  interrupted by Ctrl-C (SIGINT), SIGTERM or SIGHUP (training says after which round
        and resumes when re-run).
@@ -24,8 +24,8 @@ TensorFlow's autograph files and TFF's worker logs (`TMPDIR` and `tempfile.tempd
 removed when it ends; the ones of programs killed with SIGKILL are removed by the next
 program that starts.
 
-Nothing here imports TensorFlow at import: importing `launch` sets `TF_CPP_MIN_LOG_LEVEL`
-first.
+TensorFlow's C++ start-up lines stay hidden: importing this module imports `launch` first,
+which sets `TF_CPP_MIN_LOG_LEVEL` before anything imports TensorFlow.
 """
 
 import contextlib
@@ -45,6 +45,9 @@ from absl import app
 from absl import flags
 
 import launch
+import tasks
+from launch import errors
+from tff_zmg.runtime import cpp_worker
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -146,20 +149,16 @@ def _one_line(text: str) -> str:
 
 def classify(error: BaseException) -> tuple[int, str]:
   """(exit status, one-line message) for an exception that ended a program."""
-  # Imported here: `experiment` imports this module.
-  from launch import experiment  # pylint: disable=g-import-not-at-top
-  import tasks  # pylint: disable=g-import-not-at-top
-
   if isinstance(error, KeyboardInterrupt):
     message = str(error) if isinstance(error, Interrupted) and str(error) else ''
     return EXIT_INTERRUPTED, message or 'interrupted; re-run the same command to resume'
   if isinstance(error, flags.Error):
     return EXIT_BAD_INPUT, _one_line(error)
-  if isinstance(error, experiment.DivergedError):
+  if isinstance(error, errors.DivergedError):
     return EXIT_DIVERGED, _one_line(error)
-  if isinstance(error, experiment.WorkerLostError):
+  if isinstance(error, errors.WorkerLostError):
     return EXIT_WORKER_LOST, _one_line(error)
-  if isinstance(error, experiment.RunEnvironmentError):
+  if isinstance(error, errors.RunEnvironmentError):
     return EXIT_ENVIRONMENT, _one_line(error)
   if isinstance(error, (tasks.MissingDataError, tasks.CorruptDataError)):
     return EXIT_BAD_INPUT, _one_line(error)
@@ -173,15 +172,13 @@ def classify(error: BaseException) -> tuple[int, str]:
         f'the machine refused: {cause}. Free some space or fix the permissions, then re-run'
         ' the same command'
     )
-  if isinstance(error, (experiment.ExperimentError, ValueError)):
+  if isinstance(error, (errors.ExperimentError, ValueError)):
     return EXIT_BAD_INPUT, _one_line(error)
   if isinstance(error, FileNotFoundError):
     return EXIT_BAD_INPUT, _one_line(error)
-  tff_worker = sys.modules.get('tff_zmg.runtime.cpp_worker')
-  if tff_worker is not None and isinstance(error, tff_worker.WorkerStartError):
+  if isinstance(error, cpp_worker.WorkerStartError):
     return EXIT_ENVIRONMENT, _one_line(error)
-  runner = sys.modules.get('launch.runner')
-  if runner is not None and isinstance(error, runner.RunFailed):
+  if isinstance(error, errors.RunFailed):
     return error.exit_code, _one_line(error)
   if isinstance(error, OSError):
     return EXIT_ENVIRONMENT, _one_line(error)
@@ -251,9 +248,7 @@ def private_tempdir():
   try:
     yield path
   finally:
-    tff_worker = sys.modules.get('tff_zmg.runtime.cpp_worker')
-    if tff_worker is not None:
-      tff_worker.stop_all_workers(final=True)
+    cpp_worker.stop_all_workers(final=True)
     tempfile.tempdir = saved[0]
     if saved[1] is None:
       os.environ.pop('TMPDIR', None)
@@ -351,9 +346,6 @@ def install_managed_tff_context() -> None:
   per run) then runs on a worker that is stopped when the program ends, not on TFF's own,
   which can outlive it; a program that runs none starts no worker.
   """
-  # Imported here: it imports TensorFlow (the programs that call this have already).
-  from tff_zmg.runtime import cpp_worker  # pylint: disable=g-import-not-at-top
-
   cpp_worker.set_default_execution_context(start=False)
 
 

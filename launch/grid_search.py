@@ -62,9 +62,10 @@ from typing import Hashable, Mapping, Optional, Sequence
 from absl import flags
 import numpy as np
 
-from launch import experiment
+from launch import errors
 from launch import failures
 from launch import halving
+from launch import resumption
 from launch import run_directory
 from launch import runner
 from launch import train
@@ -308,9 +309,9 @@ def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
   From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
   """
   path = os.path.join(run_dir, analysis.runs.METRICS_FILENAME)
-  trained = {r: t for r, t in experiment.read_metric(
+  trained = {r: t for r, t in resumption.read_metric(
       path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
-  evaluated = experiment.read_metric(path, 'evaluation/evaluation_time_in_seconds')
+  evaluated = resumption.read_metric(path, 'evaluation/evaluation_time_in_seconds')
   seconds = sum(trained.values()) + sum(t for r, t in evaluated.items() if r <= up_to)
   return len(trained), seconds
 
@@ -543,7 +544,7 @@ def grid_directory(root_output_dir: str, name: str) -> str:
   replaced.
 
   Raises:
-    experiment.ExperimentError: (one line) a bad name, or a folder that is not a grid's.
+    errors.ExperimentError: (one line) a bad name, or a folder that is not a grid's.
   """
   run_directory.check_name(name)
   path = os.path.join(root_output_dir, name)
@@ -551,7 +552,7 @@ def grid_directory(root_output_dir: str, name: str) -> str:
   if os.path.isdir(path) and not os.path.isdir(os.path.join(path, LOGS_DIRNAME)):
     entries = sorted(os.listdir(path))
     if entries:
-      raise experiment.ExperimentError(
+      raise errors.ExperimentError(
           f'{path} holds files no grid search wrote ({entries[0]!r}'
           f'{f" and {len(entries) - 1} more" if len(entries) > 1 else ""}); a grid'
           ' replaces only its own: choose another --experiment_name'

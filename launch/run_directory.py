@@ -18,7 +18,7 @@
   in it is a path, so a copied or renamed run folder resumes.
 - `remove_interrupted_saves`, `repair_metrics_csv`: what a killed process leaves behind.
 
-The errors are `experiment.ExperimentError`s (bad input) and `RunEnvironmentError`s; each
+The errors are `errors.ExperimentError`s (bad input) and `errors.RunEnvironmentError`s; each
 message is one line saying what is wrong and what to do.
 """
 
@@ -30,6 +30,8 @@ import os
 import re
 import shutil
 from typing import Callable, Iterable, Iterator, Optional
+
+from launch import errors
 
 LOCK_FILENAME = '.lock'
 IDENTITY_FILENAME = 'run_identity.json'
@@ -60,37 +62,31 @@ _PATH_MAX = 4096
 BYTES_PER_PARAMETER = 4
 
 
-def _errors():
-  # Imported here: `experiment` imports this module.
-  from launch import experiment  # pylint: disable=g-import-not-at-top
-  return experiment.ExperimentError, experiment.RunEnvironmentError
-
-
 def check_name(name: str) -> None:
   """Refuses an experiment name that is not a relative path of ordinary names.
 
   Nested names (`sweep1/fedavg`) are allowed; each component is checked.
   """
-  error, _ = _errors()
   shown = name if len(name) <= 60 else name[:57] + '...'
   if not name:
-    raise error('--experiment_name is empty; give the run a name')
+    raise errors.ExperimentError('--experiment_name is empty; give the run a name')
   if '\0' in name:
-    raise error(f'--experiment_name {shown!r} holds a NUL character; choose another name')
+    raise errors.ExperimentError(
+        f'--experiment_name {shown!r} holds a NUL character; choose another name')
   if os.path.isabs(name):
-    raise error(
+    raise errors.ExperimentError(
         f'--experiment_name {shown!r} is an absolute path; give a name (the run goes to'
         ' <root_output_dir>/<name>) and set --root_output_dir for the folder'
     )
   for part in name.split(os.sep):
     if part in ('', '.', '..'):
       what = f'a {part!r}' if part else 'an empty'
-      raise error(
+      raise errors.ExperimentError(
           f'--experiment_name {shown!r} has {what} component; a name must stay inside'
           ' --root_output_dir (letters, digits, ._- and / between names)'
       )
     if len(part.encode('utf-8')) > _NAME_MAX:
-      raise error(
+      raise errors.ExperimentError(
           f'--experiment_name is {len(part.encode("utf-8"))} bytes long (starting'
           f' {part[:20]!r}); a file name holds at most {_NAME_MAX}: choose a shorter one'
       )
@@ -101,11 +97,11 @@ def check_inside(root_output_dir: str, path: str, rule: str) -> None:
 
   `check_name` keeps a name's own components inside; this catches a link on the way out.
   """
-  error, _ = _errors()
   root = os.path.realpath(root_output_dir)
   real = os.path.realpath(path)
   if os.path.commonpath([root, real]) != root or real == root:
-    raise error(f'{path} is not inside --root_output_dir {root_output_dir}; {rule}')
+    raise errors.ExperimentError(
+        f'{path} is not inside --root_output_dir {root_output_dir}; {rule}')
 
 
 def _nearest_existing(path: str) -> str:
@@ -117,16 +113,15 @@ def _nearest_existing(path: str) -> str:
 
 def _check_folder(path: str, what: str, must_write: bool = True) -> None:
   """`path` (or, while it does not exist, its nearest existing parent) is a writable folder."""
-  _, environment_error = _errors()
   existing = _nearest_existing(path)
   if not os.path.isdir(existing):
-    raise environment_error(
+    raise errors.RunEnvironmentError(
         f'{what} {path} cannot be created: {existing} is a file, not a folder; move it or'
         ' choose another path'
     )
   if must_write and not os.access(existing, os.W_OK | os.X_OK):
     where = '' if existing == os.path.abspath(path) else f' (its parent {existing})'
-    raise environment_error(
+    raise errors.RunEnvironmentError(
         f'{what} {path}{where} is not writable by this user (or the disk is mounted'
         ' read-only); fix its permissions or choose another path'
     )
@@ -135,9 +130,9 @@ def _check_folder(path: str, what: str, must_write: bool = True) -> None:
 def check_output_file(path: str, flag: str) -> None:
   """Refuses, before any work, an output file that cannot be written: a folder, or a
   parent that is a file or not writable (`RunEnvironmentError` for the latter)."""
-  error, _ = _errors()
   if os.path.isdir(path):
-    raise error(f'--{flag}={path} is a folder; give the path of a file to write')
+    raise errors.ExperimentError(
+        f'--{flag}={path} is a folder; give the path of a file to write')
   _check_folder(os.path.dirname(os.path.abspath(path)), f'the folder of --{flag}')
 
 
@@ -149,10 +144,9 @@ def checkpoint_bytes(num_parameters: int) -> int:
 
 def check_free_space(path: str, needed: int, num_parameters: int) -> None:
   """Refuses to start when the disk of `path` has less than `needed` bytes free."""
-  _, environment_error = _errors()
   free = shutil.disk_usage(_nearest_existing(path)).free
   if free < needed:
-    raise environment_error(
+    raise errors.RunEnvironmentError(
         f'the disk of {path} has {free / 2**20:.1f} MiB free, less than the model\'s weights'
         f' that every checkpoint holds ({num_parameters:,} parameters x'
         f' {BYTES_PER_PARAMETER} bytes = {needed / 2**20:.1f} MiB); free some space or'
@@ -185,8 +179,7 @@ def check_environment(
     _check_folder(cache_dir, '--cache_dir', must_write=cache_must_be_writable)
   check_free_space(output_dir, checkpoint_bytes(num_parameters), num_parameters)
   if len(os.path.abspath(output_dir)) + _LONGEST_INSIDE > _PATH_MAX:
-    error, _ = _errors()
-    raise error(
+    raise errors.ExperimentError(
         f'the run folder {output_dir[:40]}... is {len(os.path.abspath(output_dir))}'
         f' characters long; files inside it would pass the {_PATH_MAX}-character limit of'
         ' a path: choose a shorter --root_output_dir or --experiment_name'
@@ -196,12 +189,11 @@ def check_environment(
 def check_holds_a_run(output_dir: str) -> None:
   """Refuses a folder whose metrics.csv no run wrote: a run writes flags.json (and its
   checkpoints) before its first row, and appends to that file."""
-  error, _ = _errors()
   if not os.path.isfile(os.path.join(output_dir, 'metrics.csv')):
     return
   if any(os.path.lexists(os.path.join(output_dir, n)) for n in ('flags.json', 'checkpoints')):
     return
-  raise error(
+  raise errors.ExperimentError(
       f'{output_dir} holds a metrics.csv but no flags.json or checkpoints/ of the run that'
       ' wrote it, so it is not a run\'s, and a run appends to its metrics.csv: move the file,'
       ' or choose another --experiment_name'
@@ -218,11 +210,10 @@ def foreign_entries(output_dir: str) -> list[str]:
 
 def check_deletable(root_output_dir: str, output_dir: str) -> None:
   """Refuses --overwrite of anything but a folder inside the root holding only a run."""
-  error, _ = _errors()
   if not os.path.lexists(output_dir):
     return
   if os.path.islink(output_dir):
-    raise error(
+    raise errors.ExperimentError(
         f'{output_dir} is a symbolic link (to {os.path.realpath(output_dir)});'
         ' --overwrite deletes only a run folder inside --root_output_dir: remove the link'
         ' yourself or choose another --experiment_name'
@@ -234,7 +225,7 @@ def check_deletable(root_output_dir: str, output_dir: str) -> None:
   foreign = foreign_entries(output_dir)
   if foreign:
     more = f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''
-    raise error(
+    raise errors.ExperimentError(
         f'--overwrite would delete {output_dir}, which holds files no run writes'
         f' ({foreign[0]!r}{more}); it deletes only a run\'s own files: move them, or'
         ' choose another --experiment_name'
@@ -259,14 +250,13 @@ def clear(root_output_dir: str, output_dir: str) -> None:
 
 
 def _busy_error(output_dir: str, lock_path: str):
-  error, _ = _errors()
   try:
     with open(lock_path) as f:
       holder = f.read().strip()
   except OSError:
     holder = ''
   who = f' (pid {holder})' if holder.isdigit() else ''
-  return error(
+  return errors.ExperimentError(
       f'{output_dir} is being trained by another process{who}; wait for it to end, or'
       ' choose another --experiment_name'
   )
@@ -295,13 +285,12 @@ def locked(output_dir: str) -> Iterator[None]:
   message other processes print. The kernel drops it when the process ends, however it
   ends. The descriptor is not inherited by child processes (TFF's workers).
   """
-  _, environment_error = _errors()
   lock_path = os.path.join(output_dir, LOCK_FILENAME)
   try:
     os.makedirs(output_dir, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
   except OSError as e:
-    raise environment_error(
+    raise errors.RunEnvironmentError(
         f'cannot create {lock_path} ({e.strerror}); check the folder\'s permissions and'
         ' free space'
     ) from e
@@ -331,7 +320,6 @@ def _identity_path(checkpoint_dir: str) -> str:
 
 def read_identity(checkpoint_dir: str) -> Optional[dict]:
   """The recorded identity, or None if the run has none (new, or older than this file)."""
-  error, _ = _errors()
   path = _identity_path(checkpoint_dir)
   try:
     with open(path) as f:
@@ -339,12 +327,12 @@ def read_identity(checkpoint_dir: str) -> Optional[dict]:
   except FileNotFoundError:
     return None
   except (OSError, ValueError) as e:
-    raise error(
+    raise errors.ExperimentError(
         f'{path} is unreadable ({type(e).__name__}); it records the settings that made'
         ' the checkpoints: restore it, or pass --overwrite to start afresh'
     ) from e
   if not isinstance(identity, dict) or not isinstance(identity.get('settings'), dict):
-    raise error(
+    raise errors.ExperimentError(
         f'{path} does not hold a run\'s identity; restore it, or pass --overwrite to'
         ' start afresh'
     )
@@ -373,6 +361,15 @@ def checkpoint_versions(checkpoint_dir: str) -> list[int]:
   )
 
 
+def newest_checkpoint(checkpoint_dir: str) -> Optional[int]:
+  """The round of the newest complete checkpoint (what a re-run resumes from), or None.
+
+  TFF writes a checkpoint under a temporary name and renames it when complete, so only
+  `program_state_<round>` directories count.
+  """
+  return max(checkpoint_versions(checkpoint_dir), default=None)
+
+
 def check_identity(
     output_dir: str,
     checkpoint_dir: str,
@@ -391,11 +388,10 @@ def check_identity(
     read_settings: Brings recorded settings to today's form before they are compared
       (e.g. fills in hyperparameters an older record left out as defaults).
   """
-  error, _ = _errors()
   recorded = read_identity(checkpoint_dir)
   if recorded is None:
     if has_checkpoints(checkpoint_dir) and not legacy_flags_ok:
-      raise error(
+      raise errors.ExperimentError(
           f'{checkpoint_dir} holds checkpoints, but neither {IDENTITY_FILENAME} there nor'
           f' flags.json in {output_dir} says which settings made them; pass --overwrite to'
           ' start afresh'
@@ -403,14 +399,14 @@ def check_identity(
     return
   changed = differences(read_settings(recorded['settings']), identity['settings'])
   if changed:
-    raise error(
+    raise errors.ExperimentError(
         f'{output_dir} holds a run with other settings ({changed}; recorded in'
         f' {os.path.join(os.path.basename(checkpoint_dir), IDENTITY_FILENAME)}); pass'
         ' --overwrite to replace it or choose another --experiment_name'
     )
   changed = differences(recorded.get('data') or {}, identity['data'])
   if changed:
-    raise error(
+    raise errors.ExperimentError(
         f'{output_dir} was trained on other data ({changed}); point --cache_dir at that'
         ' data, or pass --overwrite to start afresh on this one'
     )
@@ -473,10 +469,9 @@ def repair_metrics_csv(path: str, newest_checkpoint: Optional[int]) -> Optional[
   Returns:
     A sentence saying what was repaired, or None.
   """
-  error, _ = _errors()
   if not os.path.exists(path):
     if newest_checkpoint:
-      raise error(
+      raise errors.ExperimentError(
           f'{path} is missing but checkpoints up to round {newest_checkpoint} exist; its'
           ' rounds cannot be written again: restore it, or pass --overwrite to start afresh'
       )
@@ -498,13 +493,13 @@ def repair_metrics_csv(path: str, newest_checkpoint: Optional[int]) -> Optional[
   for number, line in enumerate(lines[1:], start=2):
     key = line.split(',', 1)[0]
     if not key.isdigit() or line.count(',') < len(header) - 1:
-      raise error(
+      raise errors.ExperimentError(
           f'{path} line {number} is damaged ({line[:30]!r}); repair or remove that line,'
           ' or pass --overwrite to start afresh'
       )
     keys.append(int(key))
   if newest_checkpoint is not None and max(keys, default=-1) < newest_checkpoint:
-    raise error(
+    raise errors.ExperimentError(
         f'{path} ends at round {max(keys, default=-1)} but checkpoints go up to round'
         f' {newest_checkpoint}; the missing rows would never be written again: restore'
         ' the file, or pass --overwrite to start afresh'

@@ -23,8 +23,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
-from launch import experiment
+from launch import errors
 from launch import failures
+from launch import resumption
+from launch import run_config
 from launch import train
 
 PARALLEL = flags.DEFINE_integer(
@@ -40,24 +42,12 @@ _LOG_TAIL_LINES = 15
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class RunFailed(Exception):
-  """A training run ended with an error other than divergence.
-
-  `exit_code` is the status this program passes on (launch/failures.py): the run's own
-  when it is one of the documented ones, else 1.
-  """
-
-  def __init__(self, message: str, exit_code: int = failures.EXIT_UNEXPECTED):
-    super().__init__(message)
-    self.exit_code = exit_code
-
-
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One training run: a name for progress lines and logs, its config and its flags."""
 
   name: str
-  config: experiment.ExperimentConfig
+  config: run_config.ExperimentConfig
   args: tuple[str, ...]
 
   @property
@@ -86,11 +76,11 @@ def status(run: Run) -> str:
   """FINISHED (all rounds trained), DIVERGED (recorded as such) or PENDING.
 
   Raises:
-    experiment.ExperimentError: the run's directory holds a run with other settings.
+    errors.ExperimentError: the run's directory holds a run with other settings.
   """
   if run.config.overwrite:
     return PENDING
-  finished = experiment.is_finished(run.config)  # Checks the recorded settings first.
+  finished = resumption.is_finished(run.config)  # Checks the recorded settings first.
   if os.path.exists(os.path.join(run.config.output_dir, DIVERGED_FILENAME)):
     return DIVERGED
   return FINISHED if finished else PENDING
@@ -125,8 +115,8 @@ def run_all(
     name -> FINISHED or DIVERGED.
 
   Raises:
-    RunFailed: a run failed otherwise; the others are stopped (they resume next time).
-    experiment.ExperimentError: a run's directory holds a run with other settings.
+    errors.RunFailed: a run failed otherwise; the others are stopped (they resume next time).
+    errors.ExperimentError: a run's directory holds a run with other settings.
   """
   if parallel < 1:
     raise ValueError(f'parallel must be >= 1, got {parallel}')
@@ -179,7 +169,7 @@ def _start(run: Run, log_path: str, env: dict) -> subprocess.Popen:
 
 
 def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
-  """FINISHED or DIVERGED (recorded in the run's directory); raises RunFailed otherwise."""
+  """FINISHED or DIVERGED (recorded in the run's directory); else `errors.RunFailed`."""
   if returncode == 0:
     return FINISHED
   if returncode == _DIVERGED_EXIT_CODE:
@@ -187,7 +177,7 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
     with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
       f.write(_last_error_line(log_path) + '\n')
     return DIVERGED
-  raise RunFailed(
+  raise errors.RunFailed(
       f'{run.name} failed (exit {returncode}) after {seconds:.0f} s:'
       f' {_last_error_line(log_path, "no error line")} (its log: {log_path})',
       returncode if returncode in failures.DOCUMENTED_EXIT_CODES else failures.EXIT_UNEXPECTED,

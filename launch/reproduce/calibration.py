@@ -22,7 +22,8 @@ import statistics
 import time
 from typing import Optional, Sequence
 
-from launch import experiment
+from launch import resumption
+from launch import run_config
 from launch import run_directory
 from launch import runner
 from tff_zmg.algorithms import registry
@@ -47,7 +48,7 @@ class Timing:
   source: str  # The timed run's folder.
 
 
-def kind_of(config: experiment.ExperimentConfig) -> str:
+def kind_of(config: run_config.ExperimentConfig) -> str:
   """A short name of what a run's round costs: its settings but the free ones, and
   its algorithm's client rule (FedAvg and FedAdam cost alike; FedZMG's rule differs)."""
   spec = registry.get(config.algo)
@@ -57,7 +58,7 @@ def kind_of(config: experiment.ExperimentConfig) -> str:
   return f'{config.task}-{spec.client_rule}-{digest.hexdigest()[:10]}'
 
 
-def evaluations(config: experiment.ExperimentConfig, first_round: int) -> int:
+def evaluations(config: run_config.ExperimentConfig, first_round: int) -> int:
   """How many evaluations rounds first_round..total_rounds make (round 0 evaluates)."""
   return sum(
       1 for r in range(first_round, config.total_rounds + 1)
@@ -65,9 +66,9 @@ def evaluations(config: experiment.ExperimentConfig, first_round: int) -> int:
   )
 
 
-def rounds_done(config: experiment.ExperimentConfig) -> int:
+def rounds_done(config: run_config.ExperimentConfig) -> int:
   """Rounds a run's metrics.csv already holds (0 for a new run)."""
-  trained = experiment.read_metric(config.metrics_csv, 'client_work/train/loss')
+  trained = resumption.read_metric(config.metrics_csv, 'client_work/train/loss')
   return max(trained, default=0)
 
 
@@ -86,9 +87,9 @@ def estimate_planned(planned, timings: dict[str, Timing]) -> float:
 
 def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
   """The timing of a finished calibration run (None without its rounds)."""
-  csv_path = os.path.join(run_dir, experiment.METRICS_FILENAME)
-  train = experiment.read_metric(csv_path, 'training_time_in_seconds')
-  evaluation = experiment.read_metric(csv_path, 'evaluation/evaluation_time_in_seconds')
+  csv_path = os.path.join(run_dir, run_config.METRICS_FILENAME)
+  train = resumption.read_metric(csv_path, 'training_time_in_seconds')
+  evaluation = resumption.read_metric(csv_path, 'evaluation/evaluation_time_in_seconds')
   steady = [train[r] for r in sorted(train) if r >= 2]
   later_evaluations = [evaluation[r] for r in sorted(evaluation) if r >= 1]
   if not steady or not later_evaluations:

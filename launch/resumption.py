@@ -1,0 +1,234 @@
+"""Whether a run's folder may be trained, and from which round: a new run, or one resumed.
+
+A run continues what its folder holds only with the settings that made it: flags.json
+and the identity beside the checkpoints must agree with today's settings
+(`check_resumable`, `check_identity`; where it runs, the rounds to go and where its files are
+may change: `lasting_settings`), and a run is never cut back (`check_total_rounds`).
+`check_run_directory` makes every check that can refuse the folder before any
+computation, `check_checkpoint` picks the newest checkpoint that can be restored, and
+`is_finished` says whether nothing is left to train (`read_metric` reads metrics.csv).
+"""
+
+import csv
+import json
+import os
+from typing import Optional
+
+import tensorflow_federated as tff
+
+import tasks
+from tasks import evaluation
+from tasks import sources
+from tasks import tfds_source
+from launch import errors
+from launch import event_loop
+from launch import run_config
+from launch import run_directory
+from tff_zmg.algorithms import registry
+
+# Settings that may change between a run and its resumption without changing its results.
+_RESUMABLE_CHANGES = frozenset(
+    {
+        'total_rounds', 'executor', 'runtime', 'max_concurrent_clients',
+        'intra_op_threads', 'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
+        'divergence_factor',
+    }
+)
+# Where a run and its data are, not what they are: a run folder may be copied or renamed
+# and the data moved (the data's identity is checked instead, `identity`).
+_LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
+_IDENTITY_PATH = f'{run_config.CHECKPOINT_DIRNAME}/{run_directory.IDENTITY_FILENAME}'
+
+
+def read_metric(csv_path: str, name: str) -> dict[int, float]:
+  """`{round: value}` of one metric column of a run's metrics.csv (rounds that have it)."""
+  if not os.path.exists(csv_path):
+    return {}
+  with open(csv_path, newline='') as f:
+    rows = list(csv.DictReader(f))
+  return {
+      int(r['key']): float(r[name]) for r in rows if r.get(name) not in (None, '')
+  }
+
+
+def is_finished(config: run_config.ExperimentConfig) -> bool:
+  """Whether the run has trained all `config.total_rounds` rounds (its metrics.csv says so).
+
+  Raises:
+    errors.ExperimentError: the directory holds a run with other settings.
+  """
+  check_resumable(run_config.resolve_evaluation(config))
+  train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
+  return max(train_loss, default=0) >= config.total_rounds
+
+
+def check_resumable(config: run_config.ExperimentConfig) -> bool:
+  """Refuses to continue a run whose flags.json records different settings.
+
+  Returns:
+    Whether flags.json exists (and agrees).
+  """
+  path = os.path.join(config.output_dir, run_config.FLAGS_FILENAME)
+  if not os.path.exists(path):
+    return False
+  try:
+    with open(path) as f:
+      recorded = json.load(f)
+  except (OSError, ValueError) as e:
+    raise errors.ExperimentError(
+        f'{path} is unreadable ({type(e).__name__}); delete it to resume by the record'
+        f' beside the checkpoints ({_IDENTITY_PATH}), or pass --overwrite to start this'
+        ' experiment afresh'
+    ) from e
+  if not isinstance(recorded, dict):
+    kind = {list: 'list', type(None): 'null', str: 'string', bool: 'boolean'}.get(
+        type(recorded), 'number'
+    )
+    raise errors.ExperimentError(
+        f'{path} holds a JSON {kind}, not a run\'s settings; delete it'
+        f' to resume by the record beside the checkpoints ({_IDENTITY_PATH}), or pass'
+        ' --overwrite'
+    )
+  changed = run_directory.differences(
+      lasting_settings(recorded), lasting_settings(config.recorded())
+  )
+  if changed:
+    raise errors.ExperimentError(
+        f'{config.output_dir} holds a run with other settings ({changed}); pass'
+        ' --overwrite to replace it or choose another --experiment_name'
+    )
+  return True
+
+
+def check_identity(
+    config: run_config.ExperimentConfig, run_identity: dict, flags_agree: bool
+) -> None:
+  """Refuses checkpoints that other settings or other data made (`identity`; the record
+  read as today's, `lasting_settings`); a run from before the record continues where its
+  flags.json agrees (`flags_agree`)."""
+  run_directory.check_identity(
+      config.output_dir, config.checkpoint_dir, run_identity, legacy_flags_ok=flags_agree,
+      read_settings=lasting_settings,
+  )
+
+
+def lasting_settings(recorded: dict) -> dict:
+  """The settings a resumed run must share with its start, as JSON reads them back:
+  without the rounds to go, where it runs, and where its files are.
+
+  A record from before the evaluation setting evaluated each of its first
+  `num_eval_clients` test clients (0: all), which is the per-client evaluation; one from
+  before runs listed every hyperparameter holds only those given (`{}` for the
+  defaults): the algorithm's defaults fill in the rest, so that it reads as the same run
+  as today's record of the same command.
+  """
+  ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
+  settings = {
+      k: v for k, v in json.loads(json.dumps(recorded)).items() if k not in ignored
+  }
+  if 'evaluation' not in settings:  # Before the setting: TFF's evaluation per client.
+    settings.update(evaluation=evaluation.PER_CLIENT, eval_examples=None,
+                    num_eval_clients=settings.get('num_eval_clients') or None)
+  hparams = settings.get('hparams')
+  if isinstance(hparams, dict) and settings.get('algo') in registry.ALGORITHMS:
+    defaults = json.loads(json.dumps(dict(registry.get(settings['algo']).defaults)))
+    settings['hparams'] = {**defaults, **hparams}
+  return settings
+
+
+def identity(config: run_config.ExperimentConfig, task) -> dict:
+  """What a resumed run must share with the run that made its checkpoints.
+
+  The settings that change results (not the rounds to go, where it runs, or where its
+  files are) and the data's clients; no paths, so a copied run folder resumes.
+  """
+  return {
+      'settings': lasting_settings(config.recorded()),
+      'data': run_directory.data_identity(
+          task.datasets.train_data.client_ids, task.datasets.test_data.client_ids
+      ),
+  }
+
+
+def check_total_rounds(config: run_config.ExperimentConfig) -> None:
+  """Refuses a --total_rounds below the rounds a run's checkpoints already hold."""
+  versions = run_directory.checkpoint_versions(config.checkpoint_dir)
+  if versions and versions[-1] > config.total_rounds:
+    raise errors.ExperimentError(
+        f'{config.output_dir} already trained {versions[-1]} rounds, more than'
+        f' --total_rounds={config.total_rounds}, and a run is never cut back (its'
+        f' {run_config.METRICS_FILENAME} holds every round): pass'
+        f' --total_rounds={versions[-1]} or more to continue it, or --overwrite to train'
+        ' afresh'
+    )
+
+
+def _cache_dir(config: run_config.ExperimentConfig) -> str:
+  """The folder the task's loader reads: the setting, or the loader's own default."""
+  if config.cache_dir:
+    return os.path.expanduser(config.cache_dir)
+  if config.task in tasks.CENTRALIZED_TASK_NAMES:
+    return tfds_source.DEFAULT_DATA_DIR
+  return sources.DEFAULT_CACHE_DIR
+
+
+def check_run_directory(config: run_config.ExperimentConfig) -> None:
+  """Everything about the run's folder that can be refused before any computation."""
+  run_directory.check_environment(
+      config.root_output_dir, config.output_dir, _cache_dir(config),
+      # Derived data (synthetic, partitions, tfds copies) is built and locked there.
+      cache_must_be_writable=(
+          config.data_source == 'synthetic' or config.partition is not None
+          or config.task in tasks.CENTRALIZED_TASK_NAMES
+      ),
+      num_parameters=tasks.registry.spec_with_model(config.task, config.model).num_parameters,
+  )
+  if config.overwrite:
+    run_directory.check_deletable(config.root_output_dir, config.output_dir)
+  elif os.path.isdir(config.output_dir):
+    run_directory.check_holds_a_run(config.output_dir)
+  run_directory.check_not_locked(config.output_dir)
+  if not config.overwrite:
+    check_total_rounds(config)
+
+
+def check_checkpoint(
+    config: run_config.ExperimentConfig, process, store=None
+) -> Optional[int]:
+  """Resumes from the newest checkpoint that can be read into this process's state (and
+  whose client states `store`, if any, can restore).
+
+  Newer ones that cannot (a save cut short, a damaged disk, a lost snapshot) are set aside as
+  `checkpoints/unreadable_program_state_N`, saying so; if none can, the run is refused.
+
+  Returns:
+    The round of the checkpoint the run resumes from (None: it starts afresh).
+  """
+  if not os.path.isdir(config.checkpoint_dir):
+    return None
+  manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
+  structure = process.initialize()
+  loop = event_loop.thread_event_loop()
+
+  def load(version):
+    loop.run_until_complete(manager.load(version, structure))
+    if store is not None:
+      store.check_restorable(version)
+
+  version, refused = run_directory.find_intact_checkpoint(config.checkpoint_dir, load)
+  if refused and version is None:
+    newest, e = refused[0]
+    message = str(e).strip().splitlines()[0] if str(e).strip() else ''
+    raise errors.ExperimentError(
+        f'no checkpoint in {config.checkpoint_dir} can be restored into this experiment'
+        f' (round {newest}: {type(e).__name__}: {message[:200]}); pass --overwrite to start'
+        ' afresh'
+    )
+  for newer, e in refused:
+    aside = run_directory.set_aside_unreadable(config.checkpoint_dir, newer)
+    print(
+        f'checkpoint of round {newer} cannot be read ({type(e).__name__}); resuming from'
+        f' round {version}, the newest intact one (kept as'
+        f' {run_config.CHECKPOINT_DIRNAME}/{aside})', flush=True,
+    )
+  return version

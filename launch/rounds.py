@@ -1,0 +1,239 @@
+"""What becomes of each round a run trains: judged, released, saved if sound, evaluated.
+
+TFF's training loop (`tff.simulation.run_training_process`) hands each round's metrics to
+a release manager, then saves the round's state. The run's `RoundReleaseManager` judges
+the round first (`divergence`, against a `LossLimit` that round 0's evaluation loss sets)
+and stops a diverged run (`diverged_error`) before anything of the round is written; it
+then releases the metrics to metrics.csv and TensorBoard and prints one progress line.
+`FiniteStateManager` saves only a state whose floats are all finite. The run's held-out
+evaluation (`evaluation_fn`) runs in the rounds `evaluation_due` asks for.
+"""
+
+import collections
+import dataclasses
+import math
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import tensorflow_federated as tff
+import tree
+
+from tasks import evaluation
+from launch import errors
+from launch import run_config
+from launch import run_directory
+from tff_zmg.algorithms import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class LossLimit:
+  """The loss above which a round diverged: `factor` x `reference`, round 0's evaluation
+  loss (the run's own untrained model)."""
+
+  factor: float
+  reference: float
+
+  @property
+  def value(self) -> float:
+    return self.factor * self.reference
+
+
+def divergence(
+    metrics: collections.abc.Mapping, limit: Optional[LossLimit] = None
+) -> Optional[str]:
+  """Why a round's flat metrics show that training diverged, or None.
+
+  A round diverged when its training loss, or its evaluation loss where it was
+  evaluated, is not finite or above `limit`; when the finalizer saw a non-finite update;
+  or when more than half of its clients' updates were not finite. The last matters for
+  client works that drop such an update (weight 0) and keep the client's old state
+  (FedRKMGC, FedGPS): their round's loss stays finite while the model learns from
+  (almost) no one.
+  """
+  for name, label in (('client_work/train/loss', 'training loss'),
+                      ('evaluation/loss', 'evaluation loss')):
+    if name not in metrics:
+      continue
+    value = float(metrics[name])
+    if not math.isfinite(value):
+      return f'{label} {value}'
+    if limit is not None and value > limit.value:
+      return (
+          f'{label} {value:.4g} is above {limit.factor:g} x round 0\'s evaluation loss'
+          f' {limit.reference:.4g} (--divergence_factor)'
+      )
+  if metrics.get('finalizer/update_non_finite', 0):
+    return 'the aggregated update is not finite'
+  clients = int(metrics.get('client_work/clients', 0))
+  dropped = int(metrics.get('client_work/non_finite_clients', 0))
+  if clients and 2 * dropped > clients:
+    return f'{dropped} of {clients} clients\' updates were not finite'
+  return None
+
+
+def non_finite_leaf(structure) -> Optional[str]:
+  """The path of the first float leaf of `structure` that holds a non-finite value."""
+  for path, leaf in tree.flatten_with_path(structure):  # dm-tree reads attrs classes too.
+    array = np.asarray(leaf)
+    if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+      return '/'.join(str(p) for p in path)
+  return None
+
+
+def diverged_error(
+    config: run_config.ExperimentConfig, round_num: int, reason: str
+) -> errors.DivergedError:
+  """Says which round diverged and why, what is kept, and how to train with other settings.
+
+  The same command would resume and diverge again; other settings are a new run, which
+  the run's folder refuses without --overwrite (or another --experiment_name).
+  """
+  kept = run_directory.newest_checkpoint(config.checkpoint_dir)
+  kept_text = ('no checkpoint was kept' if kept is None
+               else f'the checkpoint of round {kept} is kept')
+  rates = [f'--{n}' for n in ('client_learning_rate', 'server_learning_rate')
+           if n in registry.get(config.algo).defaults]
+  return errors.DivergedError(
+      f'training diverged in round {round_num}: {reason}. Nothing of round {round_num} was'
+      f' saved; {kept_text}. To train with other settings (e.g. a smaller'
+      f' {" or ".join(rates) or "learning rate"}), re-run with them and --overwrite, or'
+      ' with another --experiment_name'
+  )
+
+
+class FiniteStateManager(tff.program.FileProgramStateManager):
+  """Saves a program state only if every float in it is finite.
+
+  So the kept checkpoint is always one a run can continue from: a state with an
+  infinite weight (a round without evaluation, whose loss did not show it yet) stops
+  the run before it is written.
+  """
+
+  def __init__(self, config: run_config.ExperimentConfig, keep_total: int):
+    super().__init__(config.checkpoint_dir, keep_total=keep_total)
+    self._config = config
+
+  async def save(self, program_state, version: int) -> None:
+    where = non_finite_leaf(program_state)
+    if where is not None:
+      raise diverged_error(
+          self._config, version, f'the state holds non-finite values ({where})')
+    await super().save(program_state, version)
+
+
+_EVALUATION_PREFIX = 'evaluation/'
+_EVALUATION_TIME = 'evaluation/evaluation_time_in_seconds'
+
+
+class RoundReleaseManager(tff.program.ReleaseManager):
+  """Judges each round, then releases its metrics and prints one progress line.
+
+  A diverged round (`divergence`, against the limit round 0's evaluation loss sets)
+  raises `errors.DivergedError` before anything of it is written (metrics, TensorBoard,
+  checkpoint: TFF's training loop releases a round's metrics before it saves the round's
+  state). Otherwise the metrics go to `managers` in order, then one line: metrics, rounds
+  per second, ETA.
+  """
+
+  def __init__(self, config: run_config.ExperimentConfig, stream=None):
+    self._config = config
+    self._total_rounds = config.total_rounds
+    self.managers = []  # The run's CSV and TensorBoard managers, once it has made them.
+    self._stream = stream
+    self._start = None
+    self._first_key = None
+    self.last_key = None
+    self.limit: Optional[LossLimit] = None
+    self.trained_rounds: Optional[tuple[int, int]] = None  # [first, last] released here.
+
+  def set_reference(self, round_0_loss: Optional[float]) -> None:
+    """Round 0's evaluation loss (None: unknown, only non-finite losses count)."""
+    if round_0_loss is not None and math.isfinite(round_0_loss) and round_0_loss > 0:
+      if math.isfinite(self._config.divergence_factor):
+        self.limit = LossLimit(self._config.divergence_factor, round_0_loss)
+
+  async def release(self, value, key):
+    evaluation = [k for k in value if k.startswith(_EVALUATION_PREFIX)]
+    if evaluation == [_EVALUATION_TIME]:  # A round `evaluation_due` skipped.
+      value = collections.OrderedDict((k, v) for k, v in value.items() if k != _EVALUATION_TIME)
+    flat = _flatten(value)
+    reason = divergence(flat, self.limit)
+    if reason is not None:
+      raise diverged_error(self._config, key, reason)
+    if key == 0 and 'evaluation/loss' in flat:
+      self.set_reference(float(flat['evaluation/loss']))
+    for manager in self.managers:
+      await manager.release(value, key)
+    self.last_key = key
+    if key > 0:  # Round 0 is the untrained model's evaluation.
+      self.trained_rounds = ((self.trained_rounds or (key,))[0], key)
+    now = time.monotonic()
+    if self._start is None:
+      self._start, self._first_key = now, key
+    parts = [f'round {key}/{self._total_rounds}']
+    for name, label in (
+        ('client_work/train/loss', 'loss'),
+        ('client_work/train/sparse_categorical_accuracy', 'acc'),
+        ('evaluation/loss', 'eval_loss'),
+        ('evaluation/sparse_categorical_accuracy', 'eval_acc'),
+    ):
+      if name in flat:
+        parts.append(f'{label}={float(flat[name]):.4f}')
+    done = key - self._first_key
+    if done > 0:
+      rate = done / (now - self._start)
+      eta = (self._total_rounds - key) / rate
+      parts.append(f'{rate:.2f} rounds/s ETA {time.strftime("%H:%M:%S", time.gmtime(eta))}')
+    print('  '.join(parts), file=self._stream or sys.stdout, flush=True)
+
+
+def _flatten(value, prefix='') -> dict:
+  if isinstance(value, collections.abc.Mapping):
+    out = {}
+    for k, v in value.items():
+      out.update(_flatten(v, f'{prefix}{k}/'))
+    return out
+  return {prefix[:-1]: value}
+
+
+def evaluation_due(config: run_config.ExperimentConfig, round_num: int) -> bool:
+  """Round 0, every `rounds_per_eval`-th round, and the last: a finished run's final
+  accuracy is always that of its final weights."""
+  return round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds
+
+
+class Evaluation:
+  """TFF's `evaluation_fn`: the run's held-out evaluation (tasks.evaluation) of a state's
+  model weights, in rounds `evaluation_due` asks for (the selection is True)."""
+
+  def __init__(self, held_out, evaluator, training_process):
+    self.held_out = held_out
+    self._evaluator = evaluator
+    self._process = training_process
+
+  def __call__(self, state, due: bool) -> collections.OrderedDict:
+    if not due:
+      return collections.OrderedDict()
+    return self._evaluator(self._process.get_model_weights(state))
+
+  def close(self) -> None:
+    self._evaluator.close()
+
+
+def evaluation_fn(config, task, training_process, runtime_context, in_process_threads):
+  """The run's evaluation, its test examples read once: on the first GPU under
+  --executor=gpu (the data kept there), else on the host, as many groups at once as the
+  in-process clients' threads per op leave cores for."""
+  device, parallel = None, 1
+  if config.executor == 'gpu':
+    device = runtime_context.devices[0]
+  elif runtime_context is not None:
+    parallel = evaluation.groups_at_once(in_process_threads)
+  held_out = evaluation.read_held_out(
+      task, config.evaluation, num_examples=config.eval_examples,
+      num_clients=config.num_eval_clients, device=device,
+  )
+  evaluator = evaluation.Evaluator(task.model_fn, held_out, parallel=parallel, device=device)
+  return Evaluation(held_out, evaluator, training_process)
