@@ -169,15 +169,6 @@ def _build(config: ExperimentConfig, flags_agree: bool):
       num_clients=len(task.datasets.train_data.client_ids),
       loop_implementation=loop, **config.hparams,
   )
-  if _keeps_client_states(process) and len(config.workers) > 1:
-    # TFF's mergeable context splits a round at its aggregation and merges
-    # SERVER-placed results; the clients' new states are CLIENTS-placed outputs, a
-    # case we have neither built nor tested.
-    raise ExperimentError(
-        f'--algo={config.algo} keeps per-client state, which runs on one worker only'
-        ' (several --workers split rounds with TFF\'s mergeable context, which does'
-        ' not return per-client outputs); pass one --workers address or none'
-    )
   return task, identity, process
 
 

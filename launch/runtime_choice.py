@@ -28,6 +28,7 @@ from launch import errors
 from launch import event_loop
 from launch import run_directory
 from tff_zmg import analysis
+from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import gpu_diagnosis
 from tff_zmg.runtime import in_process
@@ -123,6 +124,16 @@ def check_workers_reachable(config) -> None:
     worker.close()
 
 
+def splits_stateful_rounds(config) -> bool:
+  """Whether the rounds run here with only the clients' work on the --workers.
+
+  So for an algorithm whose clients keep state, on several workers: TFF's mergeable
+  context, which stateless algorithms use there, merges SERVER-placed results only and
+  cannot return the clients' new states (`tff_zmg.runtime.remote_clients`).
+  """
+  return len(config.workers) > 1 and registry.get(config.algo).stateful
+
+
 @contextlib.contextmanager
 def execution_context(config, progress):
   """The runtime's context: in-process, the local TFF worker, or the remote ones.
@@ -148,6 +159,15 @@ def execution_context(config, progress):
       yield None
     return
   try:
+    if splits_stateful_rounds(config):
+      workers = cpp_worker.connect_workers(config.workers, config.worker_timeout_s)
+      try:
+        with in_process.in_process_context(workers=workers) as runtime_context:
+          yield runtime_context
+      finally:
+        for worker in workers:
+          worker.close()
+      return
     with cpp_worker.remote_execution_context(config.workers, 0, config.worker_timeout_s):
       yield None
   except cpp_worker.WorkerUnavailableError as e:
@@ -190,6 +210,11 @@ def _worker_lost_error(
 
 def runtime_line(config, runtime_context, in_process_threads) -> str:
   """One line saying who runs the rounds, on which devices, with how many threads."""
+  if runtime_context is not None and runtime_context.workers:
+    return (
+        f'runtime: rounds in this process, the clients\' work on the TFF workers at'
+        f' {", ".join(runtime_context.workers)} (a contiguous slice of the clients each)'
+    )
   if runtime_context is not None:
     threads = _threads(in_process_threads) if in_process_threads else "TensorFlow's default"
     return (

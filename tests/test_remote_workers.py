@@ -27,6 +27,8 @@ import tasks
 from launch import experiment
 from launch import train
 from launch import worker
+from tff_zmg import analysis
+from tff_zmg import client_states
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
@@ -241,6 +243,78 @@ def test_remote_context_sums_over_workers_and_keeps_computation_errors(workers):
   assert len(message.splitlines()) == 1
 
 
+# Stateful algorithms across workers: the round is evaluated in this process and only the
+# clients' work goes to the workers (tff_zmg.runtime.remote_clients). These tests come
+# before test_two_workers_match_a_local_run_and_a_lost_worker_resumes, which kills b.
+
+_STATEFUL_PARTICIPATION = ((0, 1, 2), (1, 3), (0, 2, 3))  # Partial, and a client repeats.
+
+
+def _stateful_rounds(algo, workers_for_run=None):
+  """Weights, metrics and every client's state after _STATEFUL_PARTICIPATION's rounds."""
+
+  process = registry.build(algo, tiny_model_fn, keras_model_fn=tiny_keras_model, num_clients=4,
+                           **HPARAMS)
+  with in_process.in_process_context(workers=workers_for_run) as context:
+    state = process.initialize()
+    states = {c: process.initial_client_state() for c in range(4)}
+    metrics = []
+    for clients in _STATEFUL_PARTICIPATION:
+      output = process.next(state, [client_dataset(c) for c in clients],
+                            [states[c] for c in clients])
+      state = output.state
+      states.update(zip(clients, output.client_states))
+      metrics.append(output.metrics)
+    weights = process.get_model_weights(state)
+  return dict(weights=weights, metrics=metrics, states=states), context
+
+
+@pytest.mark.parametrize('algo', ['fedrkmgc', 'fedgps', 'scaffold'])
+def test_stateful_algorithms_on_two_and_three_workers_equal_one_process(algo, workers):
+
+  assert all(w.proc.poll() is None for w in workers), 'a, b and c must all serve'
+  expected, _ = _stateful_rounds(algo)
+  for count in (2, 3):
+    remote = cpp_worker.connect_workers([w.address for w in workers[:count]], 30)
+    try:
+      actual, context = _stateful_rounds(algo, remote)
+    finally:
+      for w in remote:
+        w.close()
+    assert_all_close(actual, expected)
+    # The last round's 3 clients: one contiguous slice per worker, in client order.
+    ran_on = [d.split(' ')[-1] for d in context.last_client_devices]
+    assert ran_on == [workers[w].address for w, part in enumerate(remote_clients.slices(3, count))
+                      for _ in part], ran_on
+
+
+
+def test_a_worker_lost_during_a_stateful_round_is_named(workers, tmp_path):
+  """The round fails with the lost worker's address (exit 4 in launch.train); the
+  states given to the round are untouched, so a resume repeats it."""
+
+  process = registry.build('scaffold', tiny_model_fn, num_clients=4, **HPARAMS)
+  doomed = _Launcher(str(tmp_path))
+  try:
+    doomed.wait_serving()
+    remote = cpp_worker.connect_workers([workers[0].address, doomed.address], 5)
+    with in_process.in_process_context(workers=remote):
+      state = process.initialize()
+      states = [process.initial_client_state()] * 2
+      data = [client_dataset(0), client_dataset(1)]
+      process.next(state, data, states)
+      doomed.kill()
+      with pytest.raises(cpp_worker.WorkerUnavailableError) as error:
+        process.next(state, data, states)
+    assert error.value.addresses == (doomed.address,)
+    assert doomed.address in str(error.value) and len(str(error.value).splitlines()) == 1
+  finally:
+    if doomed.proc.poll() is None:
+      doomed.kill()
+  for pid in [doomed.proc.pid, *doomed.worker_pids]:
+    assert _gone(pid)
+
+
 def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
     workers, synthetic_cache_dir, tmp_path, capsys
 ):
@@ -316,71 +390,83 @@ def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
   assert not mismatches, '\n'.join(mismatches)
 
 
-# Stateful algorithms across workers: the round is evaluated in this process and only the
-# clients' work goes to the workers (tff_zmg.runtime.remote_clients).
-
-_STATEFUL_PARTICIPATION = ((0, 1, 2), (1, 3), (0, 2, 3))  # Partial, and a client repeats.
-
-
-def _stateful_rounds(algo, workers_for_run=None):
-  """Weights, metrics and every client's state after _STATEFUL_PARTICIPATION's rounds."""
-
-  process = registry.build(algo, tiny_model_fn, keras_model_fn=tiny_keras_model, num_clients=4,
-                           **HPARAMS)
-  with in_process.in_process_context(workers=workers_for_run) as context:
-    state = process.initialize()
-    states = {c: process.initial_client_state() for c in range(4)}
-    metrics = []
-    for clients in _STATEFUL_PARTICIPATION:
-      output = process.next(state, [client_dataset(c) for c in clients],
-                            [states[c] for c in clients])
-      state = output.state
-      states.update(zip(clients, output.client_states))
-      metrics.append(output.metrics)
-    weights = process.get_model_weights(state)
-  return dict(weights=weights, metrics=metrics, states=states), context
+def _client_states(run_dir):
+  """client id -> its state's arrays, from a run's disk store."""
+  store = client_states.create_store('disk', str(run_dir / 'client_states'))
+  return {c: store.read(c) for c in store.client_ids()}
 
 
-@pytest.mark.parametrize('algo', ['fedrkmgc', 'fedgps', 'scaffold'])
-def test_stateful_algorithms_on_two_and_three_workers_equal_one_process(algo, workers):
-
-  expected, _ = _stateful_rounds(algo)
-  for count in (2, 3):
-    remote = cpp_worker.connect_workers([w.address for w in workers[:count]], 30)
-    try:
-      actual, context = _stateful_rounds(algo, remote)
-    finally:
-      for w in remote:
-        w.close()
-    assert_all_close(actual, expected)
-    # The last round's 3 clients: one contiguous slice per worker, in client order.
-    ran_on = [d.split(' ')[-1] for d in context.last_client_devices]
-    assert ran_on == [workers[w].address for w, part in enumerate(remote_clients.slices(3, count))
-                      for _ in part], ran_on
-
-
-
-def test_a_worker_lost_during_a_stateful_round_is_named(workers, tmp_path):
-  """The round fails with the lost worker's address (exit 4 in launch.train); the
-  states given to the round are untouched, so a resume repeats it."""
-
-  process = registry.build('scaffold', tiny_model_fn, num_clients=4, **HPARAMS)
+def test_a_stateful_run_on_two_workers_survives_a_lost_worker_and_a_killed_trainer(
+    workers, synthetic_cache_dir, tmp_path, capsys
+):
+  """SCAFFOLD with --workers: a worker SIGKILLed mid-run (exit 4), then the trainer
+  SIGKILLed, and each time the same command resumes; the weights, metrics and clients'
+  states equal an uninterrupted one-process run's to 1e-6."""
+  a, c = workers[0], workers[2]
   doomed = _Launcher(str(tmp_path))
+  doomed.wait_serving()
+  tasks.get('emnist', data_source='synthetic', cache_dir=synthetic_cache_dir,
+            synthetic_settings=_SMALL)
+  remote_dir = tmp_path / 'remote'
+  metrics_csv = remote_dir / 'metrics.csv'
+  extra = ('--algo=scaffold', '--total_rounds=3')
+
+  def remote_run(addresses, kill_after_round, kill):
+    """launch.train in a subprocess; `kill()` once round `kill_after_round` is reported."""
+    with open(tmp_path / 'remote.err', 'w') as err:
+      proc = subprocess.Popen(
+          [sys.executable, '-m', 'launch.train',
+           *_flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+                   f'--workers={",".join(addresses)}', *extra)],
+          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=_REPO)
+    try:
+      deadline = time.monotonic() + 600
+      while time.monotonic() < deadline and proc.poll() is None:
+        if metrics_csv.exists() and any(
+            r['key'] == str(kill_after_round) for r in _rows(metrics_csv)):
+          kill(proc)
+          break
+        time.sleep(0.05)
+      return proc.wait(600), (tmp_path / 'remote.err').read_text()
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+
   try:
-    doomed.wait_serving()
-    remote = cpp_worker.connect_workers([workers[0].address, doomed.address], 5)
-    with in_process.in_process_context(workers=remote):
-      state = process.initialize()
-      states = [process.initial_client_state()] * 2
-      data = [client_dataset(0), client_dataset(1)]
-      process.next(state, data, states)
-      doomed.kill()
-      with pytest.raises(cpp_worker.WorkerUnavailableError) as error:
-        process.next(state, data, states)
-    assert error.value.addresses == (doomed.address,)
-    assert doomed.address in str(error.value) and len(str(error.value).splitlines()) == 1
+    code, err = remote_run([a.address, doomed.address], 1, lambda proc: doomed.kill())
   finally:
     if doomed.proc.poll() is None:
       doomed.kill()
+  assert code == 4, err
+  line = err.strip().splitlines()[-1]
+  assert line.startswith('train: error: a TFF worker was lost in round 2'), err
+  assert doomed.address in line and 'checkpoint of round 1 is kept' in line
   for pid in [doomed.proc.pid, *doomed.worker_pids]:
     assert _gone(pid)
+
+  code, err = remote_run([a.address, c.address], 2, lambda proc: proc.kill())
+  assert code == -signal.SIGKILL, err
+  rc, out, err = _main(
+      _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+             f'--workers={a.address},{c.address}', *extra), capsys)
+  assert rc == 0, err
+  assert 'round 3/3' in out and 'round 1/3' not in out  # Resumed, not restarted.
+  assert "the clients' work on the TFF workers at" in out
+
+  rc, _, err = _main(_flags(synthetic_cache_dir, tmp_path, 'local', *extra), capsys)
+  assert rc == 0, err
+  local_rows, remote_rows = _rows(tmp_path / 'local' / 'metrics.csv'), _rows(metrics_csv)
+  assert [r['key'] for r in remote_rows] == ['0', '1', '2', '3']
+  for lr, rr in zip(local_rows, remote_rows):
+    for k in lr:
+      assert (lr[k] == rr[k] if '' in (lr[k], rr[k])
+              else abs(float(rr[k]) - float(lr[k])) <= _ATOL), (lr['key'], k, lr[k], rr[k])
+  for lw, rw in zip(_checkpoint(tmp_path / 'local', 3), _checkpoint(remote_dir, 3)):
+    np.testing.assert_allclose(rw, lw, rtol=0, atol=_ATOL)
+  local_states, remote_states = _client_states(tmp_path / 'local'), _client_states(remote_dir)
+  assert sorted(local_states) == sorted(remote_states) and local_states
+  for client, state in local_states.items():
+    for l, r in zip(state, remote_states[client]):
+      np.testing.assert_allclose(r, l, rtol=0, atol=_ATOL)
+  sessions = analysis.runs.read_runtime(str(remote_dir))
+  assert any(d.startswith('worker ') for d in sessions[-1]['client_devices'])

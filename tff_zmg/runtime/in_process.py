@@ -276,6 +276,7 @@ class InProcessContext(tff.framework.SyncContext):
   ):
     self.devices = list(devices) if devices else [tf_computation.HOST_DEVICE]
     self._remote = remote_clients.RemoteClientWork(workers) if workers else None
+    self.workers = [w.address for w in workers] if workers else []
     if clients_per_device is None:
       on_host = all(tf_computation.is_cpu(d) for d in self.devices)
       clients_per_device = (os.cpu_count() or 1) if on_host else 1
