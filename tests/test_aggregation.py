@@ -1,9 +1,11 @@
-"""The aggregators (DP, compression, robust) with every algorithm, and DP's arithmetic.
+"""The aggregators (DP, compression, robust) with every algorithm, DP's arithmetic, epsilon.
 
 docs/privacy_and_communication.md. Each behaviour is checked against a value computed here:
 the DP round on a softmax regression against the clipped, noised mean by hand (the noise
 redrawn from the seed as `seeded_noise` documents, and its scale measured over a thousand
-coordinates), the adaptive clip against its geometric update by hand.
+coordinates), the adaptive clip against its geometric update by hand; epsilon against
+`dp_accounting` driven here and, when every client takes part, against the Gaussian
+mechanism's RDP by hand.
 
 Runtime (~1 minute on two cores): a build costs ~2 s, so each algorithm is built with one
 aggregator kind, the kinds taken in turn (every builder passes any factory the same way,
@@ -17,6 +19,7 @@ import itertools
 import math
 import warnings
 
+import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -300,3 +303,71 @@ def test_dp_adaptive_clip_follows_the_target_quantile(tff_context):
     np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
   next_clip = clip * math.exp(-0.2 * (1 / 3 - 0.5))
   assert metrics['aggregator']['dp_query_metrics']['clip'] == pytest.approx(next_clip, 1e-5)
+
+
+# Epsilon, against dp_accounting driven here.
+
+
+def _dp_accounting_epsilon(z, m, n_clients, rounds, delta, sampling):
+  if sampling == 'poisson':
+    accountant = dp_accounting.rdp.RdpAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(m / n_clients, dp_accounting.GaussianDpEvent(z))
+  else:  # Replace-one: the clipped sum moves by up to 2C, the multiplier per unit is z / 2.
+    accountant = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
+    event = dp_accounting.SampledWithoutReplacementDpEvent(
+        n_clients, m, dp_accounting.GaussianDpEvent(z / 2)
+    )
+  accountant.compose(event, rounds)
+  return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize('sampling', ['fixed_size', 'poisson'])
+@pytest.mark.parametrize('z, m, n_clients, rounds, delta', [
+    (1.0, 10, 3400, 50, 1e-5),
+    (0.7, 20, 500, 30, 1e-6),
+    (2.0, 5, 50, 10, 1e-3),
+])
+def test_epsilon_is_dp_accountings_for_the_runs_sampling(z, m, n_clients, rounds, delta,
+                                                         sampling):
+  got = aggregation.epsilon(noise_multiplier=z, clients_per_round=m, num_clients=n_clients,
+                            rounds=rounds, target_delta=delta, sampling=sampling)
+  assert got == pytest.approx(_dp_accounting_epsilon(z, m, n_clients, rounds, delta, sampling),
+                              rel=1e-9)
+
+
+def test_everyone_every_round_is_the_gaussian_mechanism_of_sensitivity_2c():
+  """m = N: no amplification; the RDP of n Gaussian rounds with sensitivity 2C and noise
+  z C is `n alpha (2C)^2 / (2 (z C)^2) = 2 n alpha / z^2`."""
+  z, rounds, delta = 3.0, 20, 1e-5
+  orders = np.array([1.5, 2, 3, 4, 8, 16, 32, 64, 128])
+  by_hand = dp_accounting.rdp.compute_epsilon(orders, 2 * rounds * orders / z**2, delta)[0]
+  got = aggregation.epsilon(noise_multiplier=z, clients_per_round=7, num_clients=7,
+                            rounds=rounds, target_delta=delta)
+  assert got <= by_hand + 1e-9  # dp_accounting's orders include these: its min is lower,
+  assert got >= 0.9 * by_hand  # but not by much.
+
+
+def test_epsilon_grows_with_the_rounds_from_zero_and_is_infinite_without_noise():
+  common = dict(clients_per_round=10, num_clients=100, target_delta=1e-5)
+  assert aggregation.epsilon(noise_multiplier=1.0, rounds=0, **common) == 0.0
+  assert aggregation.epsilon(noise_multiplier=0.0, rounds=1, **common) == math.inf
+  eps = [aggregation.epsilon(noise_multiplier=1.0, rounds=n, **common) for n in (1, 10, 100)]
+  assert 0 < eps[0] < eps[1] < eps[2] < math.inf
+
+
+@pytest.mark.parametrize('values, message', [
+    (dict(noise_multiplier=-1.0), 'noise_multiplier must be >= 0, got -1.0'),
+    (dict(target_delta=0.0), 'target_delta must be in (0, 1), got 0.0'),
+    (dict(target_delta=1.0), 'target_delta must be in (0, 1), got 1.0'),
+    (dict(clients_per_round=101), 'clients_per_round (101) must be at most num_clients'),
+    (dict(rounds=-1), 'rounds must be an integer >= 0, got -1'),
+    (dict(sampling='shuffled'), "sampling must be one of ['fixed_size', 'poisson']"),
+])
+def test_epsilon_refuses_a_bad_value_in_one_line(values, message):
+  arguments = dict(noise_multiplier=1.0, clients_per_round=10, num_clients=100, rounds=5,
+                   target_delta=1e-5)
+  with pytest.raises(ValueError) as raised:
+    aggregation.epsilon(**{**arguments, **values})
+  assert message in str(raised.value) and '\n' not in str(raised.value)

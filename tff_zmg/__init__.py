@@ -20,7 +20,7 @@ The public API, everything a notebook or script needs (see notebooks/):
   its CPU or GPUs), `runtime`;
 * the blocks: `zero_mean_projection`, `optimizers`;
 * aggregating: `aggregation` (DP, compressed and robust aggregators for every algorithm,
-  `registry.build(..., aggregator=aggregation.AggregatorSettings(...))`);
+  `registry.build(..., aggregator=aggregation.AggregatorSettings(...))`; epsilon);
 * results: `analysis` (metrics, paired t-tests, tables, plots, reading runs).
 
 Tasks (data and models) are the sibling package `tasks` (`tasks.get(name, ...)`).

@@ -1,4 +1,4 @@
-"""How the server aggregates client updates: TFF's DP, compression and robust aggregators.
+"""How the server aggregates client updates, and what DP's aggregators cost in privacy.
 
 * `settings`: `AggregatorSettings` (kind: mean, dp_fixed, dp_adaptive, compressed, robust;
   the DP and compression settings), every default and range once, checked.
@@ -7,10 +7,12 @@
   aggregator=settings)` does it for every algorithm, or refuses in one line).
 * `seeded_noise`: TF Privacy's Gaussian queries with their noise drawn from a seed kept in
   the aggregator's state (a resumed DP run redraws the same noise).
+* `privacy`: `epsilon(...)` after `n` rounds, from dp_accounting's RDP accountant.
 """
 
 from tff_zmg.aggregation.factories import client_weighting
 from tff_zmg.aggregation.factories import model_aggregator
+from tff_zmg.aggregation.privacy import epsilon
 from tff_zmg.aggregation.settings import AggregatorSettings
 from tff_zmg.aggregation.settings import DP_KINDS
 from tff_zmg.aggregation.settings import KINDS
@@ -20,5 +22,6 @@ __all__ = [
     'DP_KINDS',
     'KINDS',
     'client_weighting',
+    'epsilon',
     'model_aggregator',
 ]
