@@ -20,7 +20,8 @@ The public API, everything a notebook or script needs (see notebooks/):
   its CPU or GPUs), `runtime`;
 * the blocks: `zero_mean_projection`, `optimizers`;
 * aggregating: `aggregation` (DP, compressed and robust aggregators for every algorithm,
-  `registry.build(..., aggregator=aggregation.AggregatorSettings(...))`; epsilon);
+  `registry.build(..., aggregator=aggregation.AggregatorSettings(...))`; epsilon; the
+  bytes each client sends and receives);
 * results: `analysis` (metrics, paired t-tests, tables, plots, reading runs).
 
 Tasks (data and models) are the sibling package `tasks` (`tasks.get(name, ...)`).

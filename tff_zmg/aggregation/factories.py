@@ -15,7 +15,7 @@ each round and `S_t` the round's clients:
     compressed   sum_k w_k Q(u_k) / sum_k w_k, Q: each tensor of more than `threshold`
                  elements uniformly quantized to `b` bits between its min and max, with
                  stochastic rounding (Suresh et al. 2017), packed 28 bits to an int32 word:
-                 28 / b times fewer bytes per float32 coordinate
+                 28 / b times fewer bytes per float32 coordinate (`communication`)
     robust       TFF's `robust_aggregator`: updates above an adaptive norm zeroed, the rest
                  clipped to an adaptive norm, then the mean
 
