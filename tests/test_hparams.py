@@ -119,6 +119,19 @@ def test_values_are_checked_and_normalized_where_they_are_created():
     dataclasses.replace(hparams, client_momentum=1)
 
 
+def test_a_range_open_at_its_low_end_and_a_bounded_integer_say_so_in_one_line():
+  assert hp.UNIT_INTERVAL_OPEN.text == 'in (0, 1)'
+  assert hp.UNIT_INTERVAL_OPEN.check('delta', 1e-5) == 1e-5
+  for bad in (0.0, 1.0):
+    with pytest.raises(ValueError, match=rf'^delta must be in \(0, 1\), got {bad}$'):
+      hp.UNIT_INTERVAL_OPEN.check('delta', bad)
+  bits = hp.integer(1, 16)
+  assert bits.check('bits', 16) == 16
+  for bad in (0, 17, 8.0, True):  # Both ends, and what is not an integer, alike.
+    with pytest.raises(ValueError, match=rf'^bits must be an integer in \[1, 16\], got {bad}$'):
+      bits.check('bits', bad)
+
+
 def test_registry_defaults_are_the_dataclass_defaults_but_for_the_named_overrides():
   """Hand values: FedRKMGC's ablations without relaxation average plainly (rho = 1)."""
   overrides = {name: dict(spec.default_overrides)

@@ -19,6 +19,9 @@ The public API, everything a notebook or script needs (see notebooks/):
   `set_default_execution_context()`, `in_process_context()` (this process's TensorFlow, on
   its CPU or GPUs), `runtime`;
 * the blocks: `zero_mean_projection`, `optimizers`;
+* aggregating: `aggregation` (DP, compressed and robust aggregators for every algorithm,
+  `registry.build(..., aggregator=aggregation.AggregatorSettings(...))`; epsilon; the
+  bytes each client sends and receives);
 * results: `analysis` (metrics, paired t-tests, tables, plots, reading runs).
 
 Tasks (data and models) are the sibling package `tasks` (`tasks.get(name, ...)`).
@@ -61,12 +64,14 @@ from tff_zmg.algorithms import build_process
 from tff_zmg.algorithms import CLIENT_RULES
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import SERVER_RULES
+from tff_zmg import aggregation
 from tff_zmg import analysis
 
 __all__ = [
     'ALGORITHMS',
     'CLIENT_RULES',
     'SERVER_RULES',
+    'aggregation',
     'algorithms',
     'analysis',
     'build_fed_rkmgc',

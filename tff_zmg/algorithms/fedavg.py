@@ -182,12 +182,12 @@ def server_adagrad(hparams) -> compose.Optimizer:
 # The builders.
 
 
-def _client_sgd_process(model_fn, hparams, server_step, loop_implementation):
+def _client_sgd_process(model_fn, hparams, server_step, loop_implementation, model_aggregator):
   """Client SGD, `server_step(hparams)` on the example-weighted mean update."""
   return compose.compose_process(
       model_fn, client_sgd(hparams), server_step(hparams),
       tff.learning.ClientWeighting.NUM_EXAMPLES,
-      loop_implementation=loop_implementation,
+      loop_implementation=loop_implementation, model_aggregator=model_aggregator,
   )
 
 
@@ -196,6 +196,7 @@ def build_fedavg(
     hparams: Optional[FedAvgHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg: local SGD, server SGD on the example-weighted mean update.
@@ -204,6 +205,8 @@ def build_fedavg(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedAvgHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedAvgHparams` to replace, e.g. `client_learning_rate=0.03`.
 
   Raises:
@@ -211,7 +214,9 @@ def build_fedavg(
       is built).
   """
   hparams = FedAvgHparams.create(hparams, **overrides)
-  return _client_sgd_process(model_fn, hparams, server_sgd, loop_implementation)
+  return _client_sgd_process(
+      model_fn, hparams, server_sgd, loop_implementation, model_aggregator
+  )
 
 
 def build_fedadam(
@@ -219,6 +224,7 @@ def build_fedadam(
     hparams: Optional[FedAdamHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedAdam: local SGD, server Adam on the example-weighted mean update.
@@ -227,6 +233,8 @@ def build_fedadam(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedAdamHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedAdamHparams` to replace.
 
   Raises:
@@ -234,7 +242,9 @@ def build_fedadam(
       is built).
   """
   hparams = FedAdamHparams.create(hparams, **overrides)
-  return _client_sgd_process(model_fn, hparams, server_adam, loop_implementation)
+  return _client_sgd_process(
+      model_fn, hparams, server_adam, loop_implementation, model_aggregator
+  )
 
 
 def build_fedyogi(
@@ -242,6 +252,7 @@ def build_fedyogi(
     hparams: Optional[FedYogiHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedYogi: local SGD, TFF's server Yogi on the example-weighted mean update.
@@ -250,6 +261,8 @@ def build_fedyogi(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedYogiHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedYogiHparams` to replace.
 
   Raises:
@@ -257,7 +270,9 @@ def build_fedyogi(
       is built).
   """
   hparams = FedYogiHparams.create(hparams, **overrides)
-  return _client_sgd_process(model_fn, hparams, server_yogi, loop_implementation)
+  return _client_sgd_process(
+      model_fn, hparams, server_yogi, loop_implementation, model_aggregator
+  )
 
 
 def build_fedadagrad(
@@ -265,6 +280,7 @@ def build_fedadagrad(
     hparams: Optional[FedAdagradHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedAdagrad: local SGD, TFF's server Adagrad on the example-weighted mean update.
@@ -273,6 +289,8 @@ def build_fedadagrad(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedAdagradHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedAdagradHparams` to replace.
 
   Raises:
@@ -280,4 +298,6 @@ def build_fedadagrad(
       is built).
   """
   hparams = FedAdagradHparams.create(hparams, **overrides)
-  return _client_sgd_process(model_fn, hparams, server_adagrad, loop_implementation)
+  return _client_sgd_process(
+      model_fn, hparams, server_adagrad, loop_implementation, model_aggregator
+  )

@@ -528,6 +528,7 @@ def build_fedgps(
     keras_model_fn: Optional[KerasModelFn] = None,
     exclude_own_update: bool = True,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> stateful_clients.StatefulClientsLearningProcess:
   """Builds FedGPS (`exclude_own_update=True`) or FedGPS-CF (False).
@@ -543,6 +544,8 @@ def build_fedgps(
       update as state) or always uses `Dbar` (FedGPS-CF): which variant, part of
       the algorithm's name, not a hyperparameter.
     loop_implementation: The client training loop.
+    model_aggregator: Refused unless None (its uniform mean): the clients also upload
+      their surrogate prototypes and counts, which the aggregator would not cover.
     **overrides: Fields of `FedGpsHparams` to replace.
 
   Returns:
@@ -552,8 +555,12 @@ def build_fedgps(
 
   Raises:
     ValueError: If a hyperparameter is out of range, `keras_model_fn` is missing,
-      or the task is not an image task (Shakespeare).
+      a `model_aggregator` is given, or the task is not an image task (Shakespeare).
   """
+  compose.refuse_model_aggregator(
+      model_aggregator, 'fedgps' if exclude_own_update else 'fedgps_cf',
+      'their surrogate prototypes and per-class counts',
+  )
   if keras_model_fn is None or not callable(keras_model_fn):
     raise ValueError(
         'FedGPS needs the task\'s Keras model: pass keras_model_fn (e.g.'

@@ -69,10 +69,11 @@ def prox_zmg_sgdm(hparams, variables) -> compose.Optimizer:
   )
 
 
-def _prox_process(model_fn, client_optimizer, hparams, loop_implementation):
+def _prox_process(model_fn, client_optimizer, hparams, loop_implementation, model_aggregator):
   return compose.compose_process(
       model_fn, client_optimizer, fedavg.server_sgd(hparams),
       tff.learning.ClientWeighting.NUM_EXAMPLES, loop_implementation=loop_implementation,
+      model_aggregator=model_aggregator,
   )
 
 
@@ -81,6 +82,7 @@ def build_fedprox(
     hparams: Optional[FedProxHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedProx: local SGD on the proximal objective, server SGD, example weights.
@@ -89,6 +91,8 @@ def build_fedprox(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedProxHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedProxHparams` to replace, e.g. `proximal_strength=0.1`.
 
   Raises:
@@ -96,7 +100,9 @@ def build_fedprox(
       is built).
   """
   hparams = FedProxHparams.create(hparams, **overrides)
-  return _prox_process(model_fn, prox_sgd(hparams), hparams, loop_implementation)
+  return _prox_process(
+      model_fn, prox_sgd(hparams), hparams, loop_implementation, model_aggregator
+  )
 
 
 def build_fedzmg_prox(
@@ -104,6 +110,7 @@ def build_fedzmg_prox(
     hparams: Optional[FedZmgProxHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedZMG-Prox: FedZMG's client step on the proximal gradient, server SGD.
@@ -112,6 +119,8 @@ def build_fedzmg_prox(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedZmgProxHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedZmgProxHparams` to replace.
 
   Raises:
@@ -121,5 +130,6 @@ def build_fedzmg_prox(
   hparams = FedZmgProxHparams.create(hparams, **overrides)
   variables = compose.trainable_variables(model_fn)
   return _prox_process(
-      model_fn, prox_zmg_sgdm(hparams, variables), hparams, loop_implementation
+      model_fn, prox_zmg_sgdm(hparams, variables), hparams, loop_implementation,
+      model_aggregator,
   )

@@ -219,6 +219,7 @@ def build_fedrkmgc(
     *,
     correction_update: str = 'fast_km',
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> stateful_clients.StatefulClientsLearningProcess:
   """Builds FedRKMGC (or an ablation, by `correction_update` and `rho`).
@@ -229,6 +230,8 @@ def build_fedrkmgc(
     correction_update: 'fast_km' (the method), 'km' (standard KM) or 'raw' (no KM):
       which ablation, part of the algorithm's name, not a hyperparameter.
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the uniform mean.
     **overrides: Fields of `FedRkmgcHparams` to replace.
 
   Returns:
@@ -249,7 +252,8 @@ def build_fedrkmgc(
       loop_implementation=loop_implementation,
   )
   return compose.compose_stateful_process(
-      model_fn, client_work, relaxation(hparams), tff.learning.ClientWeighting.UNIFORM
+      model_fn, client_work, relaxation(hparams), tff.learning.ClientWeighting.UNIFORM,
+      model_aggregator=model_aggregator,
   )
 
 

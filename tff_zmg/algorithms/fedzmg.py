@@ -72,13 +72,13 @@ def zmg_sgdm(hparams, variables) -> compose.Optimizer:
   )
 
 
-def _zmg_process(model_fn, hparams, server_step, loop_implementation):
+def _zmg_process(model_fn, hparams, server_step, loop_implementation, model_aggregator):
   """ZMG-SGDM clients, `server_step(hparams)` on the example-weighted mean update."""
   variables = compose.trainable_variables(model_fn)
   return compose.compose_process(
       model_fn, zmg_sgdm(hparams, variables), server_step(hparams),
       tff.learning.ClientWeighting.NUM_EXAMPLES,
-      loop_implementation=loop_implementation,
+      loop_implementation=loop_implementation, model_aggregator=model_aggregator,
   )
 
 
@@ -87,6 +87,7 @@ def build_fedzmg(
     hparams: Optional[FedZmgHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedZMG: ZMG-SGDM clients, server SGD, example weights.
@@ -95,6 +96,8 @@ def build_fedzmg(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedZmgHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedZmgHparams` to replace, e.g. `client_learning_rate=0.03`.
 
   Raises:
@@ -102,7 +105,9 @@ def build_fedzmg(
       is built).
   """
   hparams = FedZmgHparams.create(hparams, **overrides)
-  return _zmg_process(model_fn, hparams, fedavg.server_sgd, loop_implementation)
+  return _zmg_process(
+      model_fn, hparams, fedavg.server_sgd, loop_implementation, model_aggregator
+  )
 
 
 def build_fedzmg_adam(
@@ -110,6 +115,7 @@ def build_fedzmg_adam(
     hparams: Optional[FedZmgAdamHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedZMG-Adam: FedZMG's clients with FedAdam's server, weighted by examples.
@@ -118,6 +124,8 @@ def build_fedzmg_adam(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedZmgAdamHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedZmgAdamHparams` to replace.
 
   Raises:
@@ -125,7 +133,9 @@ def build_fedzmg_adam(
       is built).
   """
   hparams = FedZmgAdamHparams.create(hparams, **overrides)
-  return _zmg_process(model_fn, hparams, fedavg.server_adam, loop_implementation)
+  return _zmg_process(
+      model_fn, hparams, fedavg.server_adam, loop_implementation, model_aggregator
+  )
 
 
 def build_fedzmg_yogi(
@@ -133,6 +143,7 @@ def build_fedzmg_yogi(
     hparams: Optional[FedZmgYogiHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """FedZMG-Yogi: FedZMG's clients with FedYogi's server, weighted by examples.
@@ -141,6 +152,8 @@ def build_fedzmg_yogi(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `FedZmgYogiHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the example-weighted mean.
     **overrides: Fields of `FedZmgYogiHparams` to replace.
 
   Raises:
@@ -148,4 +161,6 @@ def build_fedzmg_yogi(
       is built).
   """
   hparams = FedZmgYogiHparams.create(hparams, **overrides)
-  return _zmg_process(model_fn, hparams, fedavg.server_yogi, loop_implementation)
+  return _zmg_process(
+      model_fn, hparams, fedavg.server_yogi, loop_implementation, model_aggregator
+  )

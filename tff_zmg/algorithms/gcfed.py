@@ -115,6 +115,7 @@ def build_local_gc(
     hparams: Optional[LocalGcHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """LocalGC: projected client SGDM with coupled L2; server SGD; uniform mean.
@@ -123,6 +124,8 @@ def build_local_gc(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `LocalGcHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the uniform mean.
     **overrides: Fields of `LocalGcHparams` to replace.
 
   Raises:
@@ -133,7 +136,7 @@ def build_local_gc(
   variables = compose.trainable_variables(model_fn)
   return compose.compose_process(
       model_fn, local_gc(hparams, variables), fedavg.server_sgd(hparams), _UNIFORM,
-      loop_implementation=loop_implementation,
+      loop_implementation=loop_implementation, model_aggregator=model_aggregator,
   )
 
 
@@ -142,6 +145,7 @@ def build_global_gc(
     hparams: Optional[GlobalGcHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """GlobalGC: client SGDM; the server projects the uniform mean update.
@@ -150,6 +154,8 @@ def build_global_gc(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `GlobalGcHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the uniform mean.
     **overrides: Fields of `GlobalGcHparams` to replace.
 
   Raises:
@@ -160,7 +166,7 @@ def build_global_gc(
   variables = compose.trainable_variables(model_fn)
   return compose.compose_process(
       model_fn, fedavg.client_sgdm(hparams), global_gc(hparams, variables), _UNIFORM,
-      loop_implementation=loop_implementation,
+      loop_implementation=loop_implementation, model_aggregator=model_aggregator,
   )
 
 
@@ -169,6 +175,7 @@ def build_gcfed(
     hparams: Optional[GcFedHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """GC-Fed: LocalGC on the feature layers, GlobalGC on the classifier layers.
@@ -177,6 +184,8 @@ def build_gcfed(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `GcFedHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the uniform mean.
     **overrides: Fields of `GcFedHparams` to replace.
 
   Raises:
@@ -187,5 +196,5 @@ def build_gcfed(
   variables = compose.trainable_variables(model_fn)
   return compose.compose_process(
       model_fn, local_gc(hparams, variables), global_gc(hparams, variables), _UNIFORM,
-      loop_implementation=loop_implementation,
+      loop_implementation=loop_implementation, model_aggregator=model_aggregator,
   )

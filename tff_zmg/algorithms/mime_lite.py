@@ -43,6 +43,7 @@ def build_mime_lite(
     hparams: Optional[MimeLiteHparams] = None,
     *,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> tff.learning.templates.LearningProcess:
   """Mime-Lite: clients step with the server's SGDM state, server SGD, example weights.
@@ -51,12 +52,19 @@ def build_mime_lite(
     model_fn: A no-arg function returning a new `tff.learning.models.VariableModel`.
     hparams: A `MimeLiteHparams` (default: its defaults).
     loop_implementation: The client training loop.
+    model_aggregator: Refused unless None (its example-weighted mean): the clients also
+      upload their full-batch gradients, which the aggregator would not cover.
     **overrides: Fields of `MimeLiteHparams` to replace.
 
   Raises:
-    ValueError: If a hyperparameter is unknown or out of range (checked before any model
-      is built).
+    ValueError: If a hyperparameter is unknown or out of range, or a `model_aggregator`
+      is given (checked before any model is built).
   """
+  # TFF's builder would aggregate the gradients with its own `full_gradient_aggregator`:
+  # a second release per round, which neither the DP aggregator nor its accounting covers.
+  compose.refuse_model_aggregator(
+      model_aggregator, 'mime_lite', 'their full-batch gradients at the round\'s model'
+  )
   hparams = MimeLiteHparams.create(hparams, **overrides)
   compose.check_arguments(
       model_fn, tff.learning.ClientWeighting.NUM_EXAMPLES, loop_implementation

@@ -7,6 +7,12 @@ FedRKMGC ablations, the defaults the name overrides:
 
     process = registry.build('fedzmg', task.model_fn, client_learning_rate=0.03)
     registry.resolve('fedzmg', {'client_learning_rate': 0.03})  # Every value it uses.
+
+Every algorithm builds with any aggregator of `tff_zmg.aggregation` (DP, compression,
+robust) or refuses in one line naming what its clients upload besides the update:
+
+    registry.build('fedzmg', task.model_fn, aggregator=aggregation.AggregatorSettings(
+        kind='dp_fixed', noise_multiplier=1.0, clip=0.5, clients_per_round=10))
 """
 
 from collections.abc import Callable, Mapping
@@ -17,6 +23,7 @@ from typing import Any, Optional
 
 import tensorflow_federated as tff
 
+from tff_zmg import aggregation
 from tff_zmg.algorithms import fedavg
 from tff_zmg.algorithms import fedgps
 from tff_zmg.algorithms import fedprox
@@ -349,6 +356,7 @@ def build(
     keras_model_fn: Optional[Callable[[], Any]] = None,
     num_clients: Optional[int] = None,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    aggregator: Optional[aggregation.AggregatorSettings] = None,
     **hyperparameters: Any,
 ) -> tff.learning.templates.LearningProcess:
   """Builds algorithm `name` with its defaults overridden by `hyperparameters`.
@@ -364,6 +372,9 @@ def build(
       .client_ids)`); needed by algorithms with `needs_num_clients` (SCAFFOLD),
       ignored by the others.
     loop_implementation: The client training loop.
+    aggregator: How client updates are aggregated (default: the algorithm's mean);
+      under DP uniformly, whatever the algorithm's weighting
+      (`aggregation.client_weighting` says which, and a warning when it changes).
     **hyperparameters: Values for some fields of `get(name).hparams_class`.
 
   Returns:
@@ -372,12 +383,22 @@ def build(
 
   Raises:
     ValueError: If `name` is unknown, a hyperparameter is not one of the
-      algorithm's, a value is out of range, or `keras_model_fn` or `num_clients`
-      is missing for an algorithm that needs it.
+      algorithm's, a value is out of range, `keras_model_fn` or `num_clients`
+      is missing for an algorithm that needs it, or the algorithm's clients upload
+      something besides their update that `aggregator` would not cover (SCAFFOLD,
+      FedGPS, Mime-Lite with any aggregator but the mean).
   """
   spec = get(name)
   hparams = spec.hparams(**hyperparameters)
   options = {}
+  if aggregator is not None:
+    if not isinstance(aggregator, aggregation.AggregatorSettings):
+      raise ValueError(
+          f'aggregator must be an aggregation.AggregatorSettings, got {aggregator!r}'
+      )
+    model_aggregator = aggregation.model_aggregator(aggregator, spec.client_weighting)
+    if model_aggregator is not None:  # None: the algorithm's own mean.
+      options['model_aggregator'] = model_aggregator
   if spec.needs_keras_model:
     if keras_model_fn is None:
       raise ValueError(

@@ -16,7 +16,7 @@ class of the algorithm it comes from (FedZMG's client rule takes FedZMG's defaul
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import types
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -115,6 +115,7 @@ def build_process(
     client_learning_rate: float,
     server_learning_rate: float,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **hyperparameters: Any,
 ) -> tff.learning.templates.LearningProcess:
   """Builds the process of `client_rule` x `server_rule`.
@@ -128,6 +129,8 @@ def build_process(
     client_learning_rate: Client learning rate `eta_l`, > 0.
     server_learning_rate: Server learning rate `eta_g`, > 0.
     loop_implementation: The client training loop.
+    model_aggregator: Optional `tff.aggregators` factory aggregating the client updates
+      (`tff_zmg.aggregation.model_aggregator`); default: the mean `client_weighting` says.
     **hyperparameters: Values for some of the rules' `hparams` (the others take their
       defaults); `gc_lambda` and `center_vectors` are shared by a client and a server
       rule that both take them.
@@ -160,4 +163,5 @@ def build_process(
   return compose.compose_process(
       model_fn, client.build(hparams, variables), server.build(hparams, variables),
       client_weighting, loop_implementation=loop_implementation,
+      model_aggregator=model_aggregator,
   )

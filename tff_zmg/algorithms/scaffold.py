@@ -168,6 +168,10 @@ def _shared_control(initial, upload_type, aggregated_type, num_clients: int):
 # The builders.
 
 
+# What SCAFFOLD's clients upload besides their update (no model_aggregator covers it).
+CONTROL_DELTAS = 'their control-variate deltas c_i+ - c_i'
+
+
 def _build(model_fn, hparams, build_optimizer, num_clients, loop_implementation):
   num_clients = _check_num_clients(num_clients)
   types = stateful_clients.model_types(model_fn)
@@ -210,6 +214,7 @@ def build_scaffold(
     *,
     num_clients: Optional[int] = None,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> stateful_clients.StatefulClientsLearningProcess:
   """SCAFFOLD (option II): SGD on `g - c_i + c`, server SGD on the uniform mean update.
@@ -220,6 +225,8 @@ def build_scaffold(
     num_clients: `N`, the number of training clients (the server's `c` is their mean
       `c_i`).
     loop_implementation: The client training loop.
+    model_aggregator: Refused unless None (its uniform mean): the clients also upload
+      their control-variate deltas, which the aggregator would not cover.
     **overrides: Fields of `ScaffoldHparams` to replace.
 
   Returns:
@@ -227,9 +234,10 @@ def build_scaffold(
     and the server state's `shared` is `OrderedDict(control=c)`.
 
   Raises:
-    ValueError: If a hyperparameter is unknown or out of range, or `num_clients` is
-      missing (checked before any model is built).
+    ValueError: If a hyperparameter is unknown or out of range, `num_clients` is
+      missing, or a `model_aggregator` is given (checked before any model is built).
   """
+  compose.refuse_model_aggregator(model_aggregator, 'scaffold', CONTROL_DELTAS)
   hparams = ScaffoldHparams.create(hparams, **overrides)
   return _build(model_fn, hparams, sgd_optimizer(hparams), num_clients, loop_implementation)
 
@@ -240,12 +248,14 @@ def build_fedzmg_scaffold(
     *,
     num_clients: Optional[int] = None,
     loop_implementation: tff.learning.LoopImplementation = compose.DATASET_REDUCE,
+    model_aggregator: Optional[compose.AggregationFactory] = None,
     **overrides,
 ) -> stateful_clients.StatefulClientsLearningProcess:
   """FedZMG-SCAFFOLD: ZMG-SGDM on `g - c_i + c`; otherwise SCAFFOLD.
 
   Args and returns as `build_scaffold`, with `FedZmgScaffoldHparams`.
   """
+  compose.refuse_model_aggregator(model_aggregator, 'fedzmg_scaffold', CONTROL_DELTAS)
   hparams = FedZmgScaffoldHparams.create(hparams, **overrides)
   return _build(
       model_fn, hparams, zmg_sgdm_optimizer(hparams), num_clients, loop_implementation

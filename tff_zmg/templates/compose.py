@@ -7,7 +7,9 @@ Every stateless algorithm of the package is the four-part composition of TFF's
   2. client work: `tff.learning.templates.build_model_delta_client_work` running the
      client optimizer, which reports `u_k = w^t - w_k`;
   3. aggregator: the example-weighted mean (`tff.aggregators.MeanFactory`) or the
-     uniform mean (`tff.aggregators.UnweightedMeanFactory`) of `u_k`;
+     uniform mean (`tff.aggregators.UnweightedMeanFactory`) of `u_k`, or a
+     `model_aggregator` factory in its place (`tff_zmg.aggregation`: DP, compression,
+     robust), as `tff.learning.algorithms.build_weighted_fed_avg` takes one;
   4. finalizer: `tff.learning.templates.build_apply_optimizer_finalizer` running the
      server optimizer on the aggregated `u`.
 
@@ -33,6 +35,7 @@ from tff_zmg.templates import stateful_clients
 
 ModelFn = Callable[[], tff.learning.models.VariableModel]
 Optimizer = tff.learning.optimizers.Optimizer
+AggregationFactory = tff.aggregators.AggregationFactory
 DATASET_REDUCE = tff.learning.LoopImplementation.DATASET_REDUCE
 
 
@@ -79,6 +82,7 @@ def compose_process(
     client_weighting: tff.learning.ClientWeighting,
     *,
     loop_implementation: tff.learning.LoopImplementation = DATASET_REDUCE,
+    model_aggregator: Optional[AggregationFactory] = None,
 ) -> tff.learning.templates.LearningProcess:
   """The process whose clients run `client_optimizer` and server `server_optimizer`.
 
@@ -89,6 +93,8 @@ def compose_process(
     client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (the
       example-weighted mean of client updates) or `UNIFORM` (their mean).
     loop_implementation: The client training loop.
+    model_aggregator: Optional factory of the aggregator of client updates (default:
+      the mean `client_weighting` says); an unweighted one averages uniformly.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -102,7 +108,7 @@ def compose_process(
       loop_implementation=loop_implementation,
   )
   distributor, aggregator, finalizer = build_server_parts(
-      initial_model_weights_fn, server_optimizer, client_weighting
+      initial_model_weights_fn, server_optimizer, client_weighting, model_aggregator
   )
   return tff.learning.templates.compose_learning_process(
       initial_model_weights_fn, distributor, client_work, aggregator, finalizer
@@ -116,6 +122,7 @@ def compose_stateful_process(
     client_weighting: tff.learning.ClientWeighting,
     *,
     shared_state: Optional[stateful_clients.SharedState] = None,
+    model_aggregator: Optional[AggregationFactory] = None,
 ) -> stateful_clients.StatefulClientsLearningProcess:
   """`compose_process` for clients that keep state: `client_work` on the clients.
 
@@ -128,13 +135,16 @@ def compose_stateful_process(
     client_weighting: How client updates are averaged (`NUM_EXAMPLES` or `UNIFORM`).
     shared_state: Optional server state broadcast to the clients and updated from
       their uploads (`stateful_clients.build_shared_state`).
+    model_aggregator: Optional factory of the aggregator of client updates (as
+      `compose_process`'s). It aggregates the updates only: the builder of a client
+      work that uploads more refuses one.
 
   Returns:
     A `stateful_clients.StatefulClientsLearningProcess`.
   """
   initial_model_weights_fn = initial_model_weights_computation(model_fn)
   distributor, aggregator, finalizer = build_server_parts(
-      initial_model_weights_fn, server_optimizer, client_weighting
+      initial_model_weights_fn, server_optimizer, client_weighting, model_aggregator
   )
   return stateful_clients.compose_stateful_clients_process(
       initial_model_weights_fn, distributor, client_work, aggregator, finalizer,
@@ -146,6 +156,7 @@ def build_server_parts(
     initial_model_weights_fn: tff.Computation,
     server_optimizer: Optimizer,
     client_weighting: tff.learning.ClientWeighting,
+    model_aggregator: Optional[AggregationFactory] = None,
 ) -> tuple[
     tff.templates.MeasuredProcess,
     tff.templates.AggregationProcess,
@@ -153,21 +164,16 @@ def build_server_parts(
 ]:
   """The parts around the client work: (distributor, aggregator, finalizer).
 
-  The distributor broadcasts the model weights; the aggregator is the
-  example-weighted or the uniform mean of client updates; the finalizer applies
-  `server_optimizer` to the aggregated update. Stateful-client processes
-  (`compose_stateful_process`) compose the same parts.
+  The distributor broadcasts the model weights; the aggregator is
+  `model_aggregator`'s or, without one, the example-weighted or the uniform mean of
+  client updates; the finalizer applies `server_optimizer` to the aggregated update.
+  Stateful-client processes (`compose_stateful_process`) compose the same parts.
   """
   model_weights_type = initial_model_weights_fn.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(
       model_weights_type
   )
-  if client_weighting == tff.learning.ClientWeighting.UNIFORM:
-    aggregator_factory = tff.aggregators.as_weighted_aggregator(
-        tff.aggregators.UnweightedMeanFactory()
-    )
-  else:
-    aggregator_factory = tff.aggregators.MeanFactory()
+  aggregator_factory = weighted_factory(client_weighting, model_aggregator)
   aggregator = aggregator_factory.create(
       model_weights_type.trainable, tff.TensorType(np.float32)
   )
@@ -175,3 +181,42 @@ def build_server_parts(
       server_optimizer, model_weights_type
   )
   return distributor, aggregator, finalizer
+
+
+def weighted_factory(
+    client_weighting: tff.learning.ClientWeighting,
+    model_aggregator: Optional[AggregationFactory] = None,
+) -> tff.aggregators.WeightedAggregationFactory:
+  """The weighted factory the composed process calls with `(update, weight)`.
+
+  `model_aggregator` if weighted; an unweighted one wrapped to ignore the weights (its
+  mean is uniform whatever `client_weighting` says, as TFF's
+  `build_unweighted_fed_avg` does); without one, the mean `client_weighting` says.
+  """
+  if model_aggregator is None:
+    if client_weighting == tff.learning.ClientWeighting.UNIFORM:
+      model_aggregator = tff.aggregators.UnweightedMeanFactory()
+    else:
+      return tff.aggregators.MeanFactory()
+  if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
+    return tff.aggregators.as_weighted_aggregator(model_aggregator)
+  if not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory):
+    raise ValueError(
+        'model_aggregator must be a tff.aggregators factory (weighted or unweighted), got'
+        f' {model_aggregator!r}'
+    )
+  return model_aggregator
+
+
+def refuse_model_aggregator(
+    model_aggregator: Optional[AggregationFactory], algorithm: str, other_uploads: str
+) -> None:
+  """Raises `ValueError` (one line) if a `model_aggregator` is given to an algorithm whose
+  clients upload `other_uploads` besides their update: the aggregator would see the update
+  only, and what else they send would escape it (a DP aggregator's noise, a compression's
+  encoding, a robust aggregator's clipping)."""
+  if model_aggregator is not None:
+    raise ValueError(
+        f'{algorithm} takes no model_aggregator: its clients also upload {other_uploads},'
+        ' which would escape it (it aggregates the model updates only)'
+    )

@@ -49,25 +49,45 @@ NON_NEGATIVE = Valid('>= 0', validation.check_non_negative)
 BOOL = Valid('True or False', validation.check_bool)
 
 
-def in_range(low: float, high: float, *, high_inclusive: bool = True) -> Valid:
-  """A closed interval, or `[low, high)` without `high_inclusive`."""
-  text = f'in [{low:g}, {high:g}{"]" if high_inclusive else ")"}'
+def in_range(
+    low: float, high: float, *, low_inclusive: bool = True, high_inclusive: bool = True
+) -> Valid:
+  """A closed interval, or one open at `low` and/or `high` (`(0, 1)`, `[0, 1)`)."""
+  text = (
+      f'in {"[" if low_inclusive else "("}{low:g}, {high:g}{"]" if high_inclusive else ")"}'
+  )
   return Valid(
       text,
       lambda name, value: validation.check_in_range(
-          name, value, low, high, high_inclusive=high_inclusive
+          name, value, low, high, low_inclusive=low_inclusive,
+          high_inclusive=high_inclusive,
       ),
   )
 
 
 UNIT_INTERVAL_HALF_OPEN = in_range(0.0, 1.0, high_inclusive=False)
+UNIT_INTERVAL_OPEN = in_range(0.0, 1.0, low_inclusive=False, high_inclusive=False)
 
 
-def integer(minimum: int) -> Valid:
-  return Valid(
-      f'an integer >= {minimum}',
-      lambda name, value: validation.check_integer(name, value, minimum),
-  )
+def integer(minimum: int, maximum: Optional[int] = None) -> Valid:
+  """An integer (not a bool) `>= minimum`, and `<= maximum` if given."""
+  if maximum is None:
+    return Valid(
+        f'an integer >= {minimum}',
+        lambda name, value: validation.check_integer(name, value, minimum),
+    )
+  text = f'an integer in [{minimum}, {maximum}]'
+
+  def check(name, value):
+    try:
+      number = validation.check_integer(name, value, minimum)
+    except ValueError:
+      number = None
+    if number is None or number > maximum:  # One message for both ends.
+      raise ValueError(f'{name} must be {text}, got {value!r}')
+    return number
+
+  return Valid(text, check)
 
 
 def one_of(*choices: str) -> Valid:
