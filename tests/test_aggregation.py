@@ -125,6 +125,18 @@ def test_an_algorithm_that_uploads_more_than_its_update_refuses_in_one_line(name
   assert f'{name} takes no model_aggregator' in message and REFUSED[name] in message
 
 
+@pytest.mark.parametrize('kind', aggregation.KINDS)
+def test_check_aggregator_refuses_as_build_does_without_a_model(kind):
+  settings = _settings(kind, clients_per_round=11)
+  for name in registry.NAMES:
+    if name in REFUSED and kind != 'mean':
+      with pytest.raises(ValueError, match=f'^{name} takes no model_aggregator: .*'
+                                            f'{REFUSED[name]}'):
+        registry.check_aggregator(name, settings)
+    else:
+      registry.check_aggregator(name, settings)  # Accepted: no error.
+
+
 @pytest.mark.parametrize('name, kind', BUILT_WITH)
 def test_an_algorithm_aggregates_its_updates_with_the_aggregator_asked(name, kind):
   """The process's aggregator state is the one the kind's factory makes (each kind's has
