@@ -95,7 +95,7 @@ _FILE_SECONDS = {
     'test_shakespeare_gru.py': 13, 'test_tasks.py': 8, 'test_client_states.py': 6,
     'test_tff_baselines.py': 25, 'test_scaffold.py': 20, 'test_evaluation.py': 60,
     'test_setup.py': 45, 'test_tuned_comparison.py': 150, 'test_trust.py': 600,
-    'test_aggregation.py': 120,
+    'test_aggregation.py': 120, 'test_aggregation_launch.py': 200,
 }
 
 
