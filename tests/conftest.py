@@ -45,6 +45,27 @@ def small_task(synthetic_cache_dir):
   return make
 
 
+@pytest.fixture
+def run_main(synthetic_cache_dir, tmp_path, capsys):
+  """`run_main(*flags, root=None) -> (rc, out, err)`: `launch.train.main` in this process
+  on the small synthetic runs' data (`small_runs.FLAGS`), its outputs under `root`
+  (default: the test's tmp_path)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from launch import train  # pylint: disable=g-import-not-at-top
+  import small_runs  # pylint: disable=g-import-not-at-top
+
+  def run(*args, root=None):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['train', f'--cache_dir={synthetic_cache_dir}',
+                 f'--root_output_dir={root or tmp_path}', *small_runs.FLAGS, *args])
+    rc = train.main(['train'])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
 @pytest.fixture(scope='session')
 def tff_context():
   """One managed local TFF worker for the whole session; stopped at the end."""

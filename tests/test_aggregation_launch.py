@@ -11,7 +11,6 @@ count of the EMNIST CNN's parameters.
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -82,22 +81,6 @@ def dp_run(synthetic_cache_dir, tmp_path_factory):
   done = _run(_train_command(synthetic_cache_dir, root, *_DP_FLAGS))
   assert done.returncode == 0 and done.stderr == '', done.stderr
   return root / _DP_RUN, done.stdout
-
-
-@pytest.fixture
-def run_main(synthetic_cache_dir, tmp_path, capsys):
-  """Runs `launch.train.main` in this process with the given flags; (rc, out, err)."""
-
-  def run(*args, root=None):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(['train', f'--cache_dir={synthetic_cache_dir}',
-                 f'--root_output_dir={root or tmp_path}', *small_runs.FLAGS, *args])
-    rc = train.main(['train'])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-  yield run
-  flags.FLAGS.unparse_flags()
 
 
 # The flags.
@@ -231,17 +214,7 @@ def test_a_killed_dp_run_resumes_to_the_uninterrupted_run_bit_for_bit(
   state, and ends where the uninterrupted one ends, to the bit."""
   whole_dir, _ = dp_run
   command = _train_command(synthetic_cache_dir, tmp_path, *_DP_FLAGS)
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True, cwd=small_runs.REPO)
-  try:
-    for line in proc.stdout:
-      if line.startswith('round 3/4'):
-        proc.send_signal(signal.SIGKILL)
-        break
-    proc.communicate(timeout=120)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
+  small_runs.kill_when(command, 'round 3/4')
   killed_dir = tmp_path / _DP_RUN
   assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) == 3
   resumed = _run(command)
