@@ -1,6 +1,6 @@
 """The aggregators through the programs: `launch.train`'s flags, a DP run's epsilon in
-metrics.csv and its summary, its kill -9 and resume, and the refusals
-(docs/privacy_and_communication.md, issue 31).
+metrics.csv and its summary, its kill -9 and resume, the refusals, and the bytes columns of
+`launch.compare` (docs/privacy_and_communication.md, issue 31).
 
 Real runs on tiny synthetic EMNIST (`small_runs`: six clients, three a round). The DP run
 is trained once, uninterrupted (`dp_run`), and read by the epsilon test and the resume
@@ -247,3 +247,30 @@ def test_a_run_from_before_the_aggregator_setting_resumes_as_mean(run_main, tmp_
   assert rc == 0 and 'round 2/2' in out, err
   rc, _, err = run_main(*base[:2], '--total_rounds=3', *base[3:], '--aggregator=robust')
   assert rc == 2 and 'holds a run with other settings (aggregator:' in err
+
+
+# launch.compare: the bytes each algorithm sends, measured.
+
+
+def test_compare_shows_the_bytes_each_algorithm_sends_fedzmg_as_fedavg_scaffold_twice(
+    synthetic_cache_dir, tmp_path):
+  root, report_dir = tmp_path / 'runs', tmp_path / 'report'
+  done = _run([sys.executable, '-m', 'launch.compare', f'--cache_dir={synthetic_cache_dir}',
+               f'--root_output_dir={root}', f'--report_dir={report_dir}', *small_runs.FLAGS,
+               '--task=emnist', '--algos=fedavg,fedzmg,scaffold', '--seeds=0',
+               '--total_rounds=1', '--runtime=in_process'], timeout=3 * _TIMEOUT_S)
+  assert done.returncode == 0, done.stderr
+  summary = {r['algo']: r for r in _rows(report_dir / 'summary.csv')}
+  model = _FLOAT32 * _EMNIST_PARAMETERS
+  for algo, copies in (('fedavg', 1), ('fedzmg', 1), ('scaffold', 2)):  # w (and c) each way.
+    assert int(summary[algo]['broadcast_tensor_bytes_per_client']) == copies * model, algo
+    assert int(summary[algo]['upload_tensor_bytes_per_client']) == copies * model, algo
+    assert summary[algo]['aggregator'] == 'mean'
+  assert summary['fedzmg']['upload_bytes_per_client'] == summary['fedavg'][
+      'upload_bytes_per_client']
+  report = (report_dir / 'report.md').read_text()
+  assert '| aggregator | bytes broadcast per client and round | bytes uploaded per client and' \
+         ' round |' in report
+  scaffold = summary['scaffold']
+  assert (f"| mean | {int(scaffold['broadcast_bytes_per_client']):,} |"
+          f" {int(scaffold['upload_bytes_per_client']):,} |") in report
