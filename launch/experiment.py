@@ -12,7 +12,8 @@ checked before anything is written to the output directory.
 The parts live beside it: the settings in `run_config`, who runs the rounds in
 `runtime_choice`, the folder's policy in `resumption` and `run_directory`, what becomes of
 each round in `rounds`, what the run spends in privacy and bytes in `accounting`, the
-asyncio loop and a stopped run's message in `event_loop`, the errors in `errors`. The names programs, notebooks and tests use are re-exported here.
+asyncio loop and a stopped run's message in `event_loop`, the errors in `errors`. The
+names programs, notebooks and tests use are re-exported here.
 """
 
 import collections

@@ -4,6 +4,12 @@ Offline, on synthetic data in TFF's format (a few rounds, seconds per round on a
 
   python -m launch.train --task=emnist --algo=fedzmg --data_source=synthetic --total_rounds=5
 
+Under differential privacy, epsilon after each round in metrics.csv (the other
+aggregators: --aggregator=dp_adaptive|compressed|robust; docs/privacy_and_communication.md):
+
+  python -m launch.train --task=emnist --algo=fedzmg --data_source=synthetic \
+      --aggregator=dp_fixed --noise_multiplier=1 --clip=0.1
+
 On TFF's published data (`<cache_dir>/emnist_all.sqlite` etc.):
 
   python -m launch.train --task=shakespeare --algo=fedzmg --total_rounds=1500
@@ -153,7 +159,9 @@ _HPARAMS = _define_hparam_flags()
 # docs/privacy_and_communication.md; --clients_per_round and --seed are the DP aggregator's.
 _AGGREGATOR_FLAGS = _define_aggregator_flags()
 _SEED = flags.DEFINE_integer(
-    'seed', 0, 'Seed of the model initialization, client sampling and shuffling.'
+    'seed', 0,
+    'Seed of the model initialization, client sampling and shuffling, and of a DP'
+    ' aggregator\'s noise.'
 )
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', 1,
