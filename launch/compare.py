@@ -36,7 +36,7 @@ from absl import flags
 import tasks
 from launch import errors
 from launch import failures
-from launch import run_directory
+from launch import run_identity
 from launch import runner
 from launch import train
 from tff_zmg import analysis
@@ -252,7 +252,7 @@ def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams
           {k: v for k, v in run_hparams.items() if k.endswith('learning_rate')})
       if hparams is not None:
         asked = json.loads(json.dumps(hparams[algo]))
-        differ = run_directory.differences(asked, run_hparams)
+        differ = run_identity.differences(asked, run_hparams)
         if differ:
           row['other_hparams'] = differ
           print(f'{task}: {run_dir} was trained with other hyperparameters than asked'
