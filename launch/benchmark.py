@@ -27,7 +27,9 @@ after a warm-up round each, with the median and spread over `--repeats`:
 - with `--in_process` (the default), `in_process/tff_fedavg` and `in_process/<algo>`:
   the same processes on the in-process runtime (`tff_zmg.runtime.in_process`, this
   process's TensorFlow, `--in_process_clients_per_device` clients at once), timed in
-  the same repeats as the worker's, so `paired_*` compares the two runtimes directly.
+  the same repeats as the worker's, so `paired_*` compares the two runtimes directly;
+- with `--local_workers=N`, each algorithm on N TFF workers of this machine both ways
+  `--workers` can run it (`benchmark_contenders.worker_contenders`).
 
 With `--evaluation` (the default), the evaluation `launch.train` runs (`evaluation`: the
 global one over the whole test set, `tasks.evaluation`), its floor (`plain_tf_forward`: a
@@ -157,6 +159,16 @@ _IN_PROCESS_CLIENTS_PER_DEVICE = flags.DEFINE_integer(
     ' on the CPU, one per GPU), as launch.train runs it.',
     lower_bound=0,
 )
+_LOCAL_WORKERS = flags.DEFINE_integer(
+    'local_workers', 0,
+    'With N >= 2, also time each algorithm on N TFF workers of this machine, both ways'
+    ' --workers can run it: TFF\'s mergeable context (`workers/<algo>`, stateless'
+    ' algorithms) and the rounds in this process with each worker sent its slice of the'
+    ' clients (`workers_in_process/<algo>`); 0: not timed.',
+    lower_bound=0,
+)
+flags.register_validator('local_workers', lambda n: n != 1,
+                         '--local_workers must be 0 (not timed) or at least 2')
 _PROCESS_THREADS = flags.DEFINE_integer(
     'process_intra_op_threads', 0,
     'Threads per TF op in this process, where the plain-TF floors and the in-process'
@@ -292,6 +304,37 @@ def evaluation_lines(evaluation_timed: dict, timed: dict, bounds: dict, algos) -
   return results
 
 
+def _start_local_workers(stack, count: int) -> list:
+  """`count` TFF workers on this machine, the cores shared among them, stopped with `stack`."""
+  workers = []
+  for _ in range(count):
+    worker = cpp_worker.LocalWorker(intra_op_threads=max(1, (os.cpu_count() or 1) // count))
+    stack.callback(worker.stop)
+    worker.stub()  # Starts it.
+    workers.append(worker)
+  return workers
+
+
+def worker_lines(timed: dict, algos) -> dict:
+  """Per stateless algorithm timed on --local_workers: the in-process split over TFF's
+  mergeable context, paired by repeat (below 1: the in-process split is faster)."""
+  results = {}
+  for algo in algos:
+    mergeable = timed.get(f'{benchmark_contenders.WORKERS}/{algo}')
+    split = timed.get(f'{benchmark_contenders.WORKERS_IN_PROCESS}/{algo}')
+    if mergeable is None or split is None:
+      continue
+    results[algo] = dict(
+        mergeable_median_s=statistics.median(mergeable[0]),
+        in_process_median_s=statistics.median(split[0]),
+        paired_in_process_over_mergeable=paired_ratio(split[0], mergeable[0]),
+    )
+    print(f'workers algo={algo} local_workers={_LOCAL_WORKERS.value}'
+          + ''.join(f' {k}={v:.3f}' if k.endswith('_s') else f' {k}={v:.2f}'
+                    for k, v in results[algo].items()), flush=True)
+  return results
+
+
 def _algorithms(names) -> list[str]:
   if list(names) == ['all']:
     return list(registry.ALGORITHMS)
@@ -360,6 +403,13 @@ def main(argv) -> int:
     fns, bounds = benchmark_contenders.contenders(
         task, algos, datasets, state_dir, stock_context, in_process_context
     )
+    if _LOCAL_WORKERS.value:
+      workers = _start_local_workers(stack, _LOCAL_WORKERS.value)
+      worker_fns, worker_bounds = benchmark_contenders.worker_contenders(
+          task, algos, datasets, state_dir, workers
+      )
+      fns.update(worker_fns)
+      bounds.update(worker_bounds)
     timed = time_alternating(fns, _REPEATS.value)
     evaluation_timed = {}
     if _EVALUATION.value:
@@ -397,6 +447,7 @@ def main(argv) -> int:
     )
 
   evaluation_results = evaluation_lines(evaluation_timed, timed, bounds, algos)
+  worker_results = worker_lines(timed, algos)
 
   with tempfile.TemporaryDirectory() as state_dir:
     scaling_rows = []
@@ -434,7 +485,7 @@ def main(argv) -> int:
              contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
              worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
              in_process_client_devices=in_process_devices,
-             evaluation=evaluation_results),
+             evaluation=evaluation_results, workers=worker_results),
         sort_keys=False,  # The contenders in the order scripts/benchmark_table.py prints.
     )
   return 0

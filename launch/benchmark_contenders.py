@@ -20,6 +20,8 @@ from tasks import evaluation
 from tff_zmg import client_states
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import rules
+from tff_zmg.runtime import cpp_worker
+from tff_zmg.runtime import in_process
 from tff_zmg.templates import compose
 from tff_zmg.templates import stateful_clients
 
@@ -28,6 +30,8 @@ PLAIN_TF_KERAS = 'plain_tf_keras'
 TFF_FEDAVG = 'tff_fedavg'
 TFF_FEDAVG_STOCK = 'tff_fedavg_stock'
 IN_PROCESS = 'in_process'
+WORKERS = 'workers'
+WORKERS_IN_PROCESS = 'workers_in_process'
 EVALUATION = 'evaluation'
 PLAIN_TF_FORWARD = 'plain_tf_forward'
 TFF_FED_EVAL = 'tff_fed_eval'
@@ -237,6 +241,32 @@ def contenders(
       fns[f'{IN_PROCESS}/{algo}'] = on_context(
           in_process_context, process, os.path.join(state_dir, IN_PROCESS, algo)
       )
+  return fns, bounds
+
+
+def worker_contenders(task, algos, datasets, state_dir, workers) -> tuple[dict, dict]:
+  """({name: round function, traced}, {name: its bound's name}) on several TFF workers.
+
+  The two ways a round can use `workers` (issue 30: stateless algorithms take whichever
+  is faster): `workers/<algo>`, TFF's mergeable context, which gives each worker a slice
+  of the clients and the aggregation up to its merge (stateless algorithms only: it
+  returns no per-client states); and `workers_in_process/<algo>`, the rounds in this
+  process with only the clients' work sent to the workers, a contiguous slice each
+  (`in_process_context(workers=...)`, what `launch.train --workers` runs for stateful
+  algorithms). The bound is the algorithm's own `plain_tf/<algo>`.
+  """
+  runs = {WORKERS: cpp_worker.create_sync_context(workers, len(datasets)),
+          WORKERS_IN_PROCESS: in_process.InProcessContext(workers=workers)}
+  fns, bounds = collections.OrderedDict(), {}
+  for algo in algos:
+    for way, context in runs.items():
+      if way == WORKERS and registry.get(algo).stateful:
+        continue
+      name = f'{way}/{algo}'
+      with tff.framework.get_context_stack().install(context):  # initialize() there too.
+        round_fn = process_round_fn(build(algo, task), datasets, os.path.join(state_dir, name))
+      fns[name] = _in_context(context, round_fn)
+      bounds[name] = f'{PLAIN_TF}/{algo}'
   return fns, bounds
 
 
