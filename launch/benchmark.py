@@ -27,7 +27,9 @@ after a warm-up round each, with the median and spread over `--repeats`:
 - with `--in_process` (the default), `in_process/tff_fedavg` and `in_process/<algo>`:
   the same processes on the in-process runtime (`tff_zmg.runtime.in_process`, this
   process's TensorFlow, `--in_process_clients_per_device` clients at once), timed in
-  the same repeats as the worker's, so `paired_*` compares the two runtimes directly.
+  the same repeats as the worker's, so `paired_*` compares the two runtimes directly;
+- with `--local_workers=N`, each algorithm on N TFF workers of this machine both ways
+  `--workers` can run it (`benchmark_contenders.worker_contenders`).
 
 With `--evaluation` (the default), the evaluation `launch.train` runs (`evaluation`: the
 global one over the whole test set, `tasks.evaluation`), its floor (`plain_tf_forward`: a
@@ -42,7 +44,8 @@ floor, `ratio_tff_fedavg` to TFF's FedAvg (ratios of medians); `paired_bound`,
 (steadier on a noisy machine); the peak resident memory of this process and its TFF
 worker while it ran. Then how a round's time scales with the clients per round
 (`--scaling_clients`) and with the number of client computations TFF's worker runs at
-once (`--concurrency`); an empty list skips either table.
+once (`--concurrency`); an empty list skips either table. The contenders' rounds are made in
+`launch.benchmark_contenders`; this program times them and reports.
 
 Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
 data, 4 the TFF worker lost, 5 the machine refused (disk full, permissions), 130
@@ -63,21 +66,24 @@ from absl import app
 from absl import flags
 from absl import logging
 import tensorflow as tf
-import tensorflow_federated as tff
 
 import tasks
+from launch import benchmark_contenders
 from launch import failures
 from launch import resources
 from launch import run_directory
 from tasks import evaluation
-from tff_zmg import client_states
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
 from tff_zmg.runtime import tf_computation
 from tff_zmg.algorithms import registry
-from tff_zmg.algorithms import rules
-from tff_zmg.templates import compose
-from tff_zmg.templates import stateful_clients
+# The contenders' names in the lines and the JSON.
+from launch.benchmark_contenders import EVALUATION
+from launch.benchmark_contenders import IN_PROCESS
+from launch.benchmark_contenders import PLAIN_TF
+from launch.benchmark_contenders import PLAIN_TF_FORWARD
+from launch.benchmark_contenders import TFF_FEDAVG
+from launch.benchmark_contenders import TFF_FED_EVAL
 
 _TASK = flags.DEFINE_enum('task', 'emnist', list(tasks.TASK_NAMES), 'The task.')
 _ALGOS = flags.DEFINE_list(
@@ -153,6 +159,16 @@ _IN_PROCESS_CLIENTS_PER_DEVICE = flags.DEFINE_integer(
     ' on the CPU, one per GPU), as launch.train runs it.',
     lower_bound=0,
 )
+_LOCAL_WORKERS = flags.DEFINE_integer(
+    'local_workers', 0,
+    'With N >= 2, also time each algorithm on N TFF workers of this machine, both ways'
+    ' --workers can run it: TFF\'s mergeable context (`workers/<algo>`, stateless'
+    ' algorithms) and the rounds in this process with each worker sent its slice of the'
+    ' clients (`workers_in_process/<algo>`); 0: not timed.',
+    lower_bound=0,
+)
+flags.register_validator('local_workers', lambda n: n != 1,
+                         '--local_workers must be 0 (not timed) or at least 2')
 _PROCESS_THREADS = flags.DEFINE_integer(
     'process_intra_op_threads', 0,
     'Threads per TF op in this process, where the plain-TF floors and the in-process'
@@ -161,267 +177,6 @@ _PROCESS_THREADS = flags.DEFINE_integer(
     ' -1: TensorFlow\'s default (every core).',
     lower_bound=-1,
 )
-
-PLAIN_TF = 'plain_tf'
-PLAIN_TF_KERAS = 'plain_tf_keras'
-TFF_FEDAVG = 'tff_fedavg'
-TFF_FEDAVG_STOCK = 'tff_fedavg_stock'
-IN_PROCESS = 'in_process'
-EVALUATION = 'evaluation'
-PLAIN_TF_FORWARD = 'plain_tf_forward'
-TFF_FED_EVAL = 'tff_fed_eval'
-_SERVER_LR = 1.0
-_CLIENT_LR = 0.1
-
-
-def client_datasets(task, num_clients: int, examples: int) -> list[tf.data.Dataset]:
-  """`num_clients` datasets of exactly `examples` examples each, batched like training.
-
-  Takes the first clients (sorted ids) that have at least `examples` examples, the
-  first `examples` of each, unshuffled, so every contender sees the same batches.
-  """
-  train = task.datasets.train_data
-  batch_size = task.spec.batch_size
-  preprocess = task.spec.preprocess_fn(batch_size, 1, shuffle_seed=None, max_elements=examples)
-  chosen = []
-  for client_id in sorted(train.client_ids):
-    raw = train.create_tf_dataset_for_client(client_id)
-    if int(raw.take(examples).reduce(0, lambda n, _: n + 1)) >= examples:
-      chosen.append(preprocess(raw.take(examples)))
-    if len(chosen) == num_clients:
-      return chosen
-  raise ValueError(
-      f'only {len(chosen)} clients have {examples} examples; use'
-      ' --examples_per_client lower or more data'
-  )
-
-
-def plain_tf_round_fn(
-    task, datasets, optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-    keras_loop: bool = False, full_gradient_pass: bool = False,
-):
-  """One pass per client from the same weights, in one tf.function, nothing else.
-
-  Args:
-    task: The task (its Keras model and loss).
-    datasets: The clients' batched datasets.
-    optimizer: The TFF optimizer stepped in `dataset.reduce`: `None` is SGD
-      (`plain_tf`, the floor), a stateless algorithm's client rule its bound.
-    keras_loop: True: Keras SGD in a `for` loop over the dataset (`plain_tf_keras`),
-      which autograph turns into a while loop over an iterator and which was 1.5x
-      slower here.
-    full_gradient_pass: First sum the gradients over the dataset at the initial
-      weights (Mime-Lite's full-batch gradient), then train.
-  """
-  model = task.keras_model_fn()
-  loss_fn = task.spec.loss_fn()
-  variables = model.trainable_variables
-  initial = [tf.Variable(v) for v in variables]
-  if keras_loop:
-    keras_sgd = tf.keras.optimizers.SGD(_CLIENT_LR)
-    keras_sgd.build(variables)
-  if optimizer is None:
-    optimizer = tff.learning.optimizers.build_sgdm(_CLIENT_LR)
-  specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)  # reduce() packs lists.
-
-  def gradients(batch):
-    with tf.GradientTape() as tape:
-      loss = loss_fn(batch['y'], model(batch['x'], training=True))
-    return tuple(tape.gradient(loss, variables))
-
-  def step(state, batch):
-    state, new_weights = optimizer.next(state, tuple(variables), gradients(batch))
-    for v, w in zip(variables, new_weights):
-      v.assign(w)
-    return state
-
-  @tf.function
-  def train_client(dataset):
-    for v, w in zip(variables, initial):
-      v.assign(w)
-    if full_gradient_pass:
-      dataset.reduce(
-          tuple(tf.zeros(s.shape, s.dtype) for s in specs),
-          lambda total, batch: tuple(t + g for t, g in zip(total, gradients(batch))),
-      )
-    if keras_loop:
-      for batch in dataset:
-        keras_sgd.apply_gradients(zip(gradients(batch), variables))
-    else:
-      dataset.reduce(optimizer.initialize(specs), step)
-
-  def run_round():
-    for dataset in datasets:
-      train_client(dataset)
-
-  return run_round
-
-
-def _build(algo: str, task):
-  """Algorithm `algo` at its defaults, as `launch.train` builds it for `task`."""
-  return registry.build(
-      algo, task.model_fn, keras_model_fn=task.keras_model_fn,
-      num_clients=len(task.datasets.train_data.client_ids),
-  )
-
-
-def client_rule_optimizer(algo: str, task) -> tff.learning.optimizers.Optimizer:
-  """The TFF optimizer of a stateless algorithm's client rule at the algorithm's defaults."""
-  spec = registry.get(algo)
-  variables = compose.trainable_variables(task.model_fn)  # For the rule's mask.
-  return rules.CLIENT_RULES[spec.client_rule].build(spec.hparams(), variables)
-
-
-def local_update_round_fn(algo: str, task, process, state, datasets):
-  """The bound `plain_tf/<algo>`: the algorithm's client arithmetic, clients in turn.
-
-  A stateless algorithm's is its client rule stepped in the plain loop of `plain_tf`;
-  a stateful one's, its `build_local_update()` (the function TFF's worker runs for
-  one client), every client from the weights of `state` and keeping its state from
-  call to call, in memory.
-  """
-  spec = registry.get(algo)
-  if not spec.stateful:
-    return plain_tf_round_fn(
-        task, datasets, client_rule_optimizer(algo, task),
-        full_gradient_pass=spec.full_gradient_pass,
-    )
-  weights = process.get_model_weights(state)
-  local_update = process.build_local_update()
-  round_input = process.round_input(state)
-  states = [process.initial_client_state() for _ in datasets]
-
-  def run_stateful_round():
-    for i, dataset in enumerate(datasets):
-      _, states[i], *_ = local_update(weights, dataset, states[i], round_input)
-
-  return run_stateful_round
-
-
-def _process_round_fn(process, datasets, state_dir):
-  """One round of a (stateful or not) process on `datasets`, state carried across calls."""
-  if isinstance(process, stateful_clients.StatefulClientsLearningProcess):
-    trainer = client_states.StatefulClientsTrainer(
-        process, client_states.DiskClientStateStore(state_dir)
-    )
-  else:
-    trainer = process
-  holder = {'state': trainer.initialize(), 'round': 0}
-  ids = [f'client{i}' for i in range(len(datasets))]
-
-  def run_round():
-    data = datasets
-    if trainer is not process:
-      data = client_states.ClientSelection(holder['round'], ids, datasets)
-    holder['state'] = trainer.next(holder['state'], data).state
-    holder['round'] += 1
-
-  return run_round
-
-
-def _in_context(execution_context, fn):
-  """`fn` run with `execution_context` installed (the stock TFF contender's)."""
-
-  def run():
-    with tff.framework.get_context_stack().install(execution_context):
-      fn()
-
-  return run
-
-
-def _tff_fedavg(task):
-  return tff.learning.algorithms.build_weighted_fed_avg(
-      task.model_fn,
-      client_optimizer_fn=tff.learning.optimizers.build_sgdm(_CLIENT_LR),
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(_SERVER_LR),
-  )
-
-
-def contenders(
-    task, algos, datasets, state_dir, stock_context, in_process_context=None
-) -> tuple[dict, dict]:
-  """({name: round function, traced}, {algo: its bound's name}).
-
-  The floors, TFF's FedAvg (on the current context and on `stock_context`), then each
-  algorithm and its bound `plain_tf/<algo>`; with an `in_process_context`, TFF's
-  FedAvg and each algorithm again on it, as `in_process/<name>` (same bound). Each
-  plain loop is made and traced at once: with many algorithms' rule masks built in
-  graphs between them, Keras once refused to trace a model made eagerly before them.
-  """
-
-  def on_context(context, process, directory):
-    with tff.framework.get_context_stack().install(context):  # initialize() there too.
-      return _in_context(context, _process_round_fn(process, datasets, directory))
-
-  fns = collections.OrderedDict()
-  fns[PLAIN_TF] = plain_tf_round_fn(task, datasets)
-  fns[PLAIN_TF]()
-  fns[PLAIN_TF_KERAS] = plain_tf_round_fn(task, datasets, keras_loop=True)
-  fns[PLAIN_TF_KERAS]()
-  fns[TFF_FEDAVG] = _process_round_fn(_tff_fedavg(task), datasets, None)
-  fns[TFF_FEDAVG_STOCK] = on_context(stock_context, _tff_fedavg(task), None)
-  if in_process_context is not None:
-    fns[f'{IN_PROCESS}/{TFF_FEDAVG}'] = on_context(in_process_context, _tff_fedavg(task), None)
-  bounds = {}
-  for algo in algos:
-    process = _build(algo, task)
-    bounds[algo] = f'{PLAIN_TF}/{algo}'
-    fns[bounds[algo]] = local_update_round_fn(
-        algo, task, process, process.initialize(), datasets
-    )
-    fns[bounds[algo]]()
-    fns[algo] = _process_round_fn(process, datasets, os.path.join(state_dir, algo))
-    if in_process_context is not None:
-      bounds[f'{IN_PROCESS}/{algo}'] = bounds[algo]
-      fns[f'{IN_PROCESS}/{algo}'] = on_context(
-          in_process_context, process, os.path.join(state_dir, IN_PROCESS, algo)
-      )
-  return fns, bounds
-
-
-def evaluation_contenders(task, parallel: int) -> tuple[dict, str]:
-  """({name: evaluation function}, what is evaluated) at the model's initial weights:
-
-  - `evaluation`: `tasks.evaluation`'s global evaluation, as `launch.train` runs it
-    (`parallel` groups at once), its data read once before;
-  - `plain_tf_forward`: its floor, a bare `tf.function` Keras forward pass over the same
-    batches, one after another (no loss, no metrics);
-  - `tff_fed_eval`: TFF's `build_fed_eval` over every test client in TFF's worker (what
-    `launch.train` ran before, for its first 100 test clients; in TFF's worker so that the
-    in-process contenders' device counts stay theirs).
-  """
-  # Built first: TFF builds its models in graph mode, which invalidates Keras models made
-  # eagerly before.
-  fed_eval = tff.learning.algorithms.build_fed_eval(task.model_fn)
-  test = task.datasets.test_data
-  clients = [task.datasets.eval_preprocess_fn(test.create_tf_dataset_for_client(c))
-             for c in sorted(test.client_ids)]
-
-  def tff_round():
-    state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
-    fed_eval.next(state, clients)
-
-  held_out = evaluation.read_held_out(task)
-  model = task.model_fn()
-  weights = tf.nest.map_structure(
-      lambda v: v.numpy(), tff.learning.models.ModelWeights.from_model(model))
-  evaluator = evaluation.Evaluator(task.model_fn, held_out, parallel=parallel)
-  keras_model = task.keras_model_fn()
-  weights.assign_weights_to(keras_model)
-  forward = tf.function(lambda x: keras_model(x, training=False))
-  batches = [b['x'] for group in held_out.groups for b in group]
-
-  def plain_forward():
-    for x in batches:
-      out = forward(x)
-    out.numpy()
-
-  fns = collections.OrderedDict()
-  fns[PLAIN_TF_FORWARD] = plain_forward
-  fns[EVALUATION] = lambda: evaluator(weights)
-  fns[TFF_FED_EVAL] = tff_round
-  return fns, held_out.description
-
 
 def time_alternating(fns: dict, repeats: int) -> dict:
   """{name: (seconds per round, peak bytes)}: warm-up, then rounds in turn."""
@@ -476,11 +231,11 @@ def worker_intra_op_threads(clients: int, max_concurrent: int) -> int:
 
 
 def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, state_dir):
-  datasets = client_datasets(task, num_clients, examples)
+  datasets = benchmark_contenders.client_datasets(task, num_clients, examples)
   threads = worker_intra_op_threads(num_clients, max_concurrent)
   with cpp_worker.execution_context(max_concurrent, intra_op_threads=threads):
-    fn = _process_round_fn(
-        _build(algo, task),
+    fn = benchmark_contenders.process_round_fn(
+        benchmark_contenders.build(algo, task),
         datasets, os.path.join(state_dir, algo),
     )
     fn()
@@ -549,6 +304,37 @@ def evaluation_lines(evaluation_timed: dict, timed: dict, bounds: dict, algos) -
   return results
 
 
+def _start_local_workers(stack, count: int) -> list:
+  """`count` TFF workers on this machine, the cores shared among them, stopped with `stack`."""
+  workers = []
+  for _ in range(count):
+    worker = cpp_worker.LocalWorker(intra_op_threads=max(1, (os.cpu_count() or 1) // count))
+    stack.callback(worker.stop)
+    worker.stub()  # Starts it.
+    workers.append(worker)
+  return workers
+
+
+def worker_lines(timed: dict, algos) -> dict:
+  """Per stateless algorithm timed on --local_workers: the in-process split over TFF's
+  mergeable context, paired by repeat (below 1: the in-process split is faster)."""
+  results = {}
+  for algo in algos:
+    mergeable = timed.get(f'{benchmark_contenders.WORKERS}/{algo}')
+    split = timed.get(f'{benchmark_contenders.WORKERS_IN_PROCESS}/{algo}')
+    if mergeable is None or split is None:
+      continue
+    results[algo] = dict(
+        mergeable_median_s=statistics.median(mergeable[0]),
+        in_process_median_s=statistics.median(split[0]),
+        paired_in_process_over_mergeable=paired_ratio(split[0], mergeable[0]),
+    )
+    print(f'workers algo={algo} local_workers={_LOCAL_WORKERS.value}'
+          + ''.join(f' {k}={v:.3f}' if k.endswith('_s') else f' {k}={v:.2f}'
+                    for k, v in results[algo].items()), flush=True)
+  return results
+
+
 def _algorithms(names) -> list[str]:
   if list(names) == ['all']:
     return list(registry.ALGORITHMS)
@@ -586,7 +372,7 @@ def main(argv) -> int:
       _TASK.value, data_source=_DATA_SOURCE.value, cache_dir=_CACHE_DIR.value,
       synthetic_settings=synthetic,
   )
-  datasets = client_datasets(task, _CLIENTS.value, _EXAMPLES.value)
+  datasets = benchmark_contenders.client_datasets(task, _CLIENTS.value, _EXAMPLES.value)
   threads = worker_intra_op_threads(_CLIENTS.value, _MAX_CONCURRENT.value)
   print(
       f'task={_TASK.value} clients={_CLIENTS.value} examples_per_client={_EXAMPLES.value}'
@@ -614,14 +400,21 @@ def main(argv) -> int:
           _IN_PROCESS_DEVICES.value or in_process.visible_gpus() or None,
           _IN_PROCESS_CLIENTS_PER_DEVICE.value or None,
       )
-    fns, bounds = contenders(
+    fns, bounds = benchmark_contenders.contenders(
         task, algos, datasets, state_dir, stock_context, in_process_context
     )
+    if _LOCAL_WORKERS.value:
+      workers = _start_local_workers(stack, _LOCAL_WORKERS.value)
+      worker_fns, worker_bounds = benchmark_contenders.worker_contenders(
+          task, algos, datasets, state_dir, workers
+      )
+      fns.update(worker_fns)
+      bounds.update(worker_bounds)
     timed = time_alternating(fns, _REPEATS.value)
     evaluation_timed = {}
     if _EVALUATION.value:
       parallel = evaluation.groups_at_once(process_threads)  # As launch.train runs it.
-      evaluation_fns, evaluated = evaluation_contenders(task, parallel)
+      evaluation_fns, evaluated = benchmark_contenders.evaluation_contenders(task, parallel)
       print(f'evaluation: {evaluated}, batch {task.spec.eval_batch_size},'
             f' {parallel} group(s) at once', flush=True)
       evaluation_timed = time_alternating(evaluation_fns, _REPEATS.value)
@@ -654,6 +447,7 @@ def main(argv) -> int:
     )
 
   evaluation_results = evaluation_lines(evaluation_timed, timed, bounds, algos)
+  worker_results = worker_lines(timed, algos)
 
   with tempfile.TemporaryDirectory() as state_dir:
     scaling_rows = []
@@ -691,7 +485,7 @@ def main(argv) -> int:
              contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
              worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
              in_process_client_devices=in_process_devices,
-             evaluation=evaluation_results),
+             evaluation=evaluation_results, workers=worker_results),
         sort_keys=False,  # The contenders in the order scripts/benchmark_table.py prints.
     )
   return 0

@@ -40,7 +40,7 @@ import tasks
 from launch import accounting
 from launch import errors
 from launch import failures
-from launch import run_directory
+from launch import run_identity
 from launch import runner
 from launch import train
 from tff_zmg import analysis
@@ -262,7 +262,7 @@ def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams
           {k: v for k, v in run_hparams.items() if k.endswith('learning_rate')})
       if hparams is not None:
         asked = json.loads(json.dumps(hparams[algo]))
-        differ = run_directory.differences(asked, run_hparams)
+        differ = run_identity.differences(asked, run_hparams)
         if differ:
           row['other_hparams'] = differ
           print(f'{task}: {run_dir} was trained with other hyperparameters than asked'
@@ -320,9 +320,10 @@ def communication_by_algo(status_rows) -> dict[str, dict[str, str]]:
 
 def communication_cells(values: dict[str, str]) -> dict[str, str]:
   """The Markdown cells of `communication_by_algo`'s values: the aggregator, and the
-  bytes broadcast and uploaded with thousands separators."""
+  bytes broadcast and uploaded with thousands separators ('not recorded' for runs from
+  before the record or made without `launch.train`)."""
   def number(text):
-    return '; '.join(f'{int(v):,}' for v in text.split('; ')) if text else ''
+    return '; '.join(f'{int(v):,}' for v in text.split('; ')) if text else 'not recorded'
 
   return {'aggregator': values['aggregator'],
           'bytes broadcast per client and round': number(values['broadcast_bytes_per_client']),

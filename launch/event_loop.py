@@ -53,7 +53,7 @@ def stops_say_what_is_kept(checkpoint_dir: str):
   except KeyboardInterrupt as e:
     writes.shutdown(wait=True, cancel_futures=True)
     _cancel_pending_tasks(loop)
-    kept = run_directory.newest_checkpoint(checkpoint_dir)
+    kept = run_directory.newest_checkpoint_round(checkpoint_dir)
     if kept is None:
       message = 'interrupted before the first checkpoint; re-run the same command to start'
     else:
@@ -67,7 +67,7 @@ def stops_say_what_is_kept(checkpoint_dir: str):
       raise
     writes.shutdown(wait=True, cancel_futures=True)
     _cancel_pending_tasks(loop)
-    kept = run_directory.newest_checkpoint(checkpoint_dir)
+    kept = run_directory.newest_checkpoint_round(checkpoint_dir)
     kept_text = (
         'no checkpoint was saved yet' if kept is None
         else f'the checkpoint of round {kept} is kept'

@@ -10,10 +10,10 @@ algorithm, hyperparameters, aggregator, data, an existing run with other setting
 checked before anything is written to the output directory.
 
 The parts live beside it: the settings in `run_config`, who runs the rounds in
-`runtime_choice`, the folder's policy in `resumption` and `run_directory`, what becomes of
-each round in `rounds`, what the run spends in privacy and bytes in `accounting`, the
-asyncio loop and a stopped run's message in `event_loop`, the errors in `errors`. The
-names programs, notebooks and tests use are re-exported here.
+`runtime_choice`, the folder's policy in `resumption`, `run_directory` and `run_identity`,
+what becomes of each round in `rounds`, what the run spends in privacy and bytes in
+`accounting`, the asyncio loop and a stopped run's message in `event_loop`, the errors in
+`errors`. The names programs, notebooks and tests use are re-exported here.
 """
 
 import collections
@@ -33,6 +33,7 @@ from launch import resumption
 from launch import rounds
 from launch import run_config
 from launch import run_directory
+from launch import run_identity
 from launch import runtime_choice
 from tff_zmg import client_states
 from tff_zmg.algorithms import registry
@@ -107,7 +108,7 @@ def run(config: ExperimentConfig) -> dict:
       store = _client_state_store(config, process)
       _resume(config, process, store, progress)
       _say_if_capped(config, task.datasets.train_data)
-      run_directory.write_identity(config.checkpoint_dir, identity)
+      run_identity.write_identity(config.checkpoint_dir, identity)
       run_directory.write_json_atomically(
           os.path.join(config.output_dir, run_config.FLAGS_FILENAME), config.recorded()
       )

@@ -42,7 +42,9 @@ process, `--parallel` at a time; a cell's output is in `logs/<cell>.log` there.
 Re-running the same command resumes an interrupted search: finished cells are not run
 again, unfinished ones resume from their checkpoints. A diverging cell is recorded as
 diverged (score NaN); --overwrite retrains every cell from scratch. Outputs, next to the
-cells: grid.csv, grid.md, grid_heatmap.png and best.json (the pick).
+cells: grid.csv, grid.md, grid_heatmap.png and best.json (the pick). The grids as runs and
+their search are `launch.lr_grid`'s; this program reads the flags, makes the grids and
+writes what the search found.
 
 Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
 settings or data, 3 every cell diverged (or the pick and all its neighbours did with
@@ -52,12 +54,11 @@ resume); a cell failing otherwise passes on its own status.
 Every failure is one line `grid_search: error: ...` on stderr; --verbose adds the traceback.
 """
 
-import dataclasses
 import json
 import math
 import os
 import sys
-from typing import Hashable, Mapping, Optional, Sequence
+from typing import Optional
 
 from absl import flags
 import numpy as np
@@ -65,19 +66,24 @@ import numpy as np
 from launch import errors
 from launch import failures
 from launch import halving
-from launch import resumption
+from launch import lr_grid
 from launch import run_directory
 from launch import runner
 from launch import train
 from launch.papers import fedzmg as fedzmg_paper
 from tff_zmg import analysis
 from tff_zmg.algorithms import registry
+# pylint: disable=g-bad-import-order,unused-import
+# Re-exported: other programs and tests name them `grid_search.<name>`.
+from launch.lr_grid import cell_name
+from launch.lr_grid import Grid
+from launch.lr_grid import Search
+from launch.lr_grid import run_search
+# pylint: enable=g-bad-import-order,unused-import
 
 # The FedZMG paper's grid: 10^-3 ... 10^1 in half decades, 50 rounds per cell.
 HALF_DECADES = fedzmg_paper.HALF_DECADES
 DEFAULT_TOTAL_ROUNDS = fedzmg_paper.GRID.total_rounds
-EXHAUSTIVE, HALVING = 'exhaustive', 'halving'
-STABILITY_DIRNAME = 'stability'
 LOGS_DIRNAME = 'logs'
 
 _CLIENT_LRS = flags.DEFINE_list(
@@ -100,7 +106,7 @@ _SCORE_ROUNDS = flags.DEFINE_integer(
     ' rung\'s rounds, when fewer).',
 )
 _SEARCH = flags.DEFINE_enum(
-    'search', EXHAUSTIVE, [EXHAUSTIVE, HALVING],
+    'search', lr_grid.EXHAUSTIVE, [lr_grid.EXHAUSTIVE, lr_grid.HALVING],
     'exhaustive: every cell trains --total_rounds. halving: successive halving, every'
     f' cell trains the first of --rung_rounds, the best 1/{halving.ETA} of them continue'
     ' to the next, and so on; the pick is the best cell of the last rung.',
@@ -184,262 +190,9 @@ def axis_dir(grid_dir: str, name: Optional[str], value) -> str:
   return os.path.join(grid_dir, f'{name}={axis_value_text(value)}')
 
 
-def cell_name(client_lr: float, server_lr: float) -> str:
-  return f'clr{client_lr:.3g}_slr{server_lr:.3g}'
-
-
-@dataclasses.dataclass(frozen=True)
-class Search:
-  """How grids are searched.
-
-  Attributes:
-    rung_rounds: The rounds of each rung of successive halving (`launch.halving`); one
-      rung is the exhaustive search, every cell trained to it.
-    score_rounds: A cell scores the mean accuracy of its last this many rounds of a rung
-      (all of them, when the rung has fewer).
-    stability_check: Re-run the pick with another seed for the last rung's rounds.
-  """
-
-  rung_rounds: tuple[int, ...]
-  score_rounds: int
-  stability_check: bool = True
-
-  def __post_init__(self):
-    halving.check_rung_rounds(self.rung_rounds)
-    if self.score_rounds < 1:
-      raise ValueError(f'score_rounds must be >= 1, got {self.score_rounds}')
-
-  @property
-  def kind(self) -> str:
-    return HALVING if len(self.rung_rounds) > 1 else EXHAUSTIVE
-
-  @property
-  def final_rounds(self) -> int:
-    return self.rung_rounds[-1]
-
-  def scored_rounds(self, rounds: int) -> int:
-    """The rounds a cell's score at a rung of `rounds` rounds averages."""
-    return min(self.score_rounds, rounds)
-
-  def rungs(self, num_cells: int) -> list[tuple[int, int]]:
-    """(cells, rounds) of each rung, at most: fewer cells go on if some fail."""
-    return list(zip(halving.rung_sizes(num_cells, len(self.rung_rounds)), self.rung_rounds))
-
-  def describe(self, num_cells: int) -> str:
-    """'successive halving: 81 cells x 10 rounds, 27 x 20, 9 x 50' or 'exhaustive: ...'."""
-    rungs = ', '.join(f'{c} x {r}' for c, r in self.rungs(num_cells))
-    return (f'{"successive halving" if self.kind == HALVING else "exhaustive"}: {rungs}'
-            f' (cells x rounds)')
-
-
-@dataclasses.dataclass(frozen=True)
-class Grid:
-  """One client x server learning-rate grid: its directory, axes and its runs' flags.
-
-  Attributes:
-    directory: Its cells go to `<directory>/<cell>/`, its stability re-runs to
-      `<directory>/stability/`, its grid.csv, grid.md and heatmap beside them.
-    client_lrs, server_lrs: The axes.
-    overrides: `launch.train` flags of every cell (e.g. task, algo, a third axis' value).
-    group: Grids of one group are one search (their cells compete); each group gets a
-      pick of its own.
-    prefix: Of its runs' names (progress lines, logs), unique across grids.
-    label: Fields of the pick's record saying which grid it is (e.g. the third axis').
-  """
-
-  directory: str
-  client_lrs: tuple[float, ...]
-  server_lrs: tuple[float, ...]
-  overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
-  group: Hashable = None
-  prefix: str = ''
-  label: Mapping[str, object] = dataclasses.field(default_factory=dict)
-
-  @property
-  def cells(self) -> list[tuple[float, float]]:
-    """(client lr, server lr) of every cell, server-major."""
-    return [(c, s) for s in self.server_lrs for c in self.client_lrs]
-
-  def run(self, cell, rounds: int, seed: Optional[int] = None,
-          continued: bool = False) -> runner.Run:
-    """The cell's run trained to `rounds`; with `seed`, its stability re-run.
-
-    A cell is one run at every rung: asked for more rounds, it continues (launch.train
-    resumes a run whose --total_rounds grew). `continued`: a later rung, which never
-    starts a cell afresh, even with --overwrite (the first rung did).
-    """
-    c, s = cell
-    name = cell_name(c, s)
-    values = {**self.overrides, 'root_output_dir': self.directory, 'experiment_name': name,
-              'client_learning_rate': c, 'server_learning_rate': s, 'total_rounds': rounds}
-    if continued:
-      values['overwrite'] = False
-    if seed is not None:
-      name = f'{name}_seed{seed}'
-      values.update(seed=seed, experiment_name=f'{STABILITY_DIRNAME}/{name}')
-    return dataclasses.replace(runner.train_run(name, values), name=self.prefix + name)
-
-  def stability_seed(self) -> int:
-    """Another seed than the cells': theirs + 1."""
-    return self.run(self.cells[0], 1).config.seed + 1
-
-
-def rung_score(run_dir: str, rounds: int, score_rounds: int) -> float:
-  """A cell's score at a rung: its mean accuracy over the last min(score_rounds, rounds)
-  of its first `rounds` rounds; NaN (failed) unless it trained all `rounds` of them.
-
-  Rounds beyond `rounds` (a cell continued to a later rung) are not looked at, so a
-  resumed search scores every rung as the first pass did.
-  """
-  if analysis.runs.completed_rounds(run_dir) < rounds:
-    return math.nan  # It diverged before (a diverged round is never recorded).
-  try:
-    got, acc = analysis.accuracy_series(run_dir)
-  except (OSError, ValueError):
-    return math.nan
-  keep = got <= rounds
-  if not keep.any():
-    return math.nan
-  return analysis.mean_of_last_rounds(acc[keep], got[keep], min(score_rounds, rounds))
-
-
-def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
-  """(rounds trained up to round `up_to`, their training and evaluation seconds).
-
-  From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
-  """
-  path = os.path.join(run_dir, analysis.runs.METRICS_FILENAME)
-  trained = {r: t for r, t in resumption.read_metric(
-      path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
-  evaluated = resumption.read_metric(path, 'evaluation/evaluation_time_in_seconds')
-  seconds = sum(trained.values()) + sum(t for r, t in evaluated.items() if r <= up_to)
-  return len(trained), seconds
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-  """One group's search.
-
-  Attributes:
-    rungs: The rungs of its cells (keys (grid index, client lr, server lr)).
-    stability: The stability check (None: not run).
-    best: The pick's record (best.json); None when nothing could be picked.
-  """
-
-  rungs: tuple[halving.Rung, ...]
-  stability: Optional[halving.StablePick]
-  best: Optional[dict]
-
-
-def run_search(
-    grids: Sequence[Grid], search: Search, *, parallel: int, log_dir: str, stream=None,
-) -> dict[Hashable, Outcome]:
-  """Searches every group of `grids` side by side; group -> its `Outcome`.
-
-  Each rung's runs of all groups go together, `parallel` at a time; so do the stability
-  re-runs. Cells are keyed (grid index, client lr, server lr).
-  """
-  stream = stream or sys.stdout
-
-  def train_and_score(keys, rounds):
-    k = search.rung_rounds.index(rounds) + 1
-    print(f'rung {k}/{len(search.rung_rounds)}: {len(keys)} cells to {rounds} rounds',
-          file=stream, flush=True)
-    runs = {key: grids[key[0]].run(key[1:], rounds, continued=k > 1) for key in keys}
-    runner.run_all(
-        list(runs.values()), parallel=parallel, log_dir=log_dir, stream=stream,
-        describe=lambda run, state: f'score={_score(run, rounds):.4f}',
-    )
-    return {key: _score(run, rounds) for key, run in runs.items()}
-
-  def _score(run, rounds):
-    return rung_score(run.config.output_dir, rounds, search.score_rounds)
-
-  def check(keys):
-    print(f'stability: {len(keys)} picks re-run with another seed for'
-          f' {search.final_rounds} rounds', file=stream, flush=True)
-    runs = {key: _stability_run(grids, key, search) for key in keys}
-    states = runner.run_all(list(runs.values()), parallel=parallel, log_dir=log_dir,
-                            stream=stream)
-    return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
-
-  keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]
-  rungs = halving.successive_halving(
-      keys, search.rung_rounds, train_and_score, group=lambda key: grids[key[0]].group)
-  members = {}
-  for key in keys:
-    members.setdefault(grids[key[0]].group, []).append(key)
-  orders = {group: halving.ranking(rungs, cells) for group, cells in members.items()}
-  stability = None
-  if search.stability_check:
-    stability = halving.stable_picks(
-        orders, lambda key: _neighbours(grids, key), check)
-  outcomes = {}
-  for group, cells in members.items():
-    cells = set(cells)
-    group_rungs = tuple(  # The rungs this group's cells reached.
-        halving.Rung(rung.rounds, {k: v for k, v in rung.scores.items() if k in cells})
-        for rung in rungs if cells & set(rung.scores))
-    checked = None if stability is None else stability[group]
-    pick = orders[group][0] if orders[group] else None
-    if checked is not None:
-      pick = checked.pick
-    outcomes[group] = Outcome(
-        rungs=group_rungs, stability=checked,
-        best=None if pick is None else _record(grids, search, group_rungs, pick, checked))
-  return outcomes
-
-
-def _stability_run(grids, key, search: Search) -> runner.Run:
-  grid = grids[key[0]]
-  return grid.run(key[1:], search.final_rounds, seed=grid.stability_seed())
-
-
-def _neighbours(grids, key) -> set:
-  """The cells a half decade (one step of either axis) from `key`, in its grid."""
-  i, c, s = key
-  grid = grids[i]
-  return {(i, *cell) for cell in halving.grid_neighbours((c, s), (grid.client_lrs,
-                                                                   grid.server_lrs))}
-
-
-def _rates(grids, key) -> dict:
-  i, c, s = key
-  return dict(client_learning_rate=c, server_learning_rate=s, **grids[i].label)
-
-
-def _record(grids, search: Search, rungs, key, stability) -> dict:
-  """best.json: the pick, its score and the rounds scored, the search and its cost."""
-  grid = grids[key[0]]
-  last = halving.last_scores(rungs)
-  rounds, score = last[key]
-  config = grid.run(key[1:], rounds).config
-  record = dict(
-      task=config.task, algo=config.algo, **_rates(grids, key), score=score,
-      score_rounds=search.scored_rounds(rounds), total_rounds=rounds, search=search.kind,
-      run_dir=config.output_dir,
-      rungs=[dict(rounds=r.rounds, cells=len(r.scores)) for r in rungs],
-  )
-  # Each cell up to its last rung (a cell continued by a later search is not charged
-  # here for rounds this one did not ask for), and the stability re-runs.
-  trained = [(grids[cell[0]].run(cell[1:], r).config.output_dir, r)
-             for cell, (r, _) in last.items()]
-  if stability is not None:
-    trained += [(_stability_run(grids, cell, search).config.output_dir, search.final_rounds)
-                for cell, _ in stability.checked]
-    record['stability'] = dict(
-        seed=grid.stability_seed(), rounds=search.final_rounds,
-        checked=[dict(**_rates(grids, cell), stable=stable)
-                 for cell, stable in stability.checked],
-        replaced=stability.replaced,
-        diverged_best=_rates(grids, stability.best) if stability.replaced else None,
-    )
-  costs = [run_cost(run_dir, up_to) for run_dir, up_to in trained]
-  record['cost'] = dict(rounds=sum(n for n, _ in costs), seconds=sum(t for _, t in costs))
-  return record
-
-
-def write_results(grid: Grid, index: int, search: Search, outcome: Outcome) -> str:
+def write_results(
+    grid: lr_grid.Grid, index: int, search: lr_grid.Search, outcome: lr_grid.Outcome
+) -> str:
   """Writes grid.csv, grid.md and grid_heatmap.png of `grid` (`run_search`'s `index`-th)
   from its group's outcome; returns the heatmap's path.
 
@@ -456,7 +209,7 @@ def write_results(grid: Grid, index: int, search: Search, outcome: Outcome) -> s
     row = dict(client_learning_rate=c, server_learning_rate=s,
                status=runner.DIVERGED if halving.failed(score) else runner.FINISHED,
                rounds=rounds, score=score, score_rounds=search.scored_rounds(rounds))
-    if search.kind == HALVING:
+    if search.kind == lr_grid.HALVING:
       row.update({f'score_at_{rung.rounds}': rung.scores.get((index, c, s), math.nan)
                   for rung in outcome.rungs})
     rows.append(dict(row, output_dir=grid.run((c, s), rounds).config.output_dir))
@@ -471,7 +224,7 @@ def write_results(grid: Grid, index: int, search: Search, outcome: Outcome) -> s
                  grid.client_lrs.index(best['client_learning_rate']))
   config = grid.run(grid.cells[0], search.final_rounds).config
   path = os.path.join(grid.directory, 'grid_heatmap.png')
-  where = ('each cell at the last rung it reached (grid.csv)' if search.kind == HALVING
+  where = ('each cell at the last rung it reached (grid.csv)' if search.kind == lr_grid.HALVING
            else f'{search.final_rounds} rounds')
   analysis.heatmap(
       scores, [f'{s:.3g}' for s in grid.server_lrs], [f'{c:.3g}' for c in grid.client_lrs],
@@ -508,12 +261,12 @@ def describe_pick(best: dict) -> str:
   return text
 
 
-def search_from_flags() -> Search:
+def search_from_flags() -> lr_grid.Search:
   """The search --search, --rung_rounds, --total_rounds, --score_rounds and
   --stability_check describe (--total_rounds defaults to the paper's 50 here)."""
   total = flags.FLAGS['total_rounds']
   final = total.value if total.present else DEFAULT_TOTAL_ROUNDS
-  if _SEARCH.value == EXHAUSTIVE:
+  if _SEARCH.value == lr_grid.EXHAUSTIVE:
     if _RUNG_ROUNDS.value is not None:
       raise ValueError('--rung_rounds needs --search=halving')
     rungs = (final,)
@@ -531,7 +284,7 @@ def search_from_flags() -> Search:
                        f' {final}; give one of them')
   if _SCORE_ROUNDS.value < 1:
     raise ValueError(f'--score_rounds must be >= 1, got {_SCORE_ROUNDS.value}')
-  return Search(rung_rounds=rungs, score_rounds=_SCORE_ROUNDS.value,
+  return lr_grid.Search(rung_rounds=rungs, score_rounds=_SCORE_ROUNDS.value,
                 stability_check=_STABILITY_CHECK.value)
 
 
@@ -593,10 +346,10 @@ def main(argv) -> int:
   if axis is not None and flags.FLAGS[axis].present:
     raise ValueError(f'the grid sets --{axis}; give its values with --hparam_grid')
   grids = [
-      Grid(directory=axis_dir(grid_dir, axis, value), client_lrs=client_lrs,
-           server_lrs=server_lrs, **({} if axis is None else dict(
-               overrides={axis: value}, label={axis: value},
-               prefix=f'{axis}{axis_value_text(value)}_')))  # Unique names (and logs).
+      lr_grid.Grid(directory=axis_dir(grid_dir, axis, value), client_lrs=client_lrs,
+                   server_lrs=server_lrs, **({} if axis is None else dict(
+                       overrides={axis: value}, label={axis: value},
+                       prefix=f'{axis}{axis_value_text(value)}_')))  # Unique names (and logs).
       for value in values
   ]
   for grid in grids:  # Refuses bad settings before anything trains.
@@ -608,8 +361,8 @@ def main(argv) -> int:
       f' {len(server_lrs)} server learning rates{third}, {search.describe(cells)},'
       f' {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
   )
-  (outcome,) = run_search(grids, search, parallel=runner.PARALLEL.value,
-                          log_dir=os.path.join(grid_dir, LOGS_DIRNAME)).values()
+  (outcome,) = lr_grid.run_search(grids, search, parallel=runner.PARALLEL.value,
+                                  log_dir=os.path.join(grid_dir, LOGS_DIRNAME)).values()
   for index, grid in enumerate(grids):
     heatmap_path = write_results(grid, index, search, outcome)
     print(f'table: {os.path.join(grid.directory, "grid.csv")}\nheatmap: {heatmap_path}')

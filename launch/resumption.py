@@ -24,6 +24,7 @@ from launch import errors
 from launch import event_loop
 from launch import run_config
 from launch import run_directory
+from launch import run_identity
 from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
 
@@ -38,7 +39,7 @@ _RESUMABLE_CHANGES = frozenset(
 # Where a run and its data are, not what they are: a run folder may be copied or renamed
 # and the data moved (the data's identity is checked instead, `identity`).
 _LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
-_IDENTITY_PATH = f'{run_config.CHECKPOINT_DIRNAME}/{run_directory.IDENTITY_FILENAME}'
+_IDENTITY_PATH = f'{run_config.CHECKPOINT_DIRNAME}/{run_identity.IDENTITY_FILENAME}'
 
 
 def read_metric(csv_path: str, name: str) -> dict[int, float]:
@@ -90,7 +91,7 @@ def check_resumable(config: run_config.ExperimentConfig) -> bool:
         f' to resume by the record beside the checkpoints ({_IDENTITY_PATH}), or pass'
         ' --overwrite'
     )
-  changed = run_directory.differences(
+  changed = run_identity.differences(
       lasting_settings(recorded), lasting_settings(config.recorded())
   )
   if changed:
@@ -102,13 +103,13 @@ def check_resumable(config: run_config.ExperimentConfig) -> bool:
 
 
 def check_identity(
-    config: run_config.ExperimentConfig, run_identity: dict, flags_agree: bool
+    config: run_config.ExperimentConfig, identity_now: dict, flags_agree: bool
 ) -> None:
-  """Refuses checkpoints that other settings or other data made (`identity`; the record
-  read as today's, `lasting_settings`); a run from before the record continues where its
-  flags.json agrees (`flags_agree`)."""
-  run_directory.check_identity(
-      config.output_dir, config.checkpoint_dir, run_identity, legacy_flags_ok=flags_agree,
+  """Refuses checkpoints made with other settings or other data than `identity_now`
+  (`identity`; the record read as today's, `lasting_settings`); a run from before the
+  record continues where its flags.json agrees (`flags_agree`)."""
+  run_identity.check_identity(
+      config.output_dir, config.checkpoint_dir, identity_now, legacy_flags_ok=flags_agree,
       read_settings=lasting_settings,
   )
 
@@ -148,7 +149,7 @@ def identity(config: run_config.ExperimentConfig, task) -> dict:
   """
   return {
       'settings': lasting_settings(config.recorded()),
-      'data': run_directory.data_identity(
+      'data': run_identity.data_identity(
           task.datasets.train_data.client_ids, task.datasets.test_data.client_ids
       ),
   }

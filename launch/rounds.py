@@ -90,7 +90,7 @@ def diverged_error(
   The same command would resume and diverge again; other settings are a new run, which
   the run's folder refuses without --overwrite (or another --experiment_name).
   """
-  kept = run_directory.newest_checkpoint(config.checkpoint_dir)
+  kept = run_directory.newest_checkpoint_round(config.checkpoint_dir)
   kept_text = ('no checkpoint was kept' if kept is None
                else f'the checkpoint of round {kept} is kept')
   rates = [f'--{n}' for n in ('client_learning_rate', 'server_learning_rate')

@@ -1,4 +1,4 @@
-"""A run's directory: where it may be, what it may delete, who may write it, what made it.
+"""A run's directory: where it may be, what it may delete, who may write it, what is left.
 
 `launch.experiment.run` calls these before and around training:
 
@@ -12,11 +12,10 @@
   a run's own files, and keeps its lock file.
 - `locked`: one process per run (an `fcntl.flock` on `<run>/.lock`, held while the run is
   trained and dropped by the kernel when the process dies, kill -9 included).
-- `check_identity` / `write_identity`: the settings that make a run what it is and the
-  identity of its data, kept beside the checkpoints in `checkpoints/run_identity.json`,
-  so that a lost or edited flags.json cannot let other settings continue a run. Nothing
-  in it is a path, so a copied or renamed run folder resumes.
+- `checkpoint_versions`, `newest_checkpoint_round`: the checkpoints TFF has completed.
 - `remove_interrupted_saves`, `repair_metrics_csv`: what a killed process leaves behind.
+
+What made the run, kept beside its checkpoints, is `launch.run_identity`'s business.
 
 The errors are `errors.ExperimentError`s (bad input) and `errors.RunEnvironmentError`s; each
 message is one line saying what is wrong and what to do.
@@ -24,17 +23,15 @@ message is one line saying what is wrong and what to do.
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from launch import errors
 
 LOCK_FILENAME = '.lock'
-IDENTITY_FILENAME = 'run_identity.json'
 UNREADABLE_PREFIX = 'unreadable_'
 # What `launch.train` and the programs around it write at the top of a run's folder; a
 # folder holding anything else is not deleted by --overwrite.
@@ -307,44 +304,6 @@ def locked(output_dir: str) -> Iterator[None]:
     os.close(fd)
 
 
-def data_identity(train_client_ids: Iterable[str], test_client_ids: Iterable[str]) -> dict:
-  """What identifies a run's data without reading it: its clients (counts and a digest)."""
-  train, test = sorted(train_client_ids), sorted(test_client_ids)
-  digest = hashlib.sha256(json.dumps([train, test]).encode('utf-8')).hexdigest()[:16]
-  return {'train_clients': len(train), 'test_clients': len(test), 'client_ids_sha256': digest}
-
-
-def _identity_path(checkpoint_dir: str) -> str:
-  return os.path.join(checkpoint_dir, IDENTITY_FILENAME)
-
-
-def read_identity(checkpoint_dir: str) -> Optional[dict]:
-  """The recorded identity, or None if the run has none (new, or older than this file)."""
-  path = _identity_path(checkpoint_dir)
-  try:
-    with open(path) as f:
-      identity = json.load(f)
-  except FileNotFoundError:
-    return None
-  except (OSError, ValueError) as e:
-    raise errors.ExperimentError(
-        f'{path} is unreadable ({type(e).__name__}); it records the settings that made'
-        ' the checkpoints: restore it, or pass --overwrite to start afresh'
-    ) from e
-  if not isinstance(identity, dict) or not isinstance(identity.get('settings'), dict):
-    raise errors.ExperimentError(
-        f'{path} does not hold a run\'s identity; restore it, or pass --overwrite to'
-        ' start afresh'
-    )
-  return identity
-
-
-def differences(recorded: dict, now: dict) -> str:
-  """`key: old -> new, ...` over the keys whose values differ ('' if none)."""
-  changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
-  return ', '.join(f'{k}: {recorded.get(k)!r} -> {now.get(k)!r}' for k in changed)
-
-
 def has_checkpoints(checkpoint_dir: str) -> bool:
   return bool(checkpoint_versions(checkpoint_dir))
 
@@ -361,62 +320,13 @@ def checkpoint_versions(checkpoint_dir: str) -> list[int]:
   )
 
 
-def newest_checkpoint(checkpoint_dir: str) -> Optional[int]:
+def newest_checkpoint_round(checkpoint_dir: str) -> Optional[int]:
   """The round of the newest complete checkpoint (what a re-run resumes from), or None.
 
   TFF writes a checkpoint under a temporary name and renames it when complete, so only
   `program_state_<round>` directories count.
   """
   return max(checkpoint_versions(checkpoint_dir), default=None)
-
-
-def check_identity(
-    output_dir: str,
-    checkpoint_dir: str,
-    identity: dict,
-    legacy_flags_ok: bool,
-    read_settings: Callable[[dict], dict] = lambda settings: settings,
-) -> None:
-  """Refuses to continue a run whose recorded identity differs from `identity`.
-
-  Args:
-    output_dir: The run's folder (for messages).
-    checkpoint_dir: Where the identity is recorded.
-    identity: `{'settings': ..., 'data': ...}` of the run about to start.
-    legacy_flags_ok: Whether flags.json exists and agrees with the settings: a run from
-      before identity files may then continue (and gets one).
-    read_settings: Brings recorded settings to today's form before they are compared
-      (e.g. fills in hyperparameters an older record left out as defaults).
-  """
-  recorded = read_identity(checkpoint_dir)
-  if recorded is None:
-    if has_checkpoints(checkpoint_dir) and not legacy_flags_ok:
-      raise errors.ExperimentError(
-          f'{checkpoint_dir} holds checkpoints, but neither {IDENTITY_FILENAME} there nor'
-          f' flags.json in {output_dir} says which settings made them; pass --overwrite to'
-          ' start afresh'
-      )
-    return
-  changed = differences(read_settings(recorded['settings']), identity['settings'])
-  if changed:
-    raise errors.ExperimentError(
-        f'{output_dir} holds a run with other settings ({changed}; recorded in'
-        f' {os.path.join(os.path.basename(checkpoint_dir), IDENTITY_FILENAME)}); pass'
-        ' --overwrite to replace it or choose another --experiment_name'
-    )
-  changed = differences(recorded.get('data') or {}, identity['data'])
-  if changed:
-    raise errors.ExperimentError(
-        f'{output_dir} was trained on other data ({changed}); point --cache_dir at that'
-        ' data, or pass --overwrite to start afresh on this one'
-    )
-
-
-def write_identity(checkpoint_dir: str, identity: dict) -> None:
-  """Records `identity` beside the checkpoints (atomically; kept if already there)."""
-  path = _identity_path(checkpoint_dir)
-  os.makedirs(checkpoint_dir, exist_ok=True)
-  write_json_atomically(path, identity)
 
 
 def write_json_atomically(path: str, value, sort_keys: bool = True) -> None:

@@ -142,7 +142,8 @@ def _installed_version(name: str):
 
 def _run_bootstrap(tmp_path, stamp: str, *args) -> tuple[subprocess.CompletedProcess, str]:
   """scripts/bootstrap.sh on a copy of the repository whose .venv/bin/python only logs."""
-  for path in ('scripts/bootstrap.sh', 'setup.py', 'requirements'):
+  for path in ('scripts/bootstrap.sh', 'scripts/expected_pip_conflicts.awk', 'setup.py',
+               'requirements'):
     copy = shutil.copytree if os.path.isdir(os.path.join(_REPO, path)) else shutil.copy
     os.makedirs(tmp_path / os.path.dirname(path), exist_ok=True)
     copy(os.path.join(_REPO, path), tmp_path / path)

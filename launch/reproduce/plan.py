@@ -14,8 +14,8 @@ from absl import flags
 
 import tasks
 from launch import compare
-from launch import grid_search
 from launch import halving
+from launch import lr_grid
 from launch import papers
 from launch import runner
 from launch import train
@@ -81,7 +81,7 @@ class Plan:
     return client, server, self.scale.cap(grid.clients_per_round,
                                           self.scale.max_clients_per_round)
 
-  def search(self) -> Optional[grid_search.Search]:
+  def search(self) -> Optional[lr_grid.Search]:
     """How the grid is searched at this scale: halving up to the paper's grid rounds, or
     every cell to the scaled rounds; None where the paper did not tune."""
     grid = self.paper.grid
@@ -89,7 +89,7 @@ class Plan:
       return None
     rungs = (halving.default_rung_rounds(grid.total_rounds) if self.scale.halving
              else (self.scale.rounds(grid.total_rounds, grid=True),))
-    return grid_search.Search(rung_rounds=rungs, score_rounds=grid.score_rounds)
+    return lr_grid.Search(rung_rounds=rungs, score_rounds=grid.score_rounds)
 
   def tuning_caveat(self) -> Optional[str]:
     """Why the rates are not tuned honestly at this scale, or None when they are.
@@ -167,14 +167,14 @@ def _rename(run: runner.Run, name: str) -> runner.Run:
   return dataclasses.replace(run, name=name)
 
 
-def grid_groups(plan: Plan) -> dict[tuple[str, str], grid_search.Grid]:
+def grid_groups(plan: Plan) -> dict[tuple[str, str], lr_grid.Grid]:
   """(setting key, algo) -> its learning-rate grid; each is a search of its own."""
   axes = plan.grid_axes()
   if axes is None:
     return {}
   client_lrs, server_lrs, cohort = axes
   return {
-      (setting.key, algo): grid_search.Grid(
+      (setting.key, algo): lr_grid.Grid(
           directory=os.path.join(plan.directory, 'grid', setting.key, algo),
           client_lrs=client_lrs, server_lrs=server_lrs,
           overrides={**plan.overrides(setting), 'algo': algo, 'clients_per_round': cohort},

@@ -8,6 +8,7 @@ from absl import flags
 
 from launch import failures
 from launch import grid_search
+from launch import lr_grid
 from launch import runner
 from launch import train
 from launch.reproduce import estimate
@@ -37,7 +38,7 @@ def reproduce(plan: plan_lib.Plan, stream=None) -> str:
     print(f'reproduce {plan.paper.name}: grid search, {cells * len(grids)} runs'
           f' ({len(grids)} grids of {len(client_lrs)} x {len(server_lrs)}), each'
           f' {search.describe(cells)}', file=stream, flush=True)
-    outcomes = grid_search.run_search(
+    outcomes = lr_grid.run_search(
         list(grids.values()), search, parallel=runner.PARALLEL.value, log_dir=log_dir,
         stream=stream)
     for index, ((key, algo), grid) in enumerate(grids.items()):

@@ -158,6 +158,11 @@ class LocalWorker:
   def port(self) -> Optional[int]:
     return self._port
 
+  @property
+  def address(self) -> Optional[str]:
+    """`localhost:<port>` once the port is known (as `RemoteWorker.address`)."""
+    return None if self._port is None else f'localhost:{self._port}'
+
   def poll(self) -> Optional[int]:
     """The worker's exit status once it has ended; None while it runs (or before start)."""
     return None if self._process is None else self._process.poll()

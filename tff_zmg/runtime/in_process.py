@@ -35,7 +35,6 @@ checkpoints, resumption and `get_model_weights` work unchanged.
 """
 
 import collections
-import concurrent.futures
 import contextlib
 import os
 import threading
@@ -45,6 +44,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.common_libs import structure
 
+from tff_zmg.runtime import client_slots
 from tff_zmg.runtime import interpreter
 from tff_zmg.runtime import remote_clients
 from tff_zmg.runtime import tf_computation
@@ -182,57 +182,13 @@ class _Round:
         for device in devices
     ]
     self.devices = list(devices)
+    self._client_slots = client_slots.ClientSlots(devices, clients_per_device)
     self.last_client_devices: list[str] = []
 
-  def _work(self, slot: int, client_value, broadcast) -> list[tf.Tensor]:
+  def _work(self, client_value, broadcast) -> list[tf.Tensor]:
+    slot, _ = self._client_slots.current
     data = tf_computation.flatten(client_value, self._data_type)
     return self._slots[slot](*data, *broadcast)[: self._update_count]
-
-  def _client_updates(self, client_values, broadcast):
-    """Yields each client's update in client order, running the slots concurrently.
-
-    Client i belongs to device i % len(devices) (a fixed placement); within a device, a
-    free slot takes the device's next waiting client, so that one large client does not
-    leave the device's other slots idle behind a fixed share (clients' sizes vary
-    tenfold in the papers' federations). Updates are accumulated in client order either
-    way, so the result does not depend on which slot ran a client.
-    """
-    slots = len(self._slots)
-    if slots == 1:
-      for value in client_values:
-        yield self._work(0, value, broadcast)
-      return
-    num_devices = len(self.devices)
-    futures = [concurrent.futures.Future() for _ in client_values]
-    waiting = [
-        collections.deque(range(d, len(client_values), num_devices))
-        for d in range(num_devices)
-    ]
-
-    def run_slot(slot):
-      queue = waiting[slot % num_devices]  # Slot s runs on devices[s % len(devices)].
-      while True:
-        try:
-          i = queue.popleft()  # Atomic: each client is taken by one slot.
-        except IndexError:
-          return
-        try:
-          futures[i].set_result(self._work(slot, client_values[i], broadcast))
-        except BaseException as e:  # pylint: disable=broad-except
-          futures[i].set_exception(e)
-
-    threads = [
-        threading.Thread(target=run_slot, args=(s,), daemon=True, name=f'tff_zmg-client-slot-{s}')
-        for s in range(min(slots, len(client_values)))
-    ]
-    for thread in threads:
-      thread.start()
-    try:
-      for future in futures:
-        yield future.result()
-    finally:
-      for thread in threads:
-        thread.join()
 
   def __call__(self, state, client_values) -> Any:
     client_values = list(client_values)
@@ -242,7 +198,8 @@ class _Round:
     broadcast = self._prepare(*state_leaves)
     accumulator = self._zero()
     devices = []
-    for update in self._client_updates(client_values, broadcast):
+    updates = self._client_slots.imap(lambda value: self._work(value, broadcast), client_values)
+    for update in updates:
       devices.append(_device_of(update))
       accumulator = self._accumulate(*accumulator, *update)
     self.last_client_devices = devices

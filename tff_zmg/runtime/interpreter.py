@@ -22,8 +22,6 @@ intrinsics this module does not define (none of TFF 0.87's, as of writing: the s
 ones are first lowered to a bound check and a sum, as TFF's test backend does).
 """
 
-import collections
-import concurrent.futures
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -33,58 +31,13 @@ from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.types import placements
 
+from tff_zmg.runtime import client_slots
 from tff_zmg.runtime import federated_values
 from tff_zmg.runtime import intrinsics
 from tff_zmg.runtime import tf_computation
 
 # Raised for what the interpreter cannot run (its own class, not a TypeError).
 InProcessUnsupportedError = federated_values.InProcessUnsupportedError
-
-
-class _ClientSlots:
-  """Runs one function per client over the devices' slots; results in client order."""
-
-  def __init__(self, devices: Sequence[str], clients_per_device: int):
-    self.devices = list(devices)
-    self.slots = clients_per_device * len(self.devices)
-    self.local = threading.local()  # The slot and device a thread runs clients on.
-
-  @property
-  def current(self) -> tuple[int, str]:
-    """(slot, device) of the calling thread; the server's (-1, first device) elsewhere."""
-    return getattr(self.local, 'slot', -1), getattr(self.local, 'device', self.devices[0])
-
-  def map(self, fn: Callable[[Any], Any], members: Sequence[Any]) -> list:
-    """[fn(m) for m in members], client i on devices[i % n] (as `in_process._Round`)."""
-    num_devices = len(self.devices)
-    futures = [concurrent.futures.Future() for _ in members]
-    waiting = [collections.deque(range(d, len(members), num_devices))
-               for d in range(num_devices)]
-
-    def run_slot(slot):
-      self.local.slot, self.local.device = slot, self.devices[slot % num_devices]
-      queue = waiting[slot % num_devices]
-      while True:
-        try:
-          i = queue.popleft()  # Atomic: each client is taken by one slot.
-        except IndexError:
-          return
-        try:
-          futures[i].set_result(fn(members[i]))
-        except BaseException as e:  # pylint: disable=broad-except
-          futures[i].set_exception(e)
-
-    slots = min(self.slots, len(members))
-    if slots <= 1:
-      run_slot(0)
-      return [f.result() for f in futures]
-    threads = [threading.Thread(target=run_slot, args=(s,), daemon=True,
-                                name=f'tff_zmg-interpreter-slot-{s}') for s in range(slots)]
-    for thread in threads:
-      thread.start()
-    for thread in threads:
-      thread.join()
-    return [f.result() for f in futures]
 
 
 class FederatedInterpreter:
@@ -104,7 +57,7 @@ class FederatedInterpreter:
       comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
     self._root = tff.framework.to_call_dominant(comp.to_building_block())
     self._check(self._root)
-    self._slots = _ClientSlots(devices, clients_per_device)
+    self._slots = client_slots.ClientSlots(devices, clients_per_device)
     self._remote = remote
     self._imports: dict[tuple[int, int, str], tf_computation.ImportedComputation] = {}
     self._imports_lock = threading.Lock()

@@ -1,0 +1,280 @@
+"""Client x server learning-rate grids as training runs, and their search.
+
+A `Grid` names each of its cells' runs (`cell_name`; a cell is one `launch.train` run,
+continued from rung to rung) and a `Search` says how its cells are searched: exhaustively
+(one rung) or by successive halving (`launch.halving`), with the pick re-run with another
+seed (the stability check). `run_search` searches grids side by side, `parallel` runs at a
+time (`launch.runner`), scores each cell at each rung (`rung_score`) and returns each
+group's `Outcome`, whose `best` is the pick's record (best.json) with the search's cost
+(`run_cost`). `launch.grid_search` (the program) and `launch.reproduce` build the grids
+and write the results.
+"""
+
+import dataclasses
+import math
+import os
+import sys
+from typing import Hashable, Mapping, Optional, Sequence
+
+from launch import halving
+from launch import resumption
+from launch import runner
+from tff_zmg import analysis
+
+EXHAUSTIVE, HALVING = 'exhaustive', 'halving'
+STABILITY_DIRNAME = 'stability'
+
+
+def cell_name(client_lr: float, server_lr: float) -> str:
+  return f'clr{client_lr:.3g}_slr{server_lr:.3g}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """How grids are searched.
+
+  Attributes:
+    rung_rounds: The rounds of each rung of successive halving (`launch.halving`); one
+      rung is the exhaustive search, every cell trained to it.
+    score_rounds: A cell scores the mean accuracy of its last this many rounds of a rung
+      (all of them, when the rung has fewer).
+    stability_check: Re-run the pick with another seed for the last rung's rounds.
+  """
+
+  rung_rounds: tuple[int, ...]
+  score_rounds: int
+  stability_check: bool = True
+
+  def __post_init__(self):
+    halving.check_rung_rounds(self.rung_rounds)
+    if self.score_rounds < 1:
+      raise ValueError(f'score_rounds must be >= 1, got {self.score_rounds}')
+
+  @property
+  def kind(self) -> str:
+    return HALVING if len(self.rung_rounds) > 1 else EXHAUSTIVE
+
+  @property
+  def final_rounds(self) -> int:
+    return self.rung_rounds[-1]
+
+  def scored_rounds(self, rounds: int) -> int:
+    """The rounds a cell's score at a rung of `rounds` rounds averages."""
+    return min(self.score_rounds, rounds)
+
+  def rungs(self, num_cells: int) -> list[tuple[int, int]]:
+    """(cells, rounds) of each rung, at most: fewer cells go on if some fail."""
+    return list(zip(halving.rung_sizes(num_cells, len(self.rung_rounds)), self.rung_rounds))
+
+  def describe(self, num_cells: int) -> str:
+    """'successive halving: 81 cells x 10 rounds, 27 x 20, 9 x 50' or 'exhaustive: ...'."""
+    rungs = ', '.join(f'{c} x {r}' for c, r in self.rungs(num_cells))
+    return (f'{"successive halving" if self.kind == HALVING else "exhaustive"}: {rungs}'
+            f' (cells x rounds)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """One client x server learning-rate grid: its directory, axes and its runs' flags.
+
+  Attributes:
+    directory: Its cells go to `<directory>/<cell>/`, its stability re-runs to
+      `<directory>/stability/`, its grid.csv, grid.md and heatmap beside them.
+    client_lrs, server_lrs: The axes.
+    overrides: `launch.train` flags of every cell (e.g. task, algo, a third axis' value).
+    group: Grids of one group are one search (their cells compete); each group gets a
+      pick of its own.
+    prefix: Of its runs' names (progress lines, logs), unique across grids.
+    label: Fields of the pick's record saying which grid it is (e.g. the third axis').
+  """
+
+  directory: str
+  client_lrs: tuple[float, ...]
+  server_lrs: tuple[float, ...]
+  overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
+  group: Hashable = None
+  prefix: str = ''
+  label: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+  @property
+  def cells(self) -> list[tuple[float, float]]:
+    """(client lr, server lr) of every cell, server-major."""
+    return [(c, s) for s in self.server_lrs for c in self.client_lrs]
+
+  def run(self, cell, rounds: int, seed: Optional[int] = None,
+          continued: bool = False) -> runner.Run:
+    """The cell's run trained to `rounds`; with `seed`, its stability re-run.
+
+    A cell is one run at every rung: asked for more rounds, it continues (launch.train
+    resumes a run whose --total_rounds grew). `continued`: a later rung, which never
+    starts a cell afresh, even with --overwrite (the first rung did).
+    """
+    c, s = cell
+    name = cell_name(c, s)
+    values = {**self.overrides, 'root_output_dir': self.directory, 'experiment_name': name,
+              'client_learning_rate': c, 'server_learning_rate': s, 'total_rounds': rounds}
+    if continued:
+      values['overwrite'] = False
+    if seed is not None:
+      name = f'{name}_seed{seed}'
+      values.update(seed=seed, experiment_name=f'{STABILITY_DIRNAME}/{name}')
+    return dataclasses.replace(runner.train_run(name, values), name=self.prefix + name)
+
+  def stability_seed(self) -> int:
+    """Another seed than the cells': theirs + 1."""
+    return self.run(self.cells[0], 1).config.seed + 1
+
+
+def rung_score(run_dir: str, rounds: int, score_rounds: int) -> float:
+  """A cell's score at a rung: its mean accuracy over the last min(score_rounds, rounds)
+  of its first `rounds` rounds; NaN (failed) unless it trained all `rounds` of them.
+
+  Rounds beyond `rounds` (a cell continued to a later rung) are not looked at, so a
+  resumed search scores every rung as the first pass did.
+  """
+  if analysis.runs.completed_rounds(run_dir) < rounds:
+    return math.nan  # It diverged before (a diverged round is never recorded).
+  try:
+    got, acc = analysis.accuracy_series(run_dir)
+  except (OSError, ValueError):
+    return math.nan
+  keep = got <= rounds
+  if not keep.any():
+    return math.nan
+  return analysis.mean_of_last_rounds(acc[keep], got[keep], min(score_rounds, rounds))
+
+
+def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
+  """(rounds trained up to round `up_to`, their training and evaluation seconds).
+
+  From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
+  """
+  path = os.path.join(run_dir, analysis.runs.METRICS_FILENAME)
+  trained = {r: t for r, t in resumption.read_metric(
+      path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
+  evaluated = resumption.read_metric(path, 'evaluation/evaluation_time_in_seconds')
+  seconds = sum(trained.values()) + sum(t for r, t in evaluated.items() if r <= up_to)
+  return len(trained), seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """One group's search.
+
+  Attributes:
+    rungs: The rungs of its cells (keys (grid index, client lr, server lr)).
+    stability: The stability check (None: not run).
+    best: The pick's record (best.json); None when nothing could be picked.
+  """
+
+  rungs: tuple[halving.Rung, ...]
+  stability: Optional[halving.StablePick]
+  best: Optional[dict]
+
+
+def run_search(
+    grids: Sequence[Grid], search: Search, *, parallel: int, log_dir: str, stream=None,
+) -> dict[Hashable, Outcome]:
+  """Searches every group of `grids` side by side; group -> its `Outcome`.
+
+  Each rung's runs of all groups go together, `parallel` at a time; so do the stability
+  re-runs. Cells are keyed (grid index, client lr, server lr).
+  """
+  stream = stream or sys.stdout
+
+  def train_and_score(keys, rounds):
+    k = search.rung_rounds.index(rounds) + 1
+    print(f'rung {k}/{len(search.rung_rounds)}: {len(keys)} cells to {rounds} rounds',
+          file=stream, flush=True)
+    runs = {key: grids[key[0]].run(key[1:], rounds, continued=k > 1) for key in keys}
+    runner.run_all(
+        list(runs.values()), parallel=parallel, log_dir=log_dir, stream=stream,
+        describe=lambda run, state: f'score={_score(run, rounds):.4f}',
+    )
+    return {key: _score(run, rounds) for key, run in runs.items()}
+
+  def _score(run, rounds):
+    return rung_score(run.config.output_dir, rounds, search.score_rounds)
+
+  def check(keys):
+    print(f'stability: {len(keys)} picks re-run with another seed for'
+          f' {search.final_rounds} rounds', file=stream, flush=True)
+    runs = {key: _stability_run(grids, key, search) for key in keys}
+    states = runner.run_all(list(runs.values()), parallel=parallel, log_dir=log_dir,
+                            stream=stream)
+    return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
+
+  keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]
+  rungs = halving.successive_halving(
+      keys, search.rung_rounds, train_and_score, group=lambda key: grids[key[0]].group)
+  members = {}
+  for key in keys:
+    members.setdefault(grids[key[0]].group, []).append(key)
+  orders = {group: halving.ranking(rungs, cells) for group, cells in members.items()}
+  stability = None
+  if search.stability_check:
+    stability = halving.stable_picks(
+        orders, lambda key: _neighbours(grids, key), check)
+  outcomes = {}
+  for group, cells in members.items():
+    cells = set(cells)
+    group_rungs = tuple(  # The rungs this group's cells reached.
+        halving.Rung(rung.rounds, {k: v for k, v in rung.scores.items() if k in cells})
+        for rung in rungs if cells & set(rung.scores))
+    checked = None if stability is None else stability[group]
+    pick = orders[group][0] if orders[group] else None
+    if checked is not None:
+      pick = checked.pick
+    outcomes[group] = Outcome(
+        rungs=group_rungs, stability=checked,
+        best=None if pick is None else _record(grids, search, group_rungs, pick, checked))
+  return outcomes
+
+
+def _stability_run(grids, key, search: Search) -> runner.Run:
+  grid = grids[key[0]]
+  return grid.run(key[1:], search.final_rounds, seed=grid.stability_seed())
+
+
+def _neighbours(grids, key) -> set:
+  """The cells a half decade (one step of either axis) from `key`, in its grid."""
+  i, c, s = key
+  grid = grids[i]
+  return {(i, *cell) for cell in halving.grid_neighbours((c, s), (grid.client_lrs,
+                                                                   grid.server_lrs))}
+
+
+def _rates(grids, key) -> dict:
+  i, c, s = key
+  return dict(client_learning_rate=c, server_learning_rate=s, **grids[i].label)
+
+
+def _record(grids, search: Search, rungs, key, stability) -> dict:
+  """best.json: the pick, its score and the rounds scored, the search and its cost."""
+  grid = grids[key[0]]
+  last = halving.last_scores(rungs)
+  rounds, score = last[key]
+  config = grid.run(key[1:], rounds).config
+  record = dict(
+      task=config.task, algo=config.algo, **_rates(grids, key), score=score,
+      score_rounds=search.scored_rounds(rounds), total_rounds=rounds, search=search.kind,
+      run_dir=config.output_dir,
+      rungs=[dict(rounds=r.rounds, cells=len(r.scores)) for r in rungs],
+  )
+  # Each cell up to its last rung (a cell continued by a later search is not charged
+  # here for rounds this one did not ask for), and the stability re-runs.
+  trained = [(grids[cell[0]].run(cell[1:], r).config.output_dir, r)
+             for cell, (r, _) in last.items()]
+  if stability is not None:
+    trained += [(_stability_run(grids, cell, search).config.output_dir, search.final_rounds)
+                for cell, _ in stability.checked]
+    record['stability'] = dict(
+        seed=grid.stability_seed(), rounds=search.final_rounds,
+        checked=[dict(**_rates(grids, cell), stable=stable)
+                 for cell, stable in stability.checked],
+        replaced=stability.replaced,
+        diverged_best=_rates(grids, stability.best) if stability.replaced else None,
+    )
+  costs = [run_cost(run_dir, up_to) for run_dir, up_to in trained]
+  record['cost'] = dict(rounds=sum(n for n, _ in costs), seconds=sum(t for _, t in costs))
+  return record
