@@ -102,21 +102,19 @@ def no_worker_outlives_the_session():
 # Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
 # files (--dist loadfile) to its two workers in order of their number of tests; handing out
 # the longest first instead keeps one worker from starting a long file as the other ends.
-# Measured 2026-11-23 on the nearly quiet 2-core machine, protobuf's C implementation
-# (870 s in all, 7.5 min of wall time); test_reproduce, test_experiments, test_evaluation,
-# test_benchmark and test_setup estimated 2026-11-24 after their new tests; test_trust
-# measured 2026-11-24 with its subprocesses (the one file that runs programs side by side).
+# Measured 2026-11-25 in one full run on the 2-core machine (others' work beside it, so
+# only the order matters); files under 30 s keep their estimates of 2026-11-23/24.
 _FILE_SECONDS = {
-    'test_train.py': 220, 'test_failures.py': 96, 'test_cifar10.py': 65,
-    'test_algorithms.py': 64, 'test_cpp_worker.py': 53, 'test_in_process.py': 46, 'test_in_process_shapes.py': 40,
-    'test_benchmark.py': 60, 'test_experiments.py': 130, 'test_remote_workers.py': 36,
-    'test_devices.py': 25, 'test_run_directory.py': 23, 'test_notebooks.py': 22,
-    'test_fedgps.py': 22, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,
-    'test_synthetic.py': 16, 'test_readme.py': 14, 'test_reproduce.py': 150,
-    'test_shakespeare_gru.py': 13, 'test_tasks.py': 8, 'test_client_states.py': 6,
-    'test_tff_baselines.py': 25, 'test_scaffold.py': 20, 'test_evaluation.py': 60,
-    'test_setup.py': 45, 'test_tuned_comparison.py': 150, 'test_trust.py': 600,
-    'test_aggregation.py': 120, 'test_aggregation_launch.py': 200,
+    'test_trust.py': 600, 'test_train.py': 520, 'test_remote_workers.py': 180,
+    'test_aggregation_launch.py': 165, 'test_experiments.py': 160, 'test_algorithms.py': 150,
+    'test_reproduce.py': 150, 'test_failures.py': 135, 'test_tuned_comparison.py': 130,
+    'test_aggregation.py': 120, 'test_in_process.py': 100, 'test_cifar10.py': 95,
+    'test_benchmark.py': 90, 'test_notebooks.py': 80, 'test_devices.py': 75,
+    'test_cpp_worker.py': 70, 'test_evaluation.py': 60, 'test_setup.py': 45,
+    'test_in_process_shapes.py': 40, 'test_run_directory.py': 40, 'test_fedgps.py': 30,
+    'test_shakespeare_gru.py': 25, 'test_tff_baselines.py': 25, 'test_readme.py': 20,
+    'test_scaffold.py': 20, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,
+    'test_synthetic.py': 16, 'test_tasks.py': 8, 'test_client_states.py': 6,
 }
 
 
