@@ -3,8 +3,10 @@ r"""Compares algorithms over seeds: `python -m launch.compare --task=... --algos
 Trains (or finishes, or just collects) one run per task, algorithm and seed, all on the
 same data split, then writes the FedZMG paper's tables and figures (docs/specification.md
 section 6) for each task: final accuracy, rounds to each accuracy threshold, late-stage
-sustained accuracy, paired t-tests of each algorithm against the others, and the
-validation accuracy curves (mean and standard deviation band over seeds):
+sustained accuracy, paired t-tests of each algorithm against the others, the validation
+accuracy curves (mean and standard deviation band over seeds), and each algorithm's
+aggregator and bytes broadcast to and uploaded by a client per round, as its runs measured
+them (docs/privacy_and_communication.md):
 
   python -m launch.compare --task=emnist --algos=fedzmg,fedavg,fedadam --seeds=0,1,2,3,4 \
       --total_rounds=1000 --parallel=2 \
@@ -12,7 +14,8 @@ validation accuracy curves (mean and standard deviation band over seeds):
 
 Runs live where `launch.train` puts them by default, `<root_output_dir>/<task>_<algo>_seed<seed>`,
 so runs made by hand are picked up, finished runs are not trained again, and an
-interrupted comparison resumes. Every flag of `launch.train` is passed on to every run;
+interrupted comparison resumes. Every flag of `launch.train` is passed on to every run
+(e.g. `--aggregator=dp_fixed --noise_multiplier=1 --clip=0.1`: every algorithm under DP);
 --algo_hparams sets hyperparameters per algorithm ('algo:name=value,name=value;algo:...').
 --tuned_from=<grid or reproduce directory> runs each algorithm at the rates its grid search
 picked (its best.json); a comparison at untuned default rates says so in a warning line and
@@ -34,6 +37,7 @@ import sys
 from absl import flags
 
 import tasks
+from launch import accounting
 from launch import errors
 from launch import failures
 from launch import run_identity
@@ -86,6 +90,12 @@ TRAINING_DATA_SETTINGS = (
 )
 # flags.json settings that fix a run's data: runs compared in pairs must agree on them.
 DATA_SETTINGS = TRAINING_DATA_SETTINGS + ('evaluation', 'eval_examples', 'num_eval_clients')
+# Each algorithm's aggregator and what one client receives and sends per round, measured
+# from its runs' processes (communication.json): summary.csv's columns.
+COMMUNICATION_COLUMNS = (
+    'aggregator', 'broadcast_bytes_per_client', 'upload_bytes_per_client',
+    'broadcast_tensor_bytes_per_client', 'upload_tensor_bytes_per_client',
+)
 
 
 def run_name(task: str, algo: str, seed: int) -> str:
@@ -257,6 +267,8 @@ def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams
           row['other_hparams'] = differ
           print(f'{task}: {run_dir} was trained with other hyperparameters than asked'
                 f' ({differ}); compared as it is', file=stream, flush=True)
+      row['aggregator'] = accounting.describe_aggregator(recorded.get('aggregator'))
+      row.update(analysis.runs.read_communication(run_dir) or {})  # None: an older run.
       data[run_dir] = {k: recorded.get(k) for k in DATA_SETTINGS}
       done = analysis.runs.completed_rounds(run_dir)
       if os.path.exists(os.path.join(run_dir, runner.DIVERGED_FILENAME)):
@@ -284,16 +296,43 @@ def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams
   return {a: s for a, s in series.items() if s}, rows
 
 
-def _rates_by_algo(status_rows) -> dict[str, str]:
-  """algo -> 'tuned: client_learning_rate=0.1, ...' of its runs (';'-joined if they differ)."""
+def _by_algo(status_rows, cell) -> dict[str, str]:
+  """algo -> `cell(row)` of its runs ('; '-joined, sorted, if they differ)."""
   by_algo = {}
   for row in status_rows:
-    by_algo.setdefault(row['algo'], set()).add(f"{row['rates']}: {row['learning_rates']}")
+    by_algo.setdefault(row['algo'], set()).add(cell(row))
   return {algo: '; '.join(sorted(texts)) for algo, texts in by_algo.items()}
 
 
-def _format_summary(summary, thresholds, rates):
-  """Summary rows for Markdown: 'mean ± std' cells, and the learning rates and their source."""
+def _rates_by_algo(status_rows) -> dict[str, str]:
+  """algo -> 'tuned: client_learning_rate=0.1, ...' of its runs."""
+  return _by_algo(status_rows, lambda row: f"{row['rates']}: {row['learning_rates']}")
+
+
+def communication_by_algo(status_rows) -> dict[str, dict[str, str]]:
+  """algo -> its aggregator and the bytes one client receives and sends per round, as its
+  runs recorded them (`COMMUNICATION_COLUMNS`; '' for a run from before the record)."""
+  columns = {column: _by_algo(status_rows, lambda row, c=column: str(row.get(c, '')))
+             for column in COMMUNICATION_COLUMNS}
+  return {algo: {column: columns[column][algo] for column in columns}
+          for algo in columns['aggregator']}
+
+
+def communication_cells(values: dict[str, str]) -> dict[str, str]:
+  """The Markdown cells of `communication_by_algo`'s values: the aggregator, and the
+  bytes broadcast and uploaded with thousands separators ('not recorded' for runs from
+  before the record or made without `launch.train`)."""
+  def number(text):
+    return '; '.join(f'{int(v):,}' for v in text.split('; ')) if text else 'not recorded'
+
+  return {'aggregator': values['aggregator'],
+          'bytes broadcast per client and round': number(values['broadcast_bytes_per_client']),
+          'bytes uploaded per client and round': number(values['upload_bytes_per_client'])}
+
+
+def _format_summary(summary, thresholds, rates, communication):
+  """Summary rows for Markdown: 'mean ± std' cells, the learning rates and their source,
+  the aggregator and the bytes per client and round."""
   def cell(row, column):
     mean, std = row[f'{column}_mean'], row[f'{column}_std']
     if mean is None:
@@ -314,6 +353,7 @@ def _format_summary(summary, thresholds, rates):
       start = row[f'{col}_from_round']
       r[f'late-stage {t:g}'] = cell(row, col) + ('' if start is None else f' (from round {start})')
     r['learning rates'] = rates.get(row['algo'], '')
+    r.update(communication_cells(communication[row['algo']]))
     out.append(r)
   return out
 
@@ -336,6 +376,7 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
                                   None if hparams is None else hparams[task])
     markdown.append(f'## {task}\n\n')
     rates = _rates_by_algo(status_rows)
+    communication = communication_by_algo(status_rows)
     untuned = [a for a in algos
                if any(r['algo'] == a and r['rates'] == analysis.tuning.DEFAULTS
                       for r in status_rows)]
@@ -352,8 +393,8 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
     by_run = {(r['algo'], r['seed']): r for r in tables['runs']}
     for row in status_rows:
       all_runs.append({**row, **by_run.get((row['algo'], row['seed']), {})})
-    all_summary.extend({'task': task, **r, 'learning_rates': rates.get(r['algo'], '')}
-                       for r in tables['summary'])
+    all_summary.extend({'task': task, **r, 'learning_rates': rates.get(r['algo'], ''),
+                        **communication[r['algo']]} for r in tables['summary'])
     all_ttests.extend({'task': task, **r} for r in tables['ttests'])
     figure = os.path.join(report_dir, f'{task}_accuracy.png')
     analysis.accuracy_curves(
@@ -362,7 +403,8 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
         thresholds=task_thresholds,
     )
     markdown += [
-        analysis.markdown_table(_format_summary(tables['summary'], task_thresholds, rates)),
+        analysis.markdown_table(
+            _format_summary(tables['summary'], task_thresholds, rates, communication)),
         '\nPaired t-tests over seeds (a - b):\n\n',
         analysis.markdown_table(tables['ttests'], [
             'metric', 'algo_a', 'algo_b', 'mean_a', 'mean_b', 'mean_difference', 't', 'p',

@@ -6,14 +6,14 @@ steps: check everything that can be refused (`_check`), build the task and the p
 (`_build`), select each round's clients (`_selection_fn`), then, holding the run's lock,
 ready its folder (`_prepare_folder`) and train (`_resume`, `_train`) in the runtime's
 context, and sum the run up (`_summary`). Everything that can be rejected (task,
-algorithm, hyperparameters, data, an existing run with other settings) is checked before
-anything is written to the output directory.
+algorithm, hyperparameters, aggregator, data, an existing run with other settings) is
+checked before anything is written to the output directory.
 
 The parts live beside it: the settings in `run_config`, who runs the rounds in
 `runtime_choice`, the folder's policy in `resumption`, `run_directory` and `run_identity`,
-what becomes of each round in `rounds`, the asyncio loop and a stopped run's message in
-`event_loop`, the errors in `errors`. The names programs, notebooks and tests use are
-re-exported here.
+what becomes of each round in `rounds`, what the run spends in privacy and bytes in
+`accounting`, the asyncio loop and a stopped run's message in `event_loop`, the errors in
+`errors`. The names programs, notebooks and tests use are re-exported here.
 """
 
 import collections
@@ -21,11 +21,13 @@ import contextlib
 import os
 import time
 from typing import Callable, Optional
+import warnings
 
 import numpy as np
 import tensorflow_federated as tff
 
 import tasks
+from launch import accounting
 from launch import event_loop
 from launch import resumption
 from launch import rounds
@@ -84,16 +86,21 @@ def run(config: ExperimentConfig) -> dict:
   """
   config = run_config.resolve_evaluation(config)
   in_process_threads, flags_agree = _check(config)
-  task, identity, process = _build(config, flags_agree)
+  task, identity, aggregator, process = _build(config, flags_agree)
   select = _selection_fn(config, task, _keeps_client_states(process))
   start = time.monotonic()
-  progress = rounds.RoundReleaseManager(config)
+  num_train_clients = len(task.datasets.train_data.client_ids)
+  epsilon = accounting.epsilon_after(aggregator, num_train_clients)
+  progress = rounds.RoundReleaseManager(config, epsilon_after=epsilon)
+  client_bytes = None
   # One process per run from here on: checks made before are made again under the lock.
   with run_directory.locked(config.output_dir):
     _prepare_folder(config, identity)
     with (event_loop.stops_say_what_is_kept(config.checkpoint_dir),
           runtime_choice.execution_context(config, progress) as runtime_context):
       print(runtime_choice.runtime_line(config, runtime_context, in_process_threads),
+            flush=True)
+      print(accounting.aggregator_line(config.algo, aggregator, num_train_clients),
             flush=True)
       evaluate = rounds.evaluation_fn(config, task, process, runtime_context,
                                       in_process_threads)
@@ -105,13 +112,18 @@ def run(config: ExperimentConfig) -> dict:
       run_directory.write_json_atomically(
           os.path.join(config.output_dir, run_config.FLAGS_FILENAME), config.recorded()
       )
+      client_bytes = accounting.client_bytes(config.output_dir, process)
+      print(accounting.communication_line(client_bytes), flush=True)
 
       def record_session():
         return runtime_choice.record_session(config, runtime_context, in_process_threads,
                                              evaluate.held_out, progress.trained_rounds)
 
       session = _train(config, process, store, select, evaluate, progress, record_session)
-  return _summary(config, time.monotonic() - start, session, evaluate.held_out)
+  summary = _summary(config, time.monotonic() - start, session, evaluate.held_out)
+  summary.update(accounting.summary(config, epsilon, summary['rounds_completed'],
+                                    client_bytes))
+  return summary
 
 
 def _check(config: ExperimentConfig) -> tuple[Optional[int], bool]:
@@ -139,7 +151,7 @@ def _build(config: ExperimentConfig, flags_agree: bool):
   built.
 
   Returns:
-    (task, the run's identity, the process).
+    (task, the run's identity, its aggregator's settings, the process).
   """
   task = tasks.get(
       config.task,
@@ -166,12 +178,17 @@ def _build(config: ExperimentConfig, flags_agree: bool):
       if config.executor == 'gpu'
       else tff.learning.LoopImplementation.DATASET_REDUCE
   )
-  process = registry.build(
-      config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
-      num_clients=len(task.datasets.train_data.client_ids),
-      loop_implementation=loop, **config.hparams,
-  )
-  return task, identity, process
+  num_clients = len(task.datasets.train_data.client_ids)
+  aggregator = config.aggregator_settings(num_clients)
+  with warnings.catch_warnings():
+    # DP's uniform weighting: the run's aggregator line says it (`accounting`).
+    warnings.filterwarnings('ignore', message=r'aggregator .* averages client updates')
+    process = registry.build(
+        config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
+        num_clients=num_clients, loop_implementation=loop, aggregator=aggregator,
+        **config.hparams,
+    )
+  return task, identity, aggregator, process
 
 
 def _keeps_client_states(process) -> bool:

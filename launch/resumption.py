@@ -25,6 +25,7 @@ from launch import event_loop
 from launch import run_config
 from launch import run_directory
 from launch import run_identity
+from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
 
 # Settings that may change between a run and its resumption without changing its results.
@@ -119,6 +120,7 @@ def lasting_settings(recorded: dict) -> dict:
 
   A record from before the evaluation setting evaluated each of its first
   `num_eval_clients` test clients (0: all), which is the per-client evaluation; one from
+  before the aggregator setting aggregated with the algorithm's mean; one from
   before runs listed every hyperparameter holds only those given (`{}` for the
   defaults): the algorithm's defaults fill in the rest, so that it reads as the same run
   as today's record of the same command.
@@ -130,6 +132,8 @@ def lasting_settings(recorded: dict) -> dict:
   if 'evaluation' not in settings:  # Before the setting: TFF's evaluation per client.
     settings.update(evaluation=evaluation.PER_CLIENT, eval_examples=None,
                     num_eval_clients=settings.get('num_eval_clients') or None)
+  # Before the aggregator setting, every run averaged with its algorithm's own mean.
+  settings.setdefault('aggregator', aggregation.AggregatorSettings().used())
   hparams = settings.get('hparams')
   if isinstance(hparams, dict) and settings.get('algo') in registry.ALGORITHMS:
     defaults = json.loads(json.dumps(dict(registry.get(settings['algo']).defaults)))

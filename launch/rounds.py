@@ -14,7 +14,7 @@ import dataclasses
 import math
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow_federated as tff
@@ -124,6 +124,8 @@ class FiniteStateManager(tff.program.FileProgramStateManager):
 
 
 _EVALUATION_PREFIX = 'evaluation/'
+# A DP run's epsilon after the round (`accounting.epsilon_after`): metrics.csv's column.
+EPSILON_METRIC = 'privacy/epsilon'
 _EVALUATION_TIME = 'evaluation/evaluation_time_in_seconds'
 
 
@@ -133,12 +135,15 @@ class RoundReleaseManager(tff.program.ReleaseManager):
   A diverged round (`divergence`, against the limit round 0's evaluation loss sets)
   raises `errors.DivergedError` before anything of it is written (metrics, TensorBoard,
   checkpoint: TFF's training loop releases a round's metrics before it saves the round's
-  state). Otherwise the metrics go to `managers` in order, then one line: metrics, rounds
-  per second, ETA.
+  state). Otherwise the metrics, with a DP run's `privacy/epsilon` after the round, go to
+  `managers` in order, then one line: metrics, rounds per second, ETA.
   """
 
-  def __init__(self, config: run_config.ExperimentConfig, stream=None):
+  def __init__(self, config: run_config.ExperimentConfig, stream=None,
+               epsilon_after: Optional[Callable[[int], float]] = None):
     self._config = config
+    # A DP run's `rounds -> epsilon` (`accounting.epsilon_after`), released with each round.
+    self._epsilon_after = epsilon_after
     self._total_rounds = config.total_rounds
     self.managers = []  # The run's CSV and TensorBoard managers, once it has made them.
     self._stream = stream
@@ -158,6 +163,10 @@ class RoundReleaseManager(tff.program.ReleaseManager):
     evaluation = [k for k in value if k.startswith(_EVALUATION_PREFIX)]
     if evaluation == [_EVALUATION_TIME]:  # A round `evaluation_due` skipped.
       value = collections.OrderedDict((k, v) for k, v in value.items() if k != _EVALUATION_TIME)
+    if self._epsilon_after is not None:  # Round `key` is the key-th round trained.
+      group, name = EPSILON_METRIC.split('/')
+      value = collections.OrderedDict(
+          value, **{group: collections.OrderedDict({name: self._epsilon_after(key)})})
     flat = _flatten(value)
     reason = divergence(flat, self.limit)
     if reason is not None:
@@ -178,6 +187,7 @@ class RoundReleaseManager(tff.program.ReleaseManager):
         ('client_work/train/sparse_categorical_accuracy', 'acc'),
         ('evaluation/loss', 'eval_loss'),
         ('evaluation/sparse_categorical_accuracy', 'eval_acc'),
+        (EPSILON_METRIC, 'epsilon'),
     ):
       if name in flat:
         parts.append(f'{label}={float(flat[name]):.4f}')

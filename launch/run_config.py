@@ -17,11 +17,13 @@ from tasks import evaluation
 from launch import errors
 from launch import run_directory
 from launch import runtime_choice
+from tff_zmg import aggregation
 from tff_zmg import analysis
 from tff_zmg import client_states
 from tff_zmg import validation
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
+from tff_zmg.templates import hparams as hparams_lib
 
 FLAGS_FILENAME = 'flags.json'
 METRICS_FILENAME = 'metrics.csv'
@@ -33,6 +35,10 @@ RUNTIME_FILENAME = analysis.runs.RUNTIME_FILENAME
 # loss (an untrained model's, about the uniform prediction's log(classes): 4.1 on EMNIST's
 # 62) diverged, as one whose loss is not finite did (`rounds.divergence`); --divergence_factor.
 DIVERGENCE_FACTOR = 10.0
+# The aggregator's settings a run sets itself rather than by flag: the clients it samples
+# each round (--clients_per_round, at most the training clients) and its --seed, which
+# seeds the DP noise so that a run, and its resumption, draws the same noise.
+RUN_AGGREGATOR_SETTINGS = ('clients_per_round', 'noise_seed')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,10 @@ class ExperimentConfig:
   # A loss above this multiple of round 0's evaluation loss is divergence (`divergence`);
   # math.inf judges by finiteness alone.
   divergence_factor: float = DIVERGENCE_FACTOR
+  # How the server aggregates client updates: fields of `aggregation.AggregatorSettings`
+  # as given (kind, the DP and compression settings; {}: the algorithm's own mean), not
+  # RUN_AGGREGATOR_SETTINGS, which the run sets (`aggregator_settings`).
+  aggregator: dict = dataclasses.field(default_factory=dict)
 
   @property
   def output_dir(self) -> str:
@@ -116,13 +126,75 @@ class ExperimentConfig:
     # Unsettled (`resolve_evaluation`) only where no run exists yet: a new run's.
     values['evaluation'] = self.evaluation or evaluation.GLOBAL
     values['hparams'] = dict(self._resolved_hparams)
+    values['aggregator'] = dict(self._recorded_aggregator)
     return values
+
+  def aggregator_settings(
+      self, num_train_clients: Optional[int] = None
+  ) -> aggregation.AggregatorSettings:
+    """The run's aggregator: its given settings, the clients it samples each round (at
+    most `num_train_clients`, once the data is known) and its seed for the noise.
+
+    Raises:
+      ValueError: (one line) a setting out of its range, one its kind does not read, one
+        the run sets, or an aggregator the algorithm refuses (`registry.check_aggregator`).
+    """
+    clients = self.clients_per_round
+    if num_train_clients is not None:
+      clients = min(clients, num_train_clients)
+    return checked_aggregator(self.algo, self.aggregator, clients, self.seed)
 
   @functools.cached_property
   def _resolved_hparams(self) -> dict:
     # Once per config: a run records and compares its settings several times, and each
     # resolution checks every value again (and repeats FedRKMGC's small-gamma warning).
     return registry.resolve(self.algo, self.hparams)
+
+  @functools.cached_property
+  def _recorded_aggregator(self) -> dict:
+    # What the kind reads, as flags give it: the run records the others apart.
+    used = self.aggregator_settings().used()
+    return {k: v for k, v in used.items() if k not in RUN_AGGREGATOR_SETTINGS}
+
+
+def aggregator_flag(field: str) -> str:
+  """The `launch.train` flag of an `aggregation.AggregatorSettings` field."""
+  return 'aggregator' if field == 'kind' else field
+
+
+def checked_aggregator(
+    algo: str, given: dict, clients_per_round: int, seed: int
+) -> aggregation.AggregatorSettings:
+  """`AggregatorSettings` of the `given` fields, the run's clients per round and seed.
+
+  Raises:
+    ValueError: (one line, naming the flag) as `ExperimentConfig.aggregator_settings`.
+  """
+  fields = hparams_lib.field_info(aggregation.AggregatorSettings)
+  for field, value in given.items():
+    if field in RUN_AGGREGATOR_SETTINGS or field not in fields:
+      raise ValueError(
+          f'{field} is not an aggregator setting of a run (the run samples'
+          ' clients_per_round clients a round and seeds the noise with its seed); they are'
+          f' {[f for f in fields if f not in RUN_AGGREGATOR_SETTINGS]}'
+      )
+    fields[field][1].check(aggregator_flag(field), value)  # The flag's name in the error.
+  settings = aggregation.AggregatorSettings(
+      **given, clients_per_round=clients_per_round, noise_seed=seed
+  )
+  ignored = [f for f in given if f != 'kind' and f not in aggregation.READS[settings.kind]]
+  if ignored:
+    flags_read = [f'--{f}' for f in aggregation.READS[settings.kind]
+                  if f not in RUN_AGGREGATOR_SETTINGS]
+    raise ValueError(
+        f'--{ignored[0]} does not apply to --aggregator={settings.kind}, which reads'
+        f' {", ".join(flags_read) or "no other flag"}'
+    )
+  try:
+    registry.check_aggregator(algo, settings)
+  except ValueError as e:  # Which flag the algorithm refuses, then what would escape.
+    raise ValueError(f'--algo={algo} refuses --aggregator={settings.kind}: {e}') from None
+  return settings
 
 
 def validate(config: ExperimentConfig) -> None:
@@ -148,6 +220,7 @@ def validate(config: ExperimentConfig) -> None:
         f' {config.divergence_factor!r}'
     )
   evaluation.check_settings(config.evaluation, config.eval_examples, config.num_eval_clients)
+  config.aggregator_settings()  # Before the data is read: the flags, and a refusal.
   for name in ('client_batch_size', 'max_elements_per_client'):  # None: no setting.
     if getattr(config, name) is not None:
       validation.check_positive(name, getattr(config, name))

@@ -37,7 +37,7 @@ UNREADABLE_PREFIX = 'unreadable_'
 # folder holding anything else is not deleted by --overwrite.
 RUN_ENTRIES = frozenset({
     'flags.json', 'metrics.csv', 'checkpoints', 'tensorboard', 'client_states',
-    'runtime.json', 'diverged.txt', LOCK_FILENAME,
+    'runtime.json', 'communication.json', 'diverged.txt', LOCK_FILENAME,
 })
 # Temporary files of interrupted writes: TFF's CSV manager (`metrics.csv_temp1234`) and
 # ours (`.flags.json.tmp`, `write_json_atomically`), named after the files they replace;

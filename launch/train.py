@@ -4,6 +4,12 @@ Offline, on synthetic data in TFF's format (a few rounds, seconds per round on a
 
   python -m launch.train --task=emnist --algo=fedzmg --data_source=synthetic --total_rounds=5
 
+Under differential privacy, epsilon after each round in metrics.csv (the other
+aggregators: --aggregator=dp_adaptive|compressed|robust; docs/privacy_and_communication.md):
+
+  python -m launch.train --task=emnist --algo=fedzmg --data_source=synthetic \
+      --aggregator=dp_fixed --noise_multiplier=1 --clip=0.1
+
 On TFF's published data (`<cache_dir>/emnist_all.sqlite` etc.):
 
   python -m launch.train --task=shakespeare --algo=fedzmg --total_rounds=1500
@@ -37,25 +43,25 @@ from typing import Any, Mapping
 from absl import flags
 from absl import logging
 import tensorflow as tf
-import tensorflow_federated as tff
 
 import tasks
+from launch import accounting
 from launch import experiment
 from launch import failures
 from launch import papers
+from launch import run_config
 from tasks import evaluation
+from tff_zmg import aggregation
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.algorithms import registry
 from tff_zmg.templates import hparams as hparams_lib
 
 
 _TASK = flags.DEFINE_enum('task', None, list(tasks.TASK_NAMES), 'The federated task.')
-_WEIGHTS = {tff.learning.ClientWeighting.UNIFORM: 'uniform weights',
-            tff.learning.ClientWeighting.NUM_EXAMPLES: 'weights by examples'}
 _ALGO = flags.DEFINE_enum(
     'algo', None, sorted(registry.ALGORITHMS),
     'The algorithm (docs/algorithms.md) and how the server weights client updates: '
-    + ' '.join(f'{name} ({_WEIGHTS[spec.client_weighting]}): {spec.description}'
+    + ' '.join(f'{name} ({accounting.WEIGHTS[spec.client_weighting]}): {spec.description}'
                for name, spec in registry.ALGORITHMS.items()),
 )
 _DATA_SOURCE = flags.DEFINE_enum(
@@ -103,6 +109,14 @@ _MAX_ELEMENTS = flags.DEFINE_integer(
 )
 
 
+def _define_flag(name: str, kind: type, valid, text: str, default_text: str):
+  """A flag unset by default (None: the dataclass field's default applies), whose help
+  is the field's with its range and default."""
+  define = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool,
+            str: flags.DEFINE_string}
+  return define[kind](name, None, f'{text.rstrip(".")}; {valid.text}. {default_text}')
+
+
 def _define_hparam_flags() -> dict:
   """One flag per hyperparameter of the registry's `Hparams` dataclasses, unset (None):
   an unset flag leaves the algorithm's default. The help is the field's, with its range
@@ -112,23 +126,42 @@ def _define_hparam_flags() -> dict:
     defaults = spec.defaults
     for name, (kind, valid, text) in hparams_lib.field_info(spec.hparams_class).items():
       fields.setdefault(name, (kind, valid, text, {}))[3][algo] = defaults[name]
-  define = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool,
-            str: flags.DEFINE_string}
   defined = {}
   for name, (kind, valid, text, defaults) in fields.items():
     if len(set(map(repr, defaults.values()))) == 1:
       default_text = f'Default: {next(iter(defaults.values()))!r} ({", ".join(defaults)}).'
     else:
       default_text = 'Defaults: ' + ', '.join(f'{a}={v!r}' for a, v in defaults.items()) + '.'
-    defined[name] = define[kind](
-        name, None, f'{text.rstrip(".")}; {valid.text}. {default_text}'
-    )
+    defined[name] = _define_flag(name, kind, valid, text, default_text)
+  return defined
+
+
+def _define_aggregator_flags() -> dict[str, str]:
+  """One flag per field of `aggregation.AggregatorSettings` but those the run sets
+  (`run_config.RUN_AGGREGATOR_SETTINGS`): `--aggregator` (its kind), the DP and the
+  compression settings, unset (None: the field's default).
+
+  Returns:
+    flag name -> field name.
+  """
+  defaults = aggregation.AggregatorSettings()
+  defined = {}
+  for field, (kind, valid, text) in hparams_lib.field_info(type(defaults)).items():
+    if field in run_config.RUN_AGGREGATOR_SETTINGS:
+      continue
+    name = run_config.aggregator_flag(field)
+    _define_flag(name, kind, valid, text, f'Default: {getattr(defaults, field)!r}.')
+    defined[name] = field
   return defined
 
 
 _HPARAMS = _define_hparam_flags()
+# docs/privacy_and_communication.md; --clients_per_round and --seed are the DP aggregator's.
+_AGGREGATOR_FLAGS = _define_aggregator_flags()
 _SEED = flags.DEFINE_integer(
-    'seed', 0, 'Seed of the model initialization, client sampling and shuffling.'
+    'seed', 0,
+    'Seed of the model initialization, client sampling and shuffling, and of a DP'
+    ' aggregator\'s noise.'
 )
 _ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', 1,
@@ -397,6 +430,8 @@ def experiment_config(settings: Settings) -> experiment.ExperimentConfig:
       worker_timeout_s=v['worker_timeout_s'],
       model=v['model'],
       divergence_factor=v['divergence_factor'],
+      aggregator={field: v[flag] for flag, field in _AGGREGATOR_FLAGS.items()
+                  if v[flag] is not None},
   )
 
 

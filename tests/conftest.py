@@ -45,6 +45,27 @@ def small_task(synthetic_cache_dir):
   return make
 
 
+@pytest.fixture
+def run_main(synthetic_cache_dir, tmp_path, capsys):
+  """`run_main(*flags, root=None) -> (rc, out, err)`: `launch.train.main` in this process
+  on the small synthetic runs' data (`small_runs.FLAGS`), its outputs under `root`
+  (default: the test's tmp_path)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from launch import train  # pylint: disable=g-import-not-at-top
+  import small_runs  # pylint: disable=g-import-not-at-top
+
+  def run(*args, root=None):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['train', f'--cache_dir={synthetic_cache_dir}',
+                 f'--root_output_dir={root or tmp_path}', *small_runs.FLAGS, *args])
+    rc = train.main(['train'])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
 @pytest.fixture(scope='session')
 def tff_context():
   """One managed local TFF worker for the whole session; stopped at the end."""
@@ -81,21 +102,19 @@ def no_worker_outlives_the_session():
 # Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
 # files (--dist loadfile) to its two workers in order of their number of tests; handing out
 # the longest first instead keeps one worker from starting a long file as the other ends.
-# Measured 2026-11-23 on the nearly quiet 2-core machine, protobuf's C implementation
-# (870 s in all, 7.5 min of wall time); test_reproduce, test_experiments, test_evaluation,
-# test_benchmark and test_setup estimated 2026-11-24 after their new tests; test_trust
-# measured 2026-11-24 with its subprocesses (the one file that runs programs side by side).
+# Measured 2026-11-25 in one full run on the 2-core machine (others' work beside it, so
+# only the order matters); files under 30 s keep their estimates of 2026-11-23/24.
 _FILE_SECONDS = {
-    'test_train.py': 220, 'test_failures.py': 96, 'test_cifar10.py': 65,
-    'test_algorithms.py': 64, 'test_cpp_worker.py': 53, 'test_in_process.py': 46, 'test_in_process_shapes.py': 40,
-    'test_benchmark.py': 60, 'test_experiments.py': 130, 'test_remote_workers.py': 36,
-    'test_devices.py': 25, 'test_run_directory.py': 23, 'test_notebooks.py': 22,
-    'test_fedgps.py': 22, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,
-    'test_synthetic.py': 16, 'test_readme.py': 14, 'test_reproduce.py': 150,
-    'test_shakespeare_gru.py': 13, 'test_tasks.py': 8, 'test_client_states.py': 6,
-    'test_tff_baselines.py': 25, 'test_scaffold.py': 20, 'test_evaluation.py': 60,
-    'test_setup.py': 45, 'test_tuned_comparison.py': 150, 'test_trust.py': 600,
-    'test_aggregation.py': 120,
+    'test_trust.py': 600, 'test_train.py': 520, 'test_remote_workers.py': 180,
+    'test_aggregation_launch.py': 165, 'test_experiments.py': 160, 'test_algorithms.py': 150,
+    'test_reproduce.py': 150, 'test_failures.py': 135, 'test_tuned_comparison.py': 130,
+    'test_aggregation.py': 120, 'test_in_process.py': 100, 'test_cifar10.py': 95,
+    'test_benchmark.py': 90, 'test_notebooks.py': 80, 'test_devices.py': 75,
+    'test_cpp_worker.py': 70, 'test_evaluation.py': 60, 'test_setup.py': 45,
+    'test_in_process_shapes.py': 40, 'test_run_directory.py': 40, 'test_fedgps.py': 30,
+    'test_shakespeare_gru.py': 25, 'test_tff_baselines.py': 25, 'test_readme.py': 20,
+    'test_scaffold.py': 20, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,
+    'test_synthetic.py': 16, 'test_tasks.py': 8, 'test_client_states.py': 6,
 }
 
 

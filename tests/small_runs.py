@@ -1,6 +1,9 @@
-"""Flags of the small synthetic `launch.train` runs the program tests start."""
+"""Flags of the small synthetic `launch.train` runs the program tests start, and a run
+killed with SIGKILL mid-way."""
 
 import os
+import signal
+import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Six EMNIST-shaped clients of twelve examples, three a round, two for evaluation: a round
@@ -12,3 +15,22 @@ FLAGS = [
     '--synthetic_examples_per_client=12',
     '--clients_per_round=3',
 ]
+
+
+def kill_when(command, line_start: str) -> list[str]:
+  """Runs `command` (a program's process, from the repository root) and SIGKILLs it as
+  soon as it prints a line starting with `line_start`; its stdout lines until then."""
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True, cwd=REPO)
+  lines = []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      if line.startswith(line_start):
+        proc.send_signal(signal.SIGKILL)
+        break
+    proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  return lines

@@ -79,6 +79,18 @@ def test_a_bad_setting_ends_in_one_line(values, message):
   assert '\n' not in str(raised.value)
 
 
+def test_each_kind_reads_its_fields_and_says_which():
+  assert sorted(aggregation.READS) == sorted(aggregation.KINDS)
+  fields = set(aggregation.AggregatorSettings.names()) - {'kind'}
+  assert set().union(*aggregation.READS.values()) == fields  # Each field is read by a kind.
+  assert aggregation.AggregatorSettings(clip=0.5).used() == {'kind': 'mean'}
+  assert _settings('compressed', compression_bits=4).used() == {
+      'kind': 'compressed', 'compression_bits': 4, 'compression_threshold': 20000}
+  assert _settings('dp_fixed', clip=0.5, noise_seed=3, compression_bits=4).used() == {
+      'kind': 'dp_fixed', 'noise_multiplier': 1.0, 'clip': 0.5, 'target_delta': 1e-5,
+      'clients_per_round': 10, 'noise_seed': 3}
+
+
 def test_mean_leaves_the_algorithm_its_own_mean():
   for weighting in tff.learning.ClientWeighting:
     assert aggregation.model_aggregator(aggregation.AggregatorSettings(), weighting) is None
@@ -111,6 +123,18 @@ def test_an_algorithm_that_uploads_more_than_its_update_refuses_in_one_line(name
   message = str(raised.value)
   assert '\n' not in message
   assert f'{name} takes no model_aggregator' in message and REFUSED[name] in message
+
+
+@pytest.mark.parametrize('kind', aggregation.KINDS)
+def test_check_aggregator_refuses_as_build_does_without_a_model(kind):
+  settings = _settings(kind, clients_per_round=11)
+  for name in registry.NAMES:
+    if name in REFUSED and kind != 'mean':
+      with pytest.raises(ValueError, match=f'^{name} takes no model_aggregator: .*'
+                                            f'{REFUSED[name]}'):
+        registry.check_aggregator(name, settings)
+    else:
+      registry.check_aggregator(name, settings)  # Accepted: no error.
 
 
 @pytest.mark.parametrize('name, kind', BUILT_WITH)

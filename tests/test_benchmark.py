@@ -103,3 +103,15 @@ def test_an_unknown_algorithm_fails_before_any_timing(tmp_path):
   )
   assert result.returncode != 0
   assert 'fedzmgg' in result.stderr and 'warm-up' not in result.stdout
+
+
+def test_one_local_worker_is_refused_before_any_timing(tmp_path):
+  """--local_workers compares two ways of splitting a round among workers: one is no split."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'launch.benchmark', '--local_workers=1',
+       f'--cache_dir={tmp_path / "data"}'],
+      cwd=_REPO, capture_output=True, text=True, timeout=300,
+  )
+  assert result.returncode == 2, result.stderr
+  assert '--local_workers must be 0 (not timed) or at least 2' in result.stderr
+  assert 'warm-up' not in result.stdout

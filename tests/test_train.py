@@ -5,7 +5,6 @@ import collections
 import csv
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.parse
@@ -36,23 +35,6 @@ CORES = os.cpu_count()
 def _cores_shared_by(clients_at_once):
   """The rule: each client run at once gets an equal share of the cores, at least one."""
   return max(1, CORES // clients_at_once)
-
-
-@pytest.fixture
-def run_main(synthetic_cache_dir, tmp_path, capsys):
-  """Runs `launch.train.main` in-process with the given flags; returns (rc, out, err)."""
-
-  def run(*args, root=None):
-    argv = ['train', f'--cache_dir={synthetic_cache_dir}',
-            f'--root_output_dir={root or tmp_path}', *_SMALL, *args]
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(argv)
-    rc = train.main(['train'])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-  yield run
-  flags.FLAGS.unparse_flags()
 
 
 def _worker_binaries():
@@ -189,8 +171,11 @@ def _server_state(experiment_dir, version):
   return [np.asarray(v) for v in tf.nest.flatten(module())]
 
 
+# SCAFFOLD's kill -9 and resume in process is tests/test_remote_workers.py's (its rounds
+# run in process there, the clients' work on two workers), a DP run's is
+# tests/test_aggregation_launch.py's: here FedRKMGC on both runtimes.
 @pytest.mark.parametrize('algo, runtime', [
-    ('fedrkmgc', 'tff_worker'), ('fedrkmgc', 'in_process'), ('scaffold', 'in_process'),
+    ('fedrkmgc', 'tff_worker'), ('fedrkmgc', 'in_process'),
 ])
 def test_killed_run_resumes_to_the_uninterrupted_result(
     run_main, tmp_path, tmp_path_factory, synthetic_cache_dir, algo, runtime
@@ -217,19 +202,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     assert whole.returncode == 0, whole.stderr
     _UNINTERRUPTED[algo] = root / f'emnist_{algo}_seed0'
   cmd = command(tmp_path / 'killed')
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                          cwd=os.path.dirname(os.path.dirname(__file__)))
-  lines = []
-  try:
-    for line in proc.stdout:
-      lines.append(line)
-      if line.startswith('round 3/4'):
-        proc.send_signal(signal.SIGKILL)
-        break
-    proc.communicate(timeout=120)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
+  lines = small_runs.kill_when(cmd, 'round 3/4')
   # Cores // clients at once threads per op in either runtime (in process set before
   # TensorFlow started, which only a fresh process allows).
   threads = _cores_shared_by(min(3, CORES) if runtime == 'in_process' else 3)

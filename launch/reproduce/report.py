@@ -235,6 +235,18 @@ def tuning_section(plan: plan_lib.Plan, best: dict) -> list[str]:
   return md
 
 
+def communication_section(communication: dict) -> list[str]:
+  """Each setting's algorithms, their aggregator and bytes per client and round, as
+  `compare.communication_by_algo` read them from the runs (none: no section)."""
+  rows = [{'setting': key, 'algorithm': algo, **compare.communication_cells(values)}
+          for key, by_algo in communication.items() for algo, values in by_algo.items()]
+  if not rows:
+    return []
+  return ['## Communication per client and round\n\n',
+          'Measured from each run\'s round (`tff_zmg.aggregation.client_bytes`).\n\n',
+          analysis.markdown_table(rows, list(rows[0])), '\n']
+
+
 def _relative(plan: plan_lib.Plan, path: str) -> str:
   return os.path.relpath(path, plan.directory)
 
@@ -248,14 +260,16 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
     return tuple(threshold_flag) if threshold_flag else tasks.SPECS[
         plan.task(setting)].accuracy_thresholds
 
-  setting_tables, figures = {}, {}
+  setting_tables, figures, communication = {}, {}, {}
   for setting in plan.settings:
     task = plan.task(setting)
     root = os.path.join(plan.directory, 'runs', setting.key)
     report_dir = os.path.join(plan.directory, 'compare', setting.key)
     compare.report(root, report_dir, [task], plan.paper.algos, plan.seeds,
                    thresholds_of(setting), stream=stream)
-    series, _ = compare.collect(root, task, plan.paper.algos, plan.seeds, io.StringIO())
+    series, status_rows = compare.collect(root, task, plan.paper.algos, plan.seeds,
+                                          io.StringIO())
+    communication[setting.key] = compare.communication_by_algo(status_rows)
     figures[setting.key] = os.path.join(report_dir, f'{task}_accuracy.png')
     if not series:
       setting_tables[setting.key] = None
@@ -297,6 +311,7 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
       md.append(f'- {note}\n')
     md.append('\n')
     summary += [f'Table {spec.number}: {line}.' for line in lines]
+  md += communication_section(communication)
   md.append('## Figures\n\n')
   for setting in plan.settings:
     if os.path.exists(figures[setting.key]):

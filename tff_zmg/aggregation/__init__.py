@@ -1,7 +1,8 @@
 """How the server aggregates client updates, what it costs in privacy and in bytes.
 
 * `settings`: `AggregatorSettings` (kind: mean, dp_fixed, dp_adaptive, compressed, robust;
-  the DP and compression settings), every default and range once, checked.
+  the DP and compression settings), every default and range once, checked; `READS`, the
+  fields each kind reads.
 * `factories`: one function per kind from TFF's own factories; `model_aggregator(settings,
   weighting)` is what a builder takes as `model_aggregator` (`registry.build(...,
   aggregator=settings)` does it for every algorithm, or refuses in one line).
@@ -22,12 +23,14 @@ from tff_zmg.aggregation.privacy import epsilon
 from tff_zmg.aggregation.settings import AggregatorSettings
 from tff_zmg.aggregation.settings import DP_KINDS
 from tff_zmg.aggregation.settings import KINDS
+from tff_zmg.aggregation.settings import READS
 
 __all__ = [
     'AggregatorSettings',
     'ClientBytes',
     'DP_KINDS',
     'KINDS',
+    'READS',
     'client_bytes',
     'client_weighting',
     'epsilon',

@@ -9,7 +9,7 @@ algorithm's), and its only validation door:
     AggregatorSettings(kind='dp_fixed', noise_multiplier=-1.0)
     # ValueError: noise_multiplier must be >= 0, got -1.0
 
-Which fields each kind reads (the others are ignored):
+Which fields each kind reads (the others are ignored; `READS`, `settings.used()`):
 
     mean         none: the algorithm's own mean (example-weighted or uniform)
     dp_fixed     noise_multiplier, clip, clients_per_round, noise_seed (target_delta: epsilon)
@@ -26,6 +26,15 @@ from tff_zmg.templates import hparams as hp
 
 KINDS = ('mean', 'dp_fixed', 'dp_adaptive', 'compressed', 'robust')
 DP_KINDS = ('dp_fixed', 'dp_adaptive')
+_DP_READS = ('noise_multiplier', 'clip', 'target_delta', 'clients_per_round', 'noise_seed')
+# The fields each kind reads besides `kind` (the module docstring's table).
+READS = {
+    'mean': (),
+    'dp_fixed': _DP_READS,
+    'dp_adaptive': _DP_READS + ('target_unclipped_quantile', 'clip_learning_rate'),
+    'compressed': ('compression_bits', 'compression_threshold'),
+    'robust': (),
+}
 # TFF noises dp_adaptive's clipped count with stddev 0.05 m and needs z < 2 * 0.05 m
 # (`tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive`).
 _ADAPTIVE_COUNT_STDDEV_PER_CLIENT = 0.05
@@ -104,6 +113,11 @@ class AggregatorSettings(hp.Hparams):
           f' stddev 0.05 * clients_per_round, which must exceed noise_multiplier / 2), got'
           f' {self.clients_per_round}'
       )
+
+  def used(self) -> dict:
+    """`kind` and the fields it reads (`READS`): what a run's record needs to say, since
+    the others change nothing."""
+    return {'kind': self.kind, **{name: getattr(self, name) for name in READS[self.kind]}}
 
   @property
   def is_private(self) -> bool:

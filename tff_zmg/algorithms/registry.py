@@ -13,6 +13,7 @@ robust) or refuses in one line naming what its clients upload besides the update
 
     registry.build('fedzmg', task.model_fn, aggregator=aggregation.AggregatorSettings(
         kind='dp_fixed', noise_multiplier=1.0, clip=0.5, clients_per_round=10))
+    registry.check_aggregator('scaffold', settings)  # The same refusal, without a model.
 """
 
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ import dataclasses
 import functools
 import types
 from typing import Any, Optional
+import warnings
 
 import tensorflow_federated as tff
 
@@ -411,3 +413,33 @@ def build(
   return spec.builder(
       model_fn, hparams, loop_implementation=loop_implementation, **options
   )
+
+
+class _StopBeforeTheModel(Exception):
+  """Raised by `check_aggregator`'s model function: the builder took the aggregator."""
+
+
+def _stop_before_the_model():
+  raise _StopBeforeTheModel()
+
+
+def check_aggregator(name: str, aggregator: aggregation.AggregatorSettings) -> None:
+  """Raises the one-line `ValueError` `build(name, ..., aggregator=aggregator)` would raise
+  if algorithm `name` refuses `aggregator`, in microseconds, without a model or data.
+
+  Every builder refuses an aggregator before it first calls its model function
+  (`compose.refuse_model_aggregator`), so a build whose model function stops it at once
+  has got past the refusal when it stops there: a program can refuse a combination
+  before it reads any data or writes anything.
+
+  Raises:
+    ValueError: If `name` is unknown, or its clients upload something `aggregator`
+      would not cover (the refusal `build` raises).
+  """
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore')  # DP's uniform weighting: `build` says it when it builds.
+    try:
+      build(name, _stop_before_the_model, keras_model_fn=_stop_before_the_model,
+            num_clients=1, aggregator=aggregator)
+    except _StopBeforeTheModel:
+      pass

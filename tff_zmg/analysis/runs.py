@@ -1,4 +1,5 @@
-"""Reading what a training run wrote: its metrics.csv, flags.json and runtime.json.
+"""Reading what a training run wrote: its metrics.csv, flags.json, runtime.json and
+communication.json.
 
 `launch.train` writes `<run>/metrics.csv` with TFF's `tff.program.CSVFileReleaseManager`:
 one row per round, the round in column `key`, round 0 being the evaluation of the
@@ -18,6 +19,7 @@ TRAIN_LOSS = 'client_work/train/loss'
 METRICS_FILENAME = 'metrics.csv'
 FLAGS_FILENAME = 'flags.json'
 RUNTIME_FILENAME = 'runtime.json'
+COMMUNICATION_FILENAME = 'communication.json'
 
 
 def metric_series(
@@ -91,3 +93,14 @@ def read_runtime(run_dir: str) -> list[dict]:
   if isinstance(record, dict) and isinstance(record.get('sessions'), list):
     return record['sessions']
   return [dict(record, rounds=None)]
+
+
+def read_communication(run_dir: str) -> Optional[dict]:
+  """The bytes one client of a run receives and sends per round, or None when it has no
+  record: `broadcast_bytes_per_client`, `upload_bytes_per_client` and their tensor
+  parts (`tff_zmg.aggregation.client_bytes`, written once per run by `launch.train`)."""
+  path = os.path.join(run_dir, COMMUNICATION_FILENAME)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
