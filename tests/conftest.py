@@ -99,6 +99,48 @@ def no_worker_outlives_the_session():
   assert not cpp_worker.live_worker_pids()
 
 
+
+def _other_test_processes() -> list:
+  """xdist's other workers (siblings of this one under the controller), [] without xdist."""
+  if not os.environ.get('PYTEST_XDIST_WORKER'):
+    return []
+  me = psutil.Process()
+  return [p for p in me.parent().children()
+          if p.pid != me.pid and 'exec(eval(sys.stdin.readline()))' in ' '.join(p.cmdline())]
+
+
+@pytest.fixture
+def quiet_machine():
+  """Stops the other test processes, and every process they started, while a test measures
+  a wall time against a claim made for a machine doing nothing else (a dry run's
+  estimate); resumes them after. Without it such a test races whatever the other worker
+  runs at that moment (it once measured 41 s against an estimate timed beside lighter
+  work)."""
+  stopped = []
+
+  def stop(process):
+    try:
+      process.suspend()
+      stopped.append(process)
+    except psutil.NoSuchProcess:
+      pass
+
+  for worker in _other_test_processes():
+    stop(worker)
+  for _ in range(2):  # Children started while their parents were being stopped.
+    for worker in _other_test_processes():
+      for child in worker.children(recursive=True):
+        if child not in stopped:
+          stop(child)
+  try:
+    yield
+  finally:
+    for process in reversed(stopped):
+      try:
+        process.resume()
+      except psutil.NoSuchProcess:
+        pass
+
 # Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
 # files (--dist loadfile) to its two workers in order of their number of tests; handing out
 # the longest first instead keeps one worker from starting a long file as the other ends.

@@ -340,7 +340,8 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   assert 'table 5: ' in out and 'estimated time: ' in out
 
 
-def test_a_dry_runs_estimate_holds_for_a_plan_of_two_tasks(tmp_path, synthetic_cache_dir):
+def test_a_dry_runs_estimate_holds_for_a_plan_of_two_tasks(
+    tmp_path, synthetic_cache_dir, quiet_machine):
   """FedAvg on FedZMG's CIFAR-100 and EMNIST tables at the ci scale, one seed, no grid
   (for time: the rungs are estimated by the same sum): the dry run times each kind of
   run (3 rounds), then the plan runs; its wall time must be within 30% of the estimate."""
