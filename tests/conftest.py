@@ -46,24 +46,35 @@ def small_task(synthetic_cache_dir):
 
 
 @pytest.fixture
-def run_main(synthetic_cache_dir, tmp_path, capsys):
-  """`run_main(*flags, root=None) -> (rc, out, err)`: `launch.train.main` in this process
-  on the small synthetic runs' data (`small_runs.FLAGS`), its outputs under `root`
-  (default: the test's tmp_path)."""
+def run_program(capsys):
+  """`run_program(module, *flags) -> (rc, out, err)`: a `launch` program's `main` in this
+  process (no TensorFlow start-up), its stdout and stderr captured."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from launch import train  # pylint: disable=g-import-not-at-top
-  import small_runs  # pylint: disable=g-import-not-at-top
 
-  def run(*args, root=None):
+  def run(module, *args):
     flags.FLAGS.unparse_flags()
-    flags.FLAGS(['train', f'--cache_dir={synthetic_cache_dir}',
-                 f'--root_output_dir={root or tmp_path}', *small_runs.FLAGS, *args])
-    rc = train.main(['train'])
+    flags.FLAGS([module.__name__, *args])
+    rc = module.main([module.__name__])
     out, err = capsys.readouterr()
     return rc, out, err
 
   yield run
   flags.FLAGS.unparse_flags()
+
+
+@pytest.fixture
+def run_main(run_program, synthetic_cache_dir, tmp_path):
+  """`run_main(*flags, root=None) -> (rc, out, err)`: `launch.train` in this process
+  (`run_program`) on the small synthetic runs' data (`small_runs.FLAGS`), its outputs
+  under `root` (default: the test's tmp_path)."""
+  from launch import train  # pylint: disable=g-import-not-at-top
+  import small_runs  # pylint: disable=g-import-not-at-top
+
+  def run(*args, root=None):
+    return run_program(train, f'--cache_dir={synthetic_cache_dir}',
+                       f'--root_output_dir={root or tmp_path}', *small_runs.FLAGS, *args)
+
+  return run
 
 
 @pytest.fixture(scope='session')

@@ -29,21 +29,6 @@ _TINY = [
 ]
 
 
-@pytest.fixture
-def run_main(capsys):
-  """Runs a program's `main` in-process with the given flags; returns (rc, out, err)."""
-
-  def run(module, *args):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS([module.__name__, *args])
-    rc = module.main([module.__name__])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-  yield run
-  flags.FLAGS.unparse_flags()
-
-
 def _rows(path):
   with open(path, newline='') as f:
     return list(csv.DictReader(f))
@@ -58,7 +43,7 @@ def _attempts(log_path):
 
 
 def test_grid_search_completes_resumes_after_an_interruption_and_reports(
-    synthetic_cache_dir, tmp_path, run_main
+    synthetic_cache_dir, tmp_path, run_program
 ):
   """A 2 x 2 grid of 2-round cells, 2 at a time; SIGTERM once two cells are done.
 
@@ -91,7 +76,7 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
   assert len(done) == 2 and set(done) < set(cells)
 
   # Resumed by the same command (in-process here, to save a TensorFlow start-up).
-  rc, out, err = run_main(grid_search, *args)
+  rc, out, err = run_program(grid_search, *args)
   assert rc == 0, err
   for cell in cells:
     state = 'diverged' if '1e+30' in cell else 'finished'
@@ -130,7 +115,7 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
 
 
 def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_another_seed(
-    synthetic_cache_dir, tmp_path, run_main
+    synthetic_cache_dir, tmp_path, run_program
 ):
   """2 cells x 1 round, the best third (1 cell) on to 3 rounds, then a re-run with seed 1.
 
@@ -144,7 +129,7 @@ def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_an
       '--search=halving', '--rung_rounds=1,3', '--score_rounds=2',
       '--client_learning_rates=1e30,0.05', '--server_learning_rates=1', '--parallel=2',
   ]
-  rc, out, err = run_main(grid_search, *args)
+  rc, out, err = run_program(grid_search, *args)
   assert rc == 0, err
   grid = tmp_path / 'grid_emnist_fedavg'
   assert 'rung 1/2: 2 cells to 1 rounds' in out and 'rung 2/2: 1 cells to 3 rounds' in out
@@ -176,12 +161,12 @@ def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_an
   assert 'picked: client 0.05, server 1 (score' in out and 'mean of rounds 2-3' in out
 
   # Re-run: nothing trains; the same pick.
-  rc, out, err = run_main(grid_search, *args)
+  rc, out, err = run_program(grid_search, *args)
   assert rc == 0 and ': started' not in out, err
   assert json.loads((grid / 'best.json').read_text()) == best
 
 
-def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_main, tmp_path):
+def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_program, tmp_path):
   np.testing.assert_allclose(grid_search.parse_learning_rates('x', None),
                              [1e-3, 10**-2.5, 1e-2, 10**-1.5, 0.1, 10**-0.5, 1, 10**0.5, 10])
   assert grid_search.parse_learning_rates('x', ['0.1', '1']) == (0.1, 1.0)
@@ -197,12 +182,12 @@ def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_main, tmp_pa
       (['--search=halving', '--rung_rounds=a'], 'comma list of integers'),
       (['--search=halving', '--rung_rounds=5,10', '--total_rounds=20'], 'give one of them'),
   ]:
-    rc, _, err = run_main(grid_search, *base, *args)
+    rc, _, err = run_program(grid_search, *base, *args)
     assert rc == 2 and err.startswith('grid_search: error:') and message in err, err
   assert not os.listdir(tmp_path)
 
 
-def test_grid_search_covers_a_third_hyperparameter_axis(run_main, tmp_path):
+def test_grid_search_covers_a_third_hyperparameter_axis(run_program, tmp_path):
   """FedProx's mu as the third axis: a grid per value, the best over all of them."""
   base = ['--task=emnist', '--algo=fedprox', f'--root_output_dir={tmp_path}', *_TINY,
           '--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
@@ -213,10 +198,10 @@ def test_grid_search_covers_a_third_hyperparameter_axis(run_main, tmp_path):
       ('beta:0.1', "'beta' is not a hyperparameter of --algo=fedprox"),
       ('proximal_strength', 'must be name:v1,v2'),
   ]:
-    rc, _, err = run_main(grid_search, *base, f'--hparam_grid={axis}')
+    rc, _, err = run_program(grid_search, *base, f'--hparam_grid={axis}')
     assert rc == 2 and err.startswith('grid_search: error:') and message in err, err
     assert len(err.strip().splitlines()) == 1
-  rc, out, err = run_main(grid_search, *base, '--hparam_grid=proximal_strength:0.01,1')
+  rc, out, err = run_program(grid_search, *base, '--hparam_grid=proximal_strength:0.01,1')
   assert rc == 0, err
   grid_dir = tmp_path / 'grid_emnist_fedprox'
   scores = {}
@@ -255,14 +240,14 @@ def _fake_run(root, task, algo, seed, accuracies, diverged=False, **data):
       f.write('diverged\n')
 
 
-def test_compare_collects_runs_and_reports_the_papers_metrics(run_main, tmp_path):
+def test_compare_collects_runs_and_reports_the_papers_metrics(run_program, tmp_path):
   root = str(tmp_path / 'runs')
   ramp = np.array([0.1, 0.3, 0.5, 0.7, 0.8, 0.8, 0.9, 0.9])
   for seed, (zmg_shift, avg_shift) in enumerate([(0.0, 0.01), (0.02, 0.02), (-0.02, -0.04)]):
     _fake_run(root, 'emnist', 'fedzmg', seed, ramp + zmg_shift)
     _fake_run(root, 'emnist', 'fedavg', seed, ramp - 0.1 + avg_shift)
   _fake_run(root, 'emnist', 'fedadam', 0, ramp, diverged=True)
-  rc, out, err = run_main(
+  rc, out, err = run_program(
       compare, '--task=emnist', '--algos=fedzmg,fedavg,fedadam', '--seeds=0,1,2',
       f'--root_output_dir={root}', '--collect_only', '--thresholds=0.75,0.95',
   )
@@ -300,11 +285,11 @@ def test_compare_collects_runs_and_reports_the_papers_metrics(run_main, tmp_path
   assert image.ndim == 3
 
 
-def test_compare_refuses_runs_on_different_data_splits(run_main, tmp_path):
+def test_compare_refuses_runs_on_different_data_splits(run_program, tmp_path):
   root = str(tmp_path)
   _fake_run(root, 'emnist', 'fedzmg', 0, [0.5] * 4)
   _fake_run(root, 'emnist', 'fedavg', 0, [0.5] * 4, partition='dirichlet')
-  rc, _, err = run_main(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
+  rc, _, err = run_program(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
                         f'--root_output_dir={root}', '--collect_only')
   assert rc == 2, err
   assert 'do not share one data split' in err and "partition='dirichlet'" in err
@@ -365,11 +350,11 @@ def _direct_counts(task, client_data, cid):
     ('emnist', ['--partition=dirichlet', '--num_clients=5', '--dirichlet_alpha=0.3']),
     ('shakespeare', []),
 ])
-def test_data_stats_tables_match_direct_counts(run_main, small_task, synthetic_cache_dir,
+def test_data_stats_tables_match_direct_counts(run_program, small_task, synthetic_cache_dir,
                                                tmp_path, task, extra):
   settings = ['--synthetic_train_clients=8', '--synthetic_test_clients=3',
               '--synthetic_examples_per_client=' + ('6' if task == 'shakespeare' else '20')]
-  rc, out, err = run_main(
+  rc, out, err = run_program(
       data_stats, f'--task={task}', '--data_source=synthetic',
       f'--cache_dir={synthetic_cache_dir}', *settings, *extra, '--num_sampled_clients=3',
       f'--output_dir={tmp_path}',

@@ -13,34 +13,16 @@ import signal
 import subprocess
 import sys
 
-from absl import flags
 import pytest
 
 from launch import experiment
 from launch import run_directory
-from launch import train
 import small_runs
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SMALL = small_runs.FLAGS
 _BASE = ['--task=emnist', '--algo=fedavg']
 _FINISHED = {}  # The two-round run of the concurrency test, reused by the resume test.
-
-
-@pytest.fixture
-def run_main(synthetic_cache_dir, capsys):
-  """Runs `launch.train.main` in-process with the given flags; returns (rc, out, err)."""
-
-  def run(root, *args):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(['train', f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={root}',
-                 *_SMALL, *args])
-    rc = train.main(['train'])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-  yield run
-  flags.FLAGS.unparse_flags()
 
 
 def _command(cache_dir, root, *args):
@@ -91,13 +73,13 @@ def test_names_outside_the_root_are_refused_and_overwrite_deletes_only_runs(
       (str(tmp_path / 'elsewhere'), 'absolute path'),
       ('x' * 300, '300 bytes long'),
   ]:
-    rc, out, err = run_main(root, *_BASE, f'--experiment_name={name}', '--overwrite')
+    rc, out, err = run_main(*_BASE, f'--experiment_name={name}', '--overwrite', root=root)
     assert rc == 2 and not out, name
     _one_line(err, message)
-  rc, _, err = run_main(root, *_BASE, '--experiment_name=mixed', '--overwrite')
+  rc, _, err = run_main(*_BASE, '--experiment_name=mixed', '--overwrite', root=root)
   assert rc == 2
   _one_line(err, "holds files no run writes ('notes.txt')")
-  rc, _, err = run_main(root, *_BASE, '--experiment_name=link', '--overwrite')
+  rc, _, err = run_main(*_BASE, '--experiment_name=link', '--overwrite', root=root)
   assert rc == 2
   _one_line(err, 'is a symbolic link')
   # `..` with --overwrite in a real process: the root's parent and siblings survive.
@@ -125,13 +107,13 @@ def test_unusable_folders_and_flags_files_end_in_one_line(run_main, tmp_path):
     cases.append(([f'--root_output_dir={tmp_path / "read_only"}'], 'not writable'))
   before = _tree(tmp_path)
   for args, message in cases:
-    rc, out, err = run_main(tmp_path, *_BASE, *args)
+    rc, out, err = run_main(*_BASE, *args, root=tmp_path)
     assert rc == 5 and not out, args  # The machine's fault: launch.failures' status 5.
     _one_line(err, message)
   for content, kind in (('[]', 'JSON list'), ('null', 'JSON null'), ('{"task": "em', 'unreadable')):
     (tmp_path / 'run').mkdir(exist_ok=True)
     (tmp_path / 'run' / 'flags.json').write_text(content)
-    rc, _, err = run_main(tmp_path, *_BASE, '--experiment_name=run')
+    rc, _, err = run_main(*_BASE, '--experiment_name=run', root=tmp_path)
     assert rc == 2
     _one_line(err, 'flags.json', kind, '--overwrite')
     assert (tmp_path / 'run' / 'flags.json').read_text() == content
@@ -198,11 +180,11 @@ def test_the_identity_beside_the_checkpoints_guards_a_copied_run_that_resumes_pa
   identity = json.loads((run / 'checkpoints' / 'run_identity.json').read_text())
   assert identity['settings']['seed'] == 0 and 'root_output_dir' not in identity['settings']
   name = '--experiment_name=renamed'
-  rc, _, err = run_main(tmp_path, *_BASE, name, '--seed=7', '--client_learning_rate=0.5')
+  rc, _, err = run_main(*_BASE, name, '--seed=7', '--client_learning_rate=0.5', root=tmp_path)
   assert rc == 2
   _one_line(err, 'other settings', 'seed: 0 -> 7', 'client_learning_rate', 'run_identity.json')
   # Fewer rounds than it trained: refused, and nothing rewritten to claim otherwise.
-  rc, _, err = run_main(tmp_path, *_BASE, name, '--total_rounds=1')
+  rc, _, err = run_main(*_BASE, name, '--total_rounds=1', root=tmp_path)
   assert rc == 2
   _one_line(err, 'already trained 2 rounds', '--total_rounds=2 or more')
   assert not (run / 'flags.json').exists()
@@ -215,7 +197,7 @@ def test_the_identity_beside_the_checkpoints_guards_a_copied_run_that_resumes_pa
     for f in files:
       with open(os.path.join(folder, f), 'wb') as out:
         out.write(b'garbage')
-  rc, out, err = run_main(tmp_path, *_BASE, name, '--total_rounds=2')
+  rc, out, err = run_main(*_BASE, name, '--total_rounds=2', root=tmp_path)
   assert rc == 0, err
   assert 'removed what interrupted saves left: checkpoints/program_state_3_temp1234' in out
   assert 'checkpoint of round 2 cannot be read' in out and 'resuming from round 1' in out

@@ -9,19 +9,18 @@ from launch import grid_search
 from test_experiments import _TINY
 from test_experiments import _fake_run
 from test_experiments import _rows
-from test_experiments import run_main  # pylint: disable=unused-import (a fixture)
 from tff_zmg import analysis
 
 
 def test_compare_runs_each_algorithm_at_the_rates_its_grid_search_picked(
-    synthetic_cache_dir, tmp_path, run_main
+    synthetic_cache_dir, tmp_path, run_program
 ):
   """Two 2 x 1 grids of 1-round cells, then a comparison at their picks (1 seed, 1 round)."""
   root = tmp_path / 'runs'
   common = ['--task=emnist', f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={root}',
             *_TINY, '--total_rounds=1']
   for algo in ('fedavg', 'fedzmg'):
-    rc, _, err = run_main(
+    rc, _, err = run_program(
         grid_search, *common, f'--algo={algo}', f'--experiment_name=grids/{algo}',
         '--client_learning_rates=0.01,0.1', '--server_learning_rates=1', '--nostability_check')
     assert rc == 0, err
@@ -39,11 +38,11 @@ def test_compare_runs_each_algorithm_at_the_rates_its_grid_search_picked(
       (['--algos=fedavg', '--allow_untuned', f'--tuned_from={tmp_path / "nowhere"}'],
        'is not a directory'),
   ]:
-    rc, _, err = run_main(compare, *common, '--seeds=0', f'--tuned_from={grids}', *extra)
+    rc, _, err = run_program(compare, *common, '--seeds=0', f'--tuned_from={grids}', *extra)
     assert rc == 2 and err.startswith('compare: error:') and message in err, err
     assert err.count('\n') == 1 and not (root / 'emnist_fedavg_seed0').exists()
 
-  rc, out, err = run_main(compare, *common, '--algos=fedavg,fedzmg', '--seeds=0',
+  rc, out, err = run_program(compare, *common, '--algos=fedavg,fedzmg', '--seeds=0',
                           f'--tuned_from={grids}')
   assert rc == 0, err
   assert 'warning' not in err and 'compare: fedzmg on emnist at its tuned' in out
@@ -58,13 +57,13 @@ def test_compare_runs_each_algorithm_at_the_rates_its_grid_search_picked(
   assert 'Untuned' not in (root / 'compare' / 'report.md').read_text()
 
 
-def test_compare_at_default_rates_warns_and_marks_its_tables(run_main, tmp_path):
+def test_compare_at_default_rates_warns_and_marks_its_tables(run_program, tmp_path):
   root = str(tmp_path)
   defaults = {'client_learning_rate': 0.01, 'server_learning_rate': 1.0}  # FedZMG's.
   _fake_run(root, 'emnist', 'fedzmg', 0, [0.5] * 4, hparams=defaults)
   _fake_run(root, 'emnist', 'fedavg', 0, [0.5] * 4,
             hparams={'client_learning_rate': 0.05, 'server_learning_rate': 1.0})
-  rc, _, err = run_main(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
+  rc, _, err = run_program(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
                         f'--root_output_dir={root}', '--collect_only')
   assert rc == 0, err
   assert err == ('compare: warning: the learning rates of fedzmg on emnist are untuned'
