@@ -186,6 +186,43 @@ def test_cpu_outputs_and_gradients_equal_the_plain_keras_model(implementation):
     np.testing.assert_allclose(new_grad, old_grad, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize('return_sequences, return_state, time_major', [
+    (True, False, False), (False, True, False), (True, True, True),
+])
+def test_the_time_loop_and_its_gradient_are_kerass_gru(return_sequences, return_state, time_major):
+  # Every output form, an initial state and gradients of the inputs, the initial state and
+  # every weight, against Keras's GRU with the same weights (standard normal, larger than the
+  # initializers', so that gates saturate).
+  kwargs = dict(return_sequences=return_sequences, return_state=return_state,
+                time_major=time_major)
+  ours = models.TraceTimeGRU(16, gru_implementation='standard', **kwargs)
+  keras = tf.keras.layers.GRU(16, **kwargs)
+  inputs = tf.random.stateless_normal([7, 3, 5] if time_major else [3, 7, 5], seed=[0, 1])
+  initial = tf.random.stateless_normal([3, 16], seed=[0, 2])
+  ours(inputs)
+  keras(inputs)
+  rng = np.random.default_rng(3)
+  keras.set_weights([rng.standard_normal(w.shape) for w in ours.get_weights()])
+  ours.set_weights(keras.get_weights())
+
+  @tf.function
+  def outputs_and_gradients(layer):
+    with tf.GradientTape() as tape:
+      tape.watch([inputs, initial])
+      outputs = tf.nest.flatten(layer(inputs, initial_state=initial))
+      loss = tf.add_n([tf.reduce_sum(tf.sin(3 * o)) for o in outputs])
+    return outputs, tape.gradient(loss, [inputs, initial, *layer.trainable_variables])
+
+  ours_out, ours_grads = outputs_and_gradients(ours)
+  keras_out, keras_grads = outputs_and_gradients(keras)
+  assert len(ours_out) == len(keras_out) == 1 + return_state
+  for a, b in zip(ours_out + ours_grads, keras_out + keras_grads, strict=True):
+    scale = np.abs(b).max()
+    assert scale > 0
+    # float32 sums over 7 steps in another order: ~1e-6 of the largest entry.
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+
+
 def test_traced_graph_reaches_cudnn_ops_exactly_when_cudnn_is_chosen():
   cudnn = _reached_op_types(_traced_graph_def(models.shakespeare_gru(gru_implementation='cudnn')))
   assert _cudnn_ops(cudnn) == ['CudnnRNN', 'CudnnRNNBackprop']
@@ -193,8 +230,10 @@ def test_traced_graph_reaches_cudnn_ops_exactly_when_cudnn_is_chosen():
   standard = _reached_op_types(standard_graph)
   assert _cudnn_ops(standard) == []
   assert {'While', 'StatelessWhile'} & standard  # The walk does follow function calls.
-  # Built eagerly, Keras's own GRU does register its swappable cuDNN alternative.
-  assert _swappable_functions(standard_graph)
+  # Keras's own GRU, built eagerly, registers a cuDNN alternative for Grappler to swap in;
+  # the standard path's time loop (tasks/gru_sequence.py) registers none.
+  assert _swappable_functions(_traced_graph_def(_fresh(_old_shakespeare_gru)))
+  assert not _swappable_functions(standard_graph)
   auto = _reached_op_types(_traced_graph_def(models.shakespeare_gru(gru_implementation='auto')))
   assert _cudnn_ops(auto) == (['CudnnRNN', 'CudnnRNNBackprop'] if HAS_GPU else [])
 
