@@ -26,6 +26,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import tff_zmg
 from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
 from tff_zmg.templates import compose
@@ -439,6 +440,30 @@ def compressed_fedzmg(emnist):
   return settings, registry.build(
       'fedzmg', emnist.model_fn, client_learning_rate=0.05, aggregator=settings
   )
+
+
+def test_a_round_compiles_to_mapreduceform_once_for_its_bytes_and_its_run(emnist, monkeypatch):
+  # TFF's compiler is seconds a round: launch.train counts the bytes and then runs the same
+  # round in process, so the second must reuse the first's form.
+  compiled = []
+  compile_form = tff.backends.mapreduce.get_map_reduce_form_for_computation
+
+  def counted(comp, *args, **kwargs):
+    compiled.append(comp)
+    return compile_form(comp, *args, **kwargs)
+
+  monkeypatch.setattr(tff.backends.mapreduce, 'get_map_reduce_form_for_computation', counted)
+  process = registry.build('fedavg', emnist.model_fn, num_clients=8)
+  bytes_before = aggregation.client_bytes(process)
+  assert compiled == [process.next]
+  preprocess = emnist.train_preprocess_fn_for_seed(None)
+  data = [preprocess(emnist.datasets.train_data.create_tf_dataset_for_client(c))
+          for c in emnist.datasets.train_data.client_ids[:2]]
+  with tff_zmg.in_process_context():
+    output = process.next(process.initialize(), data)
+  assert output.metrics['client_work']['train']['num_examples'] > 0
+  assert compiled == [process.next]
+  assert aggregation.client_bytes(process) == bytes_before and len(compiled) == 1
 
 
 def _quantized_bytes(num_elements, bits):

@@ -30,6 +30,7 @@ import math
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_zmg.runtime import forms
 from tff_zmg.templates import stateful_clients
 
 
@@ -92,17 +93,15 @@ def _tensor_types(type_spec: tff.Type):
 
 
 def round_form(process) -> tff.backends.mapreduce.MapReduceForm:
-  """The MapReduceForm of one round of `process` (seconds of TFF's compiler).
+  """The MapReduceForm of one round of `process` (seconds of TFF's compiler, once per round).
 
   A stateful-clients process compiles its round with the clients' states in files
   (`next_with_state_files`), the shape MapReduceForm takes; the state files' paths are
   client data, not communication.
   """
   if isinstance(process, stateful_clients.StatefulClientsLearningProcess):
-    return tff.backends.mapreduce.get_map_reduce_form_for_computation(
-        process.next_with_state_files
-    )
-  return tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
+    return forms.map_reduce_form(process.next_with_state_files)
+  return forms.map_reduce_form(process.next)
 
 
 def client_bytes(process) -> ClientBytes:

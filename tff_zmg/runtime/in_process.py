@@ -45,6 +45,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.common_libs import structure
 
 from tff_zmg.runtime import client_slots
+from tff_zmg.runtime import forms
 from tff_zmg.runtime import interpreter
 from tff_zmg.runtime import remote_clients
 from tff_zmg.runtime import tf_computation
@@ -144,7 +145,7 @@ class _Round:
 
   def __init__(self, comp, devices: Sequence[str], clients_per_device: int):
     try:
-      form = tff.backends.mapreduce.get_map_reduce_form_for_computation(comp)
+      form = forms.map_reduce_form(comp)
       if form.securely_aggregates_tensors:
         # Compiled again, lowered: a second compile only for the rare secure round,
         # instead of a lowering pass (seconds of pure-Python protobuf) for every round.
