@@ -195,21 +195,18 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
 
 
 @pytest.fixture
-def run_main(tfds_dir, tmp_path, capsys):
-  def run(*args):
-    argv = ['train', '--task=cifar10', f'--cache_dir={tfds_dir}',
-            f'--root_output_dir={tmp_path}', '--num_clients=2', '--clients_per_round=2',
-            '--client_epochs_per_round=1', '--client_batch_size=2',
-            '--max_elements_per_client=4', '--total_rounds=2',
-            '--rounds_per_eval=2', '--rounds_per_checkpoint=2', *args]
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(argv)
-    rc = train.main(['train'])
-    out, err = capsys.readouterr()
-    return rc, out, err
+def run_main(run_program, tfds_dir, tmp_path):
+  """`launch.train` in this process (conftest's `run_program`) on two CIFAR-10 clients of 4
+  examples read from the tfds folder, 2 rounds; returns (rc, out, err)."""
 
-  yield run
-  flags.FLAGS.unparse_flags()
+  def run(*args):
+    return run_program(
+        train, '--task=cifar10', f'--cache_dir={tfds_dir}', f'--root_output_dir={tmp_path}',
+        '--num_clients=2', '--clients_per_round=2', '--client_epochs_per_round=1',
+        '--client_batch_size=2', '--max_elements_per_client=4', '--total_rounds=2',
+        '--rounds_per_eval=2', '--rounds_per_checkpoint=2', *args)
+
+  return run
 
 
 # ResNet-18 (11M parameters) costs ~50 s to build and ~50 s for its first round on two

@@ -19,7 +19,6 @@ import contextlib
 import csv
 import functools
 
-from absl import flags
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -483,22 +482,18 @@ def test_two_rounds_on_cifar100_lower_the_training_loss(tff_context, small_task)
 
 
 @pytest.fixture
-def run_main(synthetic_cache_dir, tmp_path, capsys):
-  """Runs `launch.train.main` in-process with the given flags; returns (rc, out, err)."""
+def run_main(run_program, synthetic_cache_dir, tmp_path):
+  """`launch.train` in this process (conftest's `run_program`) on three FedGPS clients of
+  40 examples, all in every round; returns (rc, out, err)."""
 
   def run(*args):
-    argv = ['train', f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
-            '--data_source=synthetic', '--synthetic_train_clients=3',
-            '--synthetic_test_clients=2', '--synthetic_examples_per_client=40',
-            '--clients_per_round=3', *args]
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(argv)
-    rc = train.main(['train'])
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_program(
+        train, f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
+        '--data_source=synthetic', '--synthetic_train_clients=3',
+        '--synthetic_test_clients=2', '--synthetic_examples_per_client=40',
+        '--clients_per_round=3', *args)
 
-  yield run
-  flags.FLAGS.unparse_flags()
+  return run
 
 
 def test_launch_train_runs_fedgps_on_emnist(run_main, tmp_path):
