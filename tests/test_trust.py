@@ -124,16 +124,22 @@ def _assert_left_clean(tmp_path, refused=False):
     assert os.listdir(tmp_path / 'home') == []
 
 
-@pytest.fixture(scope='module')
-def finished_run(cache_dir, tmp_path_factory):
-  """(folder, stdout) of a finished 1-round FedAvg run, trained in process, that asked for
-  8 clients a round of the data's 6. Tests read it or copy it (`_copy`)."""
-  tmp_path = tmp_path_factory.mktemp('finished')
-  code, out, err = _run('train', *_train_args(
-      cache_dir, tmp_path / 'runs', '--algo=fedavg', '--clients_per_round=8',
-      '--total_rounds=1'), tmp_path=tmp_path)
-  assert code == 0 and err == '', err
-  return tmp_path / 'runs' / 'emnist_fedavg_seed0', out
+_FINISHED = {}
+
+
+@pytest.fixture
+def finished_run(cache_dir, tmp_path_factory, run_program):
+  """(folder, stdout) of a finished 1-round FedAvg run that asked for 8 clients a round of
+  the data's 6, trained once, in this process, for the first test that asks. Tests read
+  it or copy it (`_copy`)."""
+  if 'run' not in _FINISHED:
+    tmp_path = tmp_path_factory.mktemp('finished')
+    code, out, err = run_program(train, *_train_args(
+        cache_dir, tmp_path / 'runs', '--algo=fedavg', '--clients_per_round=8',
+        '--total_rounds=1'))
+    assert code == 0 and err == '', err
+    _FINISHED['run'] = tmp_path / 'runs' / 'emnist_fedavg_seed0', out
+  return _FINISHED['run']
 
 
 _FINISHED_ARGS = ('--algo=fedavg', '--clients_per_round=8')
@@ -498,8 +504,8 @@ def test_a_lost_memory_snapshot_resumes_from_the_checkpoint_before(
   --overwrite; it is set aside and the previous one resumes."""
   root = tmp_path / 'runs'
   args = _train_args(cache_dir, root, '--algo=scaffold', '--client_state_store=memory')
-  # The run to damage, in this process; the resume is the case, in a process of its own
-  # (a memory store holds nothing of an earlier process).
+  # The run to damage, in this process; the resume is the case, in a real process whose
+  # leftovers are checked.
   code, out, err = run_program(train, *args, '--total_rounds=2')
   assert code == 0 and err == '', err
   run_dir = root / 'emnist_scaffold_seed0'
