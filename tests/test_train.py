@@ -5,6 +5,7 @@ import collections
 import csv
 import os
 import re
+import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -138,16 +139,29 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
   assert 'GPU' not in out
 
 
-def test_same_flags_give_the_same_metrics(run_main, tmp_path):
-  # In process: the runtime is not what this test is about, and it starts faster.
-  args = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--seed=5',
-          '--runtime=in_process')
-  assert run_main(*args, root=tmp_path / 'a')[0] == 0
+# In process: the runtime is not what these tests are about, and it starts faster.
+_FEDAVG_ARGS = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--seed=5',
+                '--runtime=in_process')
+_FEDAVG_RUN = {}
+
+
+def _fedavg_run(run_main, tmp_path_factory):
+  """The folder of a finished run of `_FEDAVG_ARGS` in this process, trained by the first
+  test that asks; the tests compare with it or copy it (`shutil.copytree`), never change it."""
+  if 'dir' not in _FEDAVG_RUN:
+    root = tmp_path_factory.mktemp('fedavg')
+    rc, _, err = run_main(*_FEDAVG_ARGS, root=root)
+    assert rc == 0, err
+    _FEDAVG_RUN['dir'] = root / 'emnist_fedavg_seed5'
+  return _FEDAVG_RUN['dir']
+
+
+def test_same_flags_give_the_same_metrics(run_main, tmp_path, tmp_path_factory):
+  a = _rows(_fedavg_run(run_main, tmp_path_factory) / 'metrics.csv')
   # asyncio.run (a notebook cell, another test) leaves the thread without an event loop,
   # and TFF's training loop asks for one: training must still run.
   asyncio.run(asyncio.sleep(0))
-  assert run_main(*args, root=tmp_path / 'b')[0] == 0
-  a = _rows(tmp_path / 'a' / 'emnist_fedavg_seed5' / 'metrics.csv')
+  assert run_main(*_FEDAVG_ARGS, root=tmp_path / 'b')[0] == 0
   b = _rows(tmp_path / 'b' / 'emnist_fedavg_seed5' / 'metrics.csv')
   assert _without_times(a) == _without_times(b)
 
@@ -261,23 +275,31 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     ],
 )
 def test_absurd_learning_rate_stops_in_the_round_it_diverges_and_saves_nothing_of_it(
-    synthetic_cache_dir, tmp_path, algo, runtime, extra, reason
+    run_main, synthetic_cache_dir, tmp_path, algo, runtime, extra, reason
 ):
-  command = [
-      sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
-      f'--root_output_dir={tmp_path}', *_SMALL, '--task=emnist', f'--algo={algo}',
-      '--total_rounds=4', '--client_learning_rate=1e6', f'--runtime={runtime}', *extra,
+  args = [
+      '--task=emnist', f'--algo={algo}', '--total_rounds=4', '--client_learning_rate=1e6',
+      f'--runtime={runtime}', *extra,
       '--divergence_factor=inf',  # The non-finite cases (tests/test_trust.py: the limit).
   ]
 
   def train():
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=small_runs.REPO,
-                          stdin=subprocess.DEVNULL, timeout=600)
-    assert proc.returncode == 3, proc.stderr
-    err = proc.stderr
+    if runtime == 'tff_worker':
+      # A real process: its exit status, and its one line with TFF's worker stopped at
+      # exit (tests/test_trust.py's diverging runs are real processes of the in-process
+      # runtime); the other cases in this process.
+      proc = subprocess.run(
+          [sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
+           f'--root_output_dir={tmp_path}', *_SMALL, *args],
+          capture_output=True, text=True, cwd=small_runs.REPO, stdin=subprocess.DEVNULL,
+          timeout=600)
+      rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:
+      rc, out, err = run_main(*args)
+    assert rc == 3, err
     assert len(err.strip().splitlines()) == 1 and 'Traceback' not in err, err
     assert err.startswith('train: error: training diverged in round ') and '--overwrite' in err
-    return proc.stdout, err
+    return out, err
 
   out, err = train()
   diverged = int(re.search(r'diverged in round (\d+): ', err).group(1))
@@ -397,10 +419,11 @@ def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
   assert rc == 2 and 'emnist_all.sqlite' in err and len(err.strip().splitlines()) == 1
 
 
-def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(run_main, tmp_path):
-  base = ['--task=emnist', '--algo=fedavg', '--total_rounds=1', '--runtime=in_process']
-  assert run_main(*base)[0] == 0
-  exp = tmp_path / 'emnist_fedavg_seed0'
+def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
+    run_main, tmp_path, tmp_path_factory):
+  base = _FEDAVG_ARGS
+  exp = tmp_path / 'emnist_fedavg_seed5'
+  shutil.copytree(_fedavg_run(run_main, tmp_path_factory), exp)  # A copied run resumes.
   # A run recorded before records listed every hyperparameter (`{}`: the defaults) is
   # the same run as the same command today; its record now lists them.
   flags_json = exp / 'flags.json'
@@ -418,7 +441,7 @@ def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(run_main
       'client_learning_rate': 0.1, 'server_learning_rate': 1.0}
   rc, _, err = run_main(*base, '--client_learning_rate=0.5')
   assert rc == 2 and 'other settings' in err and '--overwrite' in err
-  ckpt_dir = tmp_path / 'emnist_fedavg_seed0' / 'checkpoints'
+  ckpt_dir = exp / 'checkpoints'
   for name in os.listdir(ckpt_dir):
     for root, _, files in os.walk(ckpt_dir / name):
       for f in files:

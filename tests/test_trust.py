@@ -5,7 +5,9 @@ item in the docstring.
 
 The runs are tiny (six synthetic EMNIST clients, one or two rounds); runs a test only
 reads or copies are made once (`finished_run`), and independent programs of one test run
-side by side.
+side by side. A program that only prepares a case, or whose case is its `main`'s answer
+(not the process's start, exit or leftovers), runs in this process (`run_program`, no
+TensorFlow start-up); a test keeps at least one real process where it checks leftovers.
 """
 
 import csv
@@ -17,12 +19,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
 from launch import failures
 from launch import grid_search
+from launch import train
+from launch.reproduce import run as reproduce
 from tasks import synthetic
 from tff_zmg import analysis
 import small_runs
@@ -77,6 +82,16 @@ def _run_side_by_side(commands, tmp_path):
   return [_finish(proc) for proc in procs]
 
 
+@pytest.fixture
+def children_tmp(tmp_path, monkeypatch):
+  """For a program run in this process (`run_program`) that starts others (a grid's cells,
+  a dry run's timing runs): they get the test's TMPDIR, as `_start`'s programs do, so that
+  `_assert_left_clean` still sees what they leave; this process keeps its own."""
+  os.makedirs(tmp_path / 'tmp', exist_ok=True)
+  monkeypatch.setattr(tempfile, 'tempdir', tempfile.gettempdir())
+  monkeypatch.setenv('TMPDIR', str(tmp_path / 'tmp'))
+
+
 def _one_error_line(err, program):
   lines = err.strip().splitlines()
   assert len(lines) == 1 and 'Traceback' not in err, err
@@ -109,16 +124,22 @@ def _assert_left_clean(tmp_path, refused=False):
     assert os.listdir(tmp_path / 'home') == []
 
 
-@pytest.fixture(scope='module')
-def finished_run(cache_dir, tmp_path_factory):
-  """(folder, stdout) of a finished 1-round FedAvg run, trained in process, that asked for
-  8 clients a round of the data's 6. Tests read it or copy it (`_copy`)."""
-  tmp_path = tmp_path_factory.mktemp('finished')
-  code, out, err = _run('train', *_train_args(
-      cache_dir, tmp_path / 'runs', '--algo=fedavg', '--clients_per_round=8',
-      '--total_rounds=1'), tmp_path=tmp_path)
-  assert code == 0 and err == '', err
-  return tmp_path / 'runs' / 'emnist_fedavg_seed0', out
+_FINISHED = {}
+
+
+@pytest.fixture
+def finished_run(cache_dir, tmp_path_factory, run_program):
+  """(folder, stdout) of a finished 1-round FedAvg run that asked for 8 clients a round of
+  the data's 6, trained once, in this process, for the first test that asks. Tests read
+  it or copy it (`_copy`)."""
+  if 'run' not in _FINISHED:
+    tmp_path = tmp_path_factory.mktemp('finished')
+    code, out, err = run_program(train, *_train_args(
+        cache_dir, tmp_path / 'runs', '--algo=fedavg', '--clients_per_round=8',
+        '--total_rounds=1'))
+    assert code == 0 and err == '', err
+    _FINISHED['run'] = tmp_path / 'runs' / 'emnist_fedavg_seed0', out
+  return _FINISHED['run']
 
 
 _FINISHED_ARGS = ('--algo=fedavg', '--clients_per_round=8')
@@ -138,7 +159,8 @@ def _cache_of(run_dir):
 # 1. The grid search writes only inside its root and replaces only its own files.
 
 
-def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(tmp_path):
+def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(
+    tmp_path, run_program):
   """1: '..', an absolute path, a link out of the root, a 300-character name, a folder of
   someone else's (its best.json would be replaced): refused as launch.train refuses, 2."""
   root = tmp_path / 'root'
@@ -159,8 +181,11 @@ def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(t
       'mine': "holds files no grid search wrote ('best.json' and 1 more)",
   }
   before = _tree(root), _tree(outside)
-  results = _run_side_by_side(
-      [(*grid, f'--experiment_name={name}') for name in cases], tmp_path)
+  # One refusal in a real process, whose leftovers are checked below; the others (the same
+  # check before any work, other names) in this process.
+  names = list(cases)
+  results = [_run(*grid, f'--experiment_name={names[0]}', tmp_path=tmp_path)] + [
+      run_program(grid_search, *grid[1:], f'--experiment_name={name}') for name in names[1:]]
   for (name, message), (code, out, err) in zip(cases.items(), results):
     assert code == failures.EXIT_BAD_INPUT, (name, err)
     assert message in _one_error_line(err, 'grid_search'), (name, err)
@@ -173,13 +198,15 @@ def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(t
 # 2. Run records stay true.
 
 
-def test_each_process_that_trains_adds_its_session_to_runtime_json(finished_run, tmp_path):
+def test_each_process_that_trains_adds_its_session_to_runtime_json(
+    finished_run, tmp_path, run_program):
   """2: a no-op re-run of a finished run changes nothing; a resume in TFF's worker adds its
   own session beside the first one's, in process."""
   run_dir = _copy(finished_run[0], tmp_path)
   args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
   record = (run_dir / 'runtime.json').read_bytes()
-  code, out, err = _run('train', *args, '--total_rounds=1', tmp_path=tmp_path)
+  # The no-op re-run in this process: what it must not do is write, not start or exit.
+  code, out, err = run_program(train, *args, '--total_rounds=1')
   assert code == 0 and err == '', err
   assert (run_dir / 'runtime.json').read_bytes() == record
   code, out, err = _run('train', *args, '--total_rounds=2', '--runtime=tff_worker',
@@ -208,7 +235,7 @@ def test_a_runtime_json_from_before_sessions_reads_as_one_session(tmp_path):
 # 3. Only the program's own temporary files are deleted.
 
 
-def test_resume_and_overwrite_keep_a_users_tmp_file(finished_run, tmp_path):
+def test_resume_and_overwrite_keep_a_users_tmp_file(finished_run, tmp_path, run_program):
   """3: a resume removes only the temporaries of the run's own interrupted writes;
   --overwrite refuses a folder that holds a user's .notes.tmp, deleting nothing."""
   run_dir = _copy(finished_run[0], tmp_path)
@@ -223,7 +250,9 @@ def test_resume_and_overwrite_keep_a_users_tmp_file(finished_run, tmp_path):
   assert not (run_dir / 'metrics.csv_temp1234').exists()
 
   before = _tree(tmp_path / 'runs')
-  code, out, err = _run('train', *args, '--total_rounds=2', '--overwrite', tmp_path=tmp_path)
+  # The refusal in this process: it deletes nothing before it answers (the resume above is
+  # the real process whose leftovers are checked).
+  code, out, err = run_program(train, *args, '--total_rounds=2', '--overwrite')
   line = _one_error_line(err, 'train')
   assert code == failures.EXIT_BAD_INPUT and "('.notes.tmp')" in line, err
   assert _tree(tmp_path / 'runs') == before
@@ -246,7 +275,7 @@ def _checkpoints(run_dir):
 
 
 def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advice_works(
-    cache_dir, tmp_path):
+    cache_dir, tmp_path, run_program):
   """4: FedAdam (a huge server rate, one round), FedProx (a huge mu), SCAFFOLD and FedZMG
   (huge client rates) used to keep rounds with losses up to 1e31; each now exits 3 in
   that round, keeping round 0's checkpoint, whose losses are finite and under the limit.
@@ -277,12 +306,13 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
     assert 'round 1/1' not in out
   assert sorted(os.listdir(root)) == sorted(f'emnist_{a}_seed0' for a in diverging)
 
+  # The advice followed in this process: the diverging runs above are the real processes
+  # whose exit and leftovers are checked.
   followed = {'fedadam': ['--server_learning_rate=0.01'],
               'scaffold': ['--client_learning_rate=0.01']}
-  results = _run_side_by_side(
-      [('train', *_train_args(cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra,
-                              '--overwrite')) for algo, extra in followed.items()], tmp_path)
-  for algo, (code, out, err) in zip(followed, results):
+  for algo, extra in followed.items():
+    code, out, err = run_program(train, *_train_args(
+        cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra, '--overwrite'))
     assert code == 0 and err == '' and 'round 1/1' in out, (algo, err)
     run_dir = root / f'emnist_{algo}_seed0'
     assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
@@ -362,7 +392,8 @@ def test_a_full_disk_while_client_states_are_written_says_so_in_one_line(cache_d
 # 6. Text and boolean hyperparameters as the grid's third axis.
 
 
-def test_the_grids_third_axis_takes_text_and_booleans(cache_dir, tmp_path):
+def test_the_grids_third_axis_takes_text_and_booleans(
+    cache_dir, tmp_path, run_program, children_tmp):
   """6: `local_gc_layers:all,feature` (text) and `center_vectors:True` (a bool) used to
   end in "Unknown format code 'g'" and "must be a bool, got 'True'"; an algorithm without
   a server rate (FedRKMGC's km_clock) is refused in the grid's terms."""
@@ -371,15 +402,17 @@ def test_the_grids_third_axis_takes_text_and_booleans(cache_dir, tmp_path):
   root = tmp_path / 'runs'
   grid = ('--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
           '--nostability_check', '--parallel=2')
-  results = _run_side_by_side([
-      ('grid_search', *_train_args(cache_dir, root, '--algo=local_gc'), *grid,
-       '--hparam_grid=local_gc_layers:all,feature'),
-      ('grid_search', *_train_args(cache_dir, root, '--algo=fedzmg'), *grid,
-       '--hparam_grid=center_vectors:True'),
-      ('grid_search', *_train_args(cache_dir, root, '--algo=fedrkmgc'),
-       '--client_learning_rates=0.1', '--hparam_grid=km_clock:global,participation'),
-  ], tmp_path)
-  (text, text_out, text_err), (boolean, bool_out, bool_err), refused = results
+  # The grid searches in this process (the flags are parsed as the program parses them);
+  # each cell is a launch.train process of its own, with the test's TMPDIR.
+  text, text_out, text_err = run_program(
+      grid_search, *_train_args(cache_dir, root, '--algo=local_gc'), *grid,
+      '--hparam_grid=local_gc_layers:all,feature')
+  boolean, bool_out, bool_err = run_program(
+      grid_search, *_train_args(cache_dir, root, '--algo=fedzmg'), *grid,
+      '--hparam_grid=center_vectors:True')
+  refused = run_program(
+      grid_search, *_train_args(cache_dir, root, '--algo=fedrkmgc'),
+      '--client_learning_rates=0.1', '--hparam_grid=km_clock:global,participation')
   assert text == 0 and text_err == '', text_err
   assert boolean == 0 and bool_err == '', bool_err
   for name, value, out in (('local_gc_layers', 'all', text_out),
@@ -465,12 +498,15 @@ def test_collect_only_names_runs_trained_with_other_hyperparameters(finished_run
   _assert_left_clean(tmp_path)
 
 
-def test_a_lost_memory_snapshot_resumes_from_the_checkpoint_before(cache_dir, tmp_path):
+def test_a_lost_memory_snapshot_resumes_from_the_checkpoint_before(
+    cache_dir, tmp_path, run_program):
   """8: the newest checkpoint without its client-state snapshot used to offer only
   --overwrite; it is set aside and the previous one resumes."""
   root = tmp_path / 'runs'
   args = _train_args(cache_dir, root, '--algo=scaffold', '--client_state_store=memory')
-  code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  # The run to damage, in this process; the resume is the case, in a real process whose
+  # leftovers are checked.
+  code, out, err = run_program(train, *args, '--total_rounds=2')
   assert code == 0 and err == '', err
   run_dir = root / 'emnist_scaffold_seed0'
   os.remove(run_dir / 'client_states' / 'snapshot-00000002.npz')
@@ -483,16 +519,17 @@ def test_a_lost_memory_snapshot_resumes_from_the_checkpoint_before(cache_dir, tm
   _assert_left_clean(tmp_path)
 
 
-def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(tmp_path):
+def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(
+    tmp_path, run_program, children_tmp):
   """8: `reproduce --dry_run` trained where its help said it trains nothing: its help now
   names the timing runs, and they are all it trains (once; a second dry run reuses them)."""
-  code, out, err = _run('reproduce', '--helpfull', tmp_path=tmp_path)
-  assert code == 0 and 'only a 3-round timing run of each kind of run' in ' '.join(
-      out.split()), err
+  helpfull = _start('reproduce', '--helpfull', tmp_path=tmp_path)  # Beside the dry runs.
   root = tmp_path / 'root'
   args = ('--paper=fedzmg', '--table=5', '--scale=ci', '--data_source=synthetic',
           '--dry_run', f'--root_output_dir={root}', f'--cache_dir={tmp_path / "data"}')
-  code, out, err = _run('reproduce', *args, tmp_path=tmp_path)
+  # The dry runs in this process; each timing run is a launch.train process of its own,
+  # with the test's TMPDIR.
+  code, out, err = run_program(reproduce, *args)
   assert code == 0 and err == '', err
   timed = [l for l in out.splitlines() if l.startswith('dry run: timing 3 rounds of')]
   plan = root / 'reproduce_fedzmg_ci'
@@ -500,9 +537,12 @@ def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(tmp_path)
   runs = [d for d in os.listdir(plan / 'dry_run') if d.startswith('emnist-')]
   assert len(runs) == len(timed) == 2  # FedZMG's client rule, and plain SGD's.
   before = _tree(root)
-  code, out, err = _run('reproduce', *args, tmp_path=tmp_path)
+  code, out, err = run_program(reproduce, *args)
   assert code == 0 and err == '' and 'dry run: timing' not in out, err
   assert _tree(root) == before
+  code, out, err = _finish(helpfull)
+  assert code == 0 and 'only a 3-round timing run of each kind of run' in ' '.join(
+      out.split()), err
   _assert_left_clean(tmp_path)
 
 
