@@ -107,8 +107,8 @@ class TraceTimeGRU(tf.keras.layers.GRU):
   GPU this layer calls Keras's own `gpu_gru` (a `CudnnRNN` op) itself. Variables, initializers
   and default names ('gru', 'gru_1', ...) are those of `tf.keras.layers.GRU`. The standard path
   computes Keras's standard GRU with `gru_sequence`, whose backward pass sums the weight
-  gradients after the time loop (5x faster training of the Shakespeare GRU on a CPU); calls it
-  does not compute (masks, dropout, other activations, `go_backwards`) are
+  gradients after the time loop (a training step of the Shakespeare GRU in 0.17x Keras's time
+  on a CPU); calls it does not compute (masks, dropout, other activations, `go_backwards`) are
   `tf.keras.layers.GRU.call`.
 
   Args:
