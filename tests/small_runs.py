@@ -1,5 +1,5 @@
-"""Flags of the small synthetic `launch.train` runs the program tests start, and a run
-killed with SIGKILL mid-way."""
+"""Flags of the small synthetic `launch.train` runs the program tests start, a run killed
+with SIGKILL mid-way, and runs made once for the tests that only read or copy them."""
 
 import os
 import signal
@@ -15,6 +15,18 @@ FLAGS = [
     '--synthetic_examples_per_client=12',
     '--clients_per_round=3',
 ]
+
+_MADE = {}
+
+
+def made_once(key, make):
+  """`make()`, called by the first test of this test process that asks for `key`; later
+  tests get its result. For runs that tests only read or copy: a module-scoped fixture
+  cannot take function-scoped ones such as `run_program`. Keys start with the test module's
+  name, since one process runs several modules."""
+  if key not in _MADE:
+    _MADE[key] = make()
+  return _MADE[key]
 
 
 def kill_when(command, line_start: str) -> list[str]:

@@ -142,18 +142,19 @@ def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
 # In process: the runtime is not what these tests are about, and it starts faster.
 _FEDAVG_ARGS = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--seed=5',
                 '--runtime=in_process')
-_FEDAVG_RUN = {}
 
 
 def _fedavg_run(run_main, tmp_path_factory):
   """The folder of a finished run of `_FEDAVG_ARGS` in this process, trained by the first
   test that asks; the tests compare with it or copy it (`shutil.copytree`), never change it."""
-  if 'dir' not in _FEDAVG_RUN:
+
+  def train():
     root = tmp_path_factory.mktemp('fedavg')
     rc, _, err = run_main(*_FEDAVG_ARGS, root=root)
     assert rc == 0, err
-    _FEDAVG_RUN['dir'] = root / 'emnist_fedavg_seed5'
-  return _FEDAVG_RUN['dir']
+    return root / 'emnist_fedavg_seed5'
+
+  return small_runs.made_once(('test_train', 'fedavg'), train)
 
 
 def test_same_flags_give_the_same_metrics(run_main, tmp_path, tmp_path_factory):
@@ -174,9 +175,6 @@ def _latest_client_states(experiment_dir):
     latest = max(os.listdir(root / client))
     states[client] = (latest, state_file.load(str(root / client / latest)))
   return states
-
-
-_UNINTERRUPTED = {}
 
 
 def _server_state(experiment_dir, version):
@@ -209,12 +207,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
   # process, as the killed run: TensorFlow's threads per op are set there (this test
   # process's are whatever its first test left), and the evaluation's batches of 100
   # sum in another order with other threads (4.6e-5 on this model's loss).
-  if algo not in _UNINTERRUPTED:
+  def train_uninterrupted():
     root = tmp_path_factory.mktemp('uninterrupted')
     whole = subprocess.run(command(root, '--runtime=in_process'), capture_output=True,
                            text=True, cwd=small_runs.REPO, timeout=600)
     assert whole.returncode == 0, whole.stderr
-    _UNINTERRUPTED[algo] = root / f'emnist_{algo}_seed0'
+    return root / f'emnist_{algo}_seed0'
+
+  whole_dir = small_runs.made_once(('test_train', 'uninterrupted', algo), train_uninterrupted)
   cmd = command(tmp_path / 'killed')
   lines = small_runs.kill_when(cmd, 'round 3/4')
   # Cores // clients at once threads per op in either runtime (in process set before
@@ -232,7 +232,6 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
   assert resumed.returncode == 0, resumed.stderr
   out = resumed.stdout
   assert 'round 3/4' in out and 'round 2/4' not in out  # Resumed from checkpoint 2.
-  whole_dir = _UNINTERRUPTED[algo]
   _assert_same_metrics(_rows(killed_dir / 'metrics.csv'), _rows(whole_dir / 'metrics.csv'))
   for a, b in zip(_server_state(whole_dir, 4), _server_state(killed_dir, 4), strict=True):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)

@@ -124,22 +124,21 @@ def _assert_left_clean(tmp_path, refused=False):
     assert os.listdir(tmp_path / 'home') == []
 
 
-_FINISHED = {}
-
-
 @pytest.fixture
 def finished_run(cache_dir, tmp_path_factory, run_program):
   """(folder, stdout) of a finished 1-round FedAvg run that asked for 8 clients a round of
   the data's 6, trained once, in this process, for the first test that asks. Tests read
   it or copy it (`_copy`)."""
-  if 'run' not in _FINISHED:
+
+  def train_finished():
     tmp_path = tmp_path_factory.mktemp('finished')
     code, out, err = run_program(train, *_train_args(
         cache_dir, tmp_path / 'runs', '--algo=fedavg', '--clients_per_round=8',
         '--total_rounds=1'))
     assert code == 0 and err == '', err
-    _FINISHED['run'] = tmp_path / 'runs' / 'emnist_fedavg_seed0', out
-  return _FINISHED['run']
+    return tmp_path / 'runs' / 'emnist_fedavg_seed0', out
+
+  return small_runs.made_once(('test_trust', 'finished'), train_finished)
 
 
 _FINISHED_ARGS = ('--algo=fedavg', '--clients_per_round=8')
