@@ -37,6 +37,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 import warnings
 from typing import Callable, Optional
@@ -91,6 +92,7 @@ _ENVIRONMENT_TEXTS = tuple(
 )
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TMP_PREFIX = 'tff_zmg-tmp-'
+_SIGNAL_AGAIN_AFTER_S = 0.01
 
 
 class Interrupted(KeyboardInterrupt):
@@ -196,16 +198,40 @@ def _raise_interrupted(signum, frame) -> None:
   # the one line.
   warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
                           category=RuntimeWarning)
-  raise Interrupted(f'interrupted by {signal.Signals(signum).name}')
+  stop = Interrupted(f'interrupted by {signal.Signals(signum).name}')
+  stop.signum = signum
+  raise stop
+
+
+def _signal_swallowed_stops_again(unraisable) -> None:
+  """`sys.unraisablehook`: a stop raised where Python cannot pass an exception on (the
+  signal landed in a weakref callback or a finalizer, which only print it) is signalled
+  again, to be raised in the code that runs after; without this the run went on to exit 0.
+
+  From another thread, a moment later: a signal sent from here would be handled before
+  this hook returns, and swallowed again.
+  """
+  signum = getattr(unraisable.exc_value, 'signum', None)
+  if isinstance(unraisable.exc_value, Interrupted) and signum is not None:
+    again = threading.Timer(_SIGNAL_AGAIN_AFTER_S, os.kill, (os.getpid(), signum))
+    again.daemon = True
+    again.start()
+    return
+  _python_unraisablehook(unraisable)
+
+
+_python_unraisablehook = sys.unraisablehook
 
 
 def install_stop_signals() -> None:
-  """Ctrl-C, SIGTERM and SIGHUP raise `Interrupted` in the main thread.
+  """Ctrl-C, SIGTERM and SIGHUP raise `Interrupted` in the main thread, also when they
+  land where Python swallows exceptions (`_signal_swallowed_stops_again`).
 
   SIGINT too, as a shell that starts a program in the background makes it ignore SIGINT.
   """
   for signum in _STOP_SIGNALS:
     signal.signal(signum, _raise_interrupted)
+  sys.unraisablehook = _signal_swallowed_stops_again
 
 
 def _process_start_time(pid: int) -> Optional[str]:

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import numpy as np
 import psutil
@@ -326,6 +327,38 @@ def test_a_coroutine_a_stop_signal_left_unawaited_prints_nothing():
     del made_not_run
     gc.collect()
   assert not caught, [str(w.message) for w in caught]
+
+
+def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
+  """CI once saw a SIGTERM run to exit 0: its handler raised inside a weakref callback,
+  where Python prints an exception ("Exception ignored in ...") and goes on."""
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+  python_hook = sys.unraisablehook
+  landed_in_callback = []
+
+  def callback(_):
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)  # Handled as this call returns: in the callback.
+    finally:
+      landed_in_callback.append(True)
+
+  class Referent:
+    pass
+
+  try:
+    failures.install_stop_signals()
+    referent = Referent()
+    reference = __import__('weakref').ref(referent, callback)
+    with pytest.raises(failures.Interrupted, match='SIGTERM'):
+      del referent
+      deadline = time.monotonic() + 10
+      while time.monotonic() < deadline:  # Signalled again: raised here, in ordinary code.
+        pass
+    assert landed_in_callback and reference() is None
+  finally:
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+    sys.unraisablehook = python_hook
 
 
 def test_a_closed_worker_is_never_started_again():
