@@ -2,6 +2,8 @@
 
 import functools
 import os
+import shutil
+import tempfile
 
 # TF's C++ start-up lines off the test logs and the programs' stderr, as `launch` does.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -94,6 +96,21 @@ def pytest_configure(config):
   """
   del config
   cpp_worker.set_default_execution_context(start=False)
+  # One folder of compiled round forms (tff_zmg/runtime/forms.py) for this session's
+  # processes, the programs the tests start included (xdist's workers inherit it from the
+  # controller), never the user's: each run of the suite starts cold, as on a new machine.
+  if 'TFF_ZMG_FORM_CACHE' not in os.environ:
+    os.environ['TFF_ZMG_FORM_CACHE'] = tempfile.mkdtemp(prefix='tff_zmg-forms-')
+    _REMOVE_AT_EXIT.append(os.environ['TFF_ZMG_FORM_CACHE'])
+
+
+_REMOVE_AT_EXIT = []
+
+
+def pytest_unconfigure(config):
+  del config
+  for path in _REMOVE_AT_EXIT:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope='session', autouse=True)

@@ -17,7 +17,9 @@ stateful algorithms), and the refusals, which come before any model is built, fo
 import asyncio
 import collections
 import itertools
+import json
 import math
+import os
 import warnings
 
 import dp_accounting
@@ -29,6 +31,7 @@ import tensorflow_federated as tff
 import tff_zmg
 from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
+from tff_zmg.runtime import forms
 from tff_zmg.templates import compose
 import tiny_models
 
@@ -442,9 +445,8 @@ def compressed_fedzmg(emnist):
   )
 
 
-def test_a_round_compiles_to_mapreduceform_once_for_its_bytes_and_its_run(emnist, monkeypatch):
-  # TFF's compiler is seconds a round: launch.train counts the bytes and then runs the same
-  # round in process, so the second must reuse the first's form.
+def _count_compiles(monkeypatch) -> list:
+  """The computations TFF's MapReduceForm compiler is called on from now on."""
   compiled = []
   compile_form = tff.backends.mapreduce.get_map_reduce_form_for_computation
 
@@ -453,6 +455,15 @@ def test_a_round_compiles_to_mapreduceform_once_for_its_bytes_and_its_run(emnist
     return compile_form(comp, *args, **kwargs)
 
   monkeypatch.setattr(tff.backends.mapreduce, 'get_map_reduce_form_for_computation', counted)
+  return compiled
+
+
+def test_a_round_compiles_to_mapreduceform_once_for_its_bytes_and_its_run(
+    emnist, monkeypatch, tmp_path):
+  # TFF's compiler is seconds a round: launch.train counts the bytes and then runs the same
+  # round in process, so the second must reuse the first's form.
+  monkeypatch.setenv('TFF_ZMG_FORM_CACHE', str(tmp_path / 'forms'))  # None yet on disk.
+  compiled = _count_compiles(monkeypatch)
   process = registry.build('fedavg', emnist.model_fn, num_clients=8)
   bytes_before = aggregation.client_bytes(process)
   assert compiled == [process.next]
@@ -464,6 +475,37 @@ def test_a_round_compiles_to_mapreduceform_once_for_its_bytes_and_its_run(emnist
   assert output.metrics['client_work']['train']['num_examples'] > 0
   assert compiled == [process.next]
   assert aggregation.client_bytes(process) == bytes_before and len(compiled) == 1
+
+
+def test_a_form_compiled_in_one_process_is_read_from_disk_by_the_next(
+    emnist, monkeypatch, tmp_path):
+  """The disk keeps a round's form for the next process that builds the same round (a
+  resumed run, a grid's cells); a damaged file is compiled again; '' turns the disk off."""
+  folder = tmp_path / 'forms'
+  monkeypatch.setenv('TFF_ZMG_FORM_CACHE', str(folder))
+  compiled = _count_compiles(monkeypatch)
+  process = registry.build('fedavg', emnist.model_fn, num_clients=8)
+  first = forms.map_reduce_form(process.next)
+  saved, = os.listdir(folder)
+  monkeypatch.setattr(forms, '_forms', collections.OrderedDict())  # As in a new process.
+  read = forms.map_reduce_form(process.next)
+  assert compiled == [process.next] and read is not first
+  assert read.type_signature == first.type_signature
+  for name in forms._PIECES:  # pylint: disable=protected-access
+    a, b = getattr(first, name), getattr(read, name)
+    assert a.type_signature == b.type_signature, name
+    assert (tff.framework.ConcreteComputation.get_proto(a) ==
+            tff.framework.ConcreteComputation.get_proto(b)), name
+  (folder / saved).write_text('{"prepare": "not a computation"')
+  monkeypatch.setattr(forms, '_forms', collections.OrderedDict())
+  forms.map_reduce_form(process.next)
+  assert compiled == [process.next] * 2 and os.listdir(folder) == [saved]
+  json.loads((folder / saved).read_text())  # Whole again.
+  monkeypatch.setenv('TFF_ZMG_FORM_CACHE', '')
+  monkeypatch.setattr(forms, '_forms', collections.OrderedDict())
+  (folder / saved).unlink()
+  forms.map_reduce_form(process.next)
+  assert len(compiled) == 3 and os.listdir(folder) == []
 
 
 def _quantized_bytes(num_elements, bits):

@@ -1,30 +1,129 @@
-"""TFF's MapReduceForm of a round, compiled once per computation object.
+"""TFF's MapReduceForm of a round, compiled once per computation.
 
-The compile is seconds of TFF's Python compiler, and a run asks for it twice: for its
-communication record (`aggregation.communication`) and for the in-process runtime's pieces.
+The compile is seconds of TFF's Python compiler, and every program that trains asks for
+it: for its communication record (`aggregation.communication`) and for the in-process
+runtime's pieces. So a form is kept per computation object in this process, and on disk
+per computation *content* for the next processes (a resumed run, a grid's or a
+comparison's cells at the same hyperparameters): the file's name is the SHA-256 of the
+computation's serialized proto and TFF's version, and a process that builds the same
+round builds the same proto, so a file is only ever read for the computation it was
+compiled from. `TFF_ZMG_FORM_CACHE` names the folder (default
+`$XDG_CACHE_HOME/tff_zmg/map_reduce_forms`, `~/.cache/...`); empty turns the disk off.
 """
 
+import base64
 import collections
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
 import threading
+import time
+from typing import Optional
 
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import computation_pb2
 
 # Recent computations only: each entry keeps its computation (and so its id) alive.
 _CACHE_SIZE = 8
+# Forms kept on disk: the newest by use; each is a few hundred kB to a few MB.
+_DISK_FILES = 64
+_FORMAT = 1  # Of the files' content; part of their name.
+_PIECES = ('prepare', 'work', 'zero', 'accumulate', 'merge', 'report', 'secure_sum_bitwidth',
+           'secure_sum_max_input', 'secure_modular_sum_modulus', 'update')
 _forms: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
 
 
 def map_reduce_form(comp) -> tff.backends.mapreduce.MapReduceForm:
-  """`tff.backends.mapreduce.get_map_reduce_form_for_computation(comp)`, kept per object."""
+  """`tff.backends.mapreduce.get_map_reduce_form_for_computation(comp)`, kept per object
+  in this process and per content on disk."""
   with _lock:
     cached = _forms.get(id(comp))
     if cached is not None and cached[0] is comp:
       _forms.move_to_end(id(comp))
       return cached[1]
-  form = tff.backends.mapreduce.get_map_reduce_form_for_computation(comp)
+  path = _disk_path(comp)
+  form = _read(path, comp) if path else None
+  if form is None:
+    form = tff.backends.mapreduce.get_map_reduce_form_for_computation(comp)
+    if path:
+      _write(path, form)
   with _lock:
     _forms[id(comp)] = (comp, form)
     while len(_forms) > _CACHE_SIZE:
       _forms.popitem(last=False)
   return form
+
+
+def cache_dir() -> Optional[str]:
+  """The forms' folder on disk, None if turned off."""
+  configured = os.environ.get('TFF_ZMG_FORM_CACHE')
+  if configured is not None:
+    return os.path.expanduser(configured) or None
+  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(base, 'tff_zmg', 'map_reduce_forms')
+
+
+def _disk_path(comp) -> Optional[str]:
+  directory = cache_dir()
+  if directory is None or not isinstance(comp, tff.framework.ConcreteComputation):
+    return None
+  digest = hashlib.sha256(f'{tff.__version__}/{_FORMAT}/'.encode())
+  digest.update(tff.framework.ConcreteComputation.get_proto(comp).SerializeToString(
+      deterministic=True))
+  return os.path.join(directory, f'{digest.hexdigest()}.json')
+
+
+def _read(path: str, comp) -> Optional[tff.backends.mapreduce.MapReduceForm]:
+  """The form in `path`, or None when there is none or it cannot be read (recompiled)."""
+  try:
+    with open(path) as f:
+      pieces = json.load(f)
+    form = tff.backends.mapreduce.MapReduceForm(comp.type_signature, **{
+        name: tff.framework.ConcreteComputation(
+            computation_proto=computation_pb2.Computation.FromString(
+                base64.b64decode(pieces[name])),
+            context_stack=tff.framework.get_context_stack())
+        for name in _PIECES})
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return None
+  with contextlib.suppress(OSError):
+    os.utime(path)  # Most recently used: the last to be pruned.
+  return form
+
+
+def _write(path: str, form: tff.backends.mapreduce.MapReduceForm) -> None:
+  """Writes `form` to `path` whole or not at all; a machine refusing the write only costs
+  the next process a compile."""
+  pieces = {
+      name: base64.b64encode(tff.framework.ConcreteComputation.get_proto(
+          getattr(form, name)).SerializeToString(deterministic=True)).decode('ascii')
+      for name in _PIECES}
+  directory = os.path.dirname(path)
+  try:
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.NamedTemporaryFile('w', dir=directory, suffix='.tmp', delete=False) as f:
+      temporary = f.name
+      json.dump(pieces, f)
+    os.replace(temporary, path)
+  except OSError:
+    with contextlib.suppress(OSError, UnboundLocalError):
+      os.remove(temporary)
+    return
+  _prune(directory)
+
+
+def _prune(directory: str) -> None:
+  """Keeps the `_DISK_FILES` most recently used forms, and no temporary file of a write
+  that a killed process left (older than an hour: no write takes that long)."""
+  with contextlib.suppress(OSError):
+    entries = list(os.scandir(directory))
+    forms = sorted((entry for entry in entries if entry.name.endswith('.json')),
+                   key=lambda entry: entry.stat().st_mtime, reverse=True)
+    abandoned = [entry for entry in entries if entry.name.endswith('.tmp')
+                 and entry.stat().st_mtime < time.time() - 3600]
+    for entry in forms[_DISK_FILES:] + abandoned:
+      with contextlib.suppress(OSError):
+        os.remove(entry.path)
