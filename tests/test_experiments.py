@@ -18,6 +18,7 @@ from launch import compare
 from launch import data_stats
 from launch import grid_search
 from launch import runner
+from small_runs import write_run
 from tasks import labels
 from tasks import preprocessing
 from tff_zmg import analysis
@@ -37,6 +38,28 @@ def _rows(path):
 def _attempts(log_path):
   with open(log_path) as f:
     return sum(line.startswith('=== start') for line in f)
+
+
+def _write_cells(args, cells, rounds):
+  """Cells of the grid `launch.grid_search` makes of `args`, written beforehand as
+  `launch.train` leaves `rounds`-round runs (`small_runs.write_run`), so that the search
+  takes them as done and does not train them: `cells` maps (client lr, server lr) to the
+  cell's accuracies, None for a cell that diverged in round 1 (no round recorded). Also
+  the grid's logs/ folder, which marks its folder as a grid's."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['grid_search', *args])
+    directory = os.path.join(
+        flags.FLAGS.root_output_dir,
+        flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}')
+    grid = grid_search.Grid(directory=directory,
+                            client_lrs=tuple(dict.fromkeys(c for c, _ in cells)),
+                            server_lrs=tuple(dict.fromkeys(s for _, s in cells)))
+    for cell, accuracies in cells.items():
+      write_run(grid.run(cell, rounds), accuracies or [], diverged=accuracies is None)
+    os.makedirs(os.path.join(directory, grid_search.LOGS_DIRNAME))
+  finally:
+    flags.FLAGS.unparse_flags()
 
 
 # --- grid search ------------------------------------------------------------------------

@@ -1,9 +1,7 @@
 """Comparisons at tuned rates: launch.compare --tuned_from, and the untuned-defaults warning."""
 
 import json
-import os
 
-from absl import flags
 import pytest
 
 from launch import compare
@@ -11,7 +9,7 @@ from launch import grid_search
 from test_experiments import _TINY
 from test_experiments import _fake_run
 from test_experiments import _rows
-from test_reproduce import _write_run
+from test_experiments import _write_cells
 from tff_zmg import analysis
 
 # Each grid's designed 1-round scores: the pick is the client rate that is not the
@@ -20,31 +18,12 @@ from tff_zmg import analysis
 _DESIGNED_SCORES = {'fedavg': {0.01: 0.5, 0.1: 0.3}, 'fedzmg': {0.01: 0.3, 0.1: 0.5}}
 
 
-def _write_grid_cells(args, algo):
-  """The cells of `launch.grid_search`'s grid for `args`, written beforehand as
-  `launch.train` leaves finished 1-round runs (flags.json of the very settings the grid
-  asks for, so the grid search takes them as finished and trains nothing) with
-  `_DESIGNED_SCORES`; and the grid's logs/ folder, which marks the folder as a grid's."""
-  flags.FLAGS.unparse_flags()
-  try:
-    flags.FLAGS(['grid_search', *args])
-    directory = os.path.join(flags.FLAGS.root_output_dir, flags.FLAGS.experiment_name)
-    scores = _DESIGNED_SCORES[algo]
-    grid = grid_search.Grid(directory=directory, client_lrs=tuple(scores),
-                            server_lrs=(1.0,))
-    for c, s in grid.cells:
-      _write_run(grid.run((c, s), 1), [scores[c]])
-    os.makedirs(os.path.join(directory, grid_search.LOGS_DIRNAME))
-  finally:
-    flags.FLAGS.unparse_flags()
-
-
 def test_compare_runs_each_algorithm_at_the_rates_its_grid_search_picked(
     synthetic_cache_dir, tmp_path, run_program
 ):
   """Two 2 x 1 grids of 1-round cells, then a comparison at their picks (1 seed, 1 round).
 
-  The grids' cells are written beforehand with designed scores (`_write_grid_cells`):
+  The grids' cells are written beforehand with designed scores (`_DESIGNED_SCORES`):
   the grid search (run for real) picks from them without training; the comparison trains
   its two runs for real.
   """
@@ -55,7 +34,7 @@ def test_compare_runs_each_algorithm_at_the_rates_its_grid_search_picked(
     args = [*common, f'--algo={algo}', f'--experiment_name=grids/{algo}',
             '--client_learning_rates=0.01,0.1', '--server_learning_rates=1',
             '--nostability_check']
-    _write_grid_cells(args, algo)
+    _write_cells(args, {(c, 1.0): [a] for c, a in _DESIGNED_SCORES[algo].items()}, 1)
     rc, out, err = run_program(grid_search, *args)
     assert rc == 0 and ': started' not in out, err
   grids = root / 'grids'
