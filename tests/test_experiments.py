@@ -142,9 +142,11 @@ def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_an
 ):
   """2 cells x 1 round, the best third (1 cell) on to 3 rounds, then a re-run with seed 1.
 
-  The client rate 1e30 diverges in round 1: it scores as failed and is never promoted,
-  though the rung keeps a third of 2 cells, one. The promoted cell is its rung-1 run
-  continued (a second process that trains rounds 2-3 only).
+  The client rate 1e30 diverged in round 1 (its cell written beforehand as the runner
+  records a diverged run: a real divergence is test_grid_search_completes_...'s): it
+  scores as failed and is never promoted, though the rung keeps a third of 2 cells, one.
+  The promoted cell is its rung-1 run continued (a second process that trains rounds 2-3
+  only).
   """
   args = [
       '--task=emnist', '--algo=fedavg', f'--cache_dir={synthetic_cache_dir}',
@@ -152,8 +154,10 @@ def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_an
       '--search=halving', '--rung_rounds=1,3', '--score_rounds=2',
       '--client_learning_rates=1e30,0.05', '--server_learning_rates=1', '--parallel=2',
   ]
+  _write_cells(args, {(1e30, 1.0): None}, 1)
   rc, out, err = run_program(grid_search, *args)
   assert rc == 0, err
+  assert 'clr1e+30_slr1: already diverged' in out
   grid = tmp_path / 'grid_emnist_fedavg'
   assert 'rung 1/2: 2 cells to 1 rounds' in out and 'rung 2/2: 1 cells to 3 rounds' in out
   rounds, acc = analysis.accuracy_series(str(grid / 'clr0.05_slr1'))
