@@ -1,6 +1,8 @@
 """Flags of the small synthetic `launch.train` runs the program tests start, a run killed
-with SIGKILL mid-way, and runs made once for the tests that only read or copy them."""
+with SIGKILL mid-way, runs made once for the tests that only read or copy them, and runs
+written as `launch.train` leaves them."""
 
+import json
 import os
 import signal
 import subprocess
@@ -46,3 +48,24 @@ def kill_when(command, line_start: str) -> list[str]:
     if proc.poll() is None:
       proc.kill()
   return lines
+
+
+def write_run(run, accuracies, diverged=False):
+  """A run directory as launch.train leaves a finished run: flags.json and metrics.csv.
+
+  flags.json holds exactly the settings of `run`, so the runner reuses the run only if
+  the program (`launch.reproduce`, `launch.grid_search`) plans the very same run (other
+  learning rates, rounds or data would be refused as 'a run with other settings'). Diverged: as the runner records a
+  run that diverged (with no round recorded, when `accuracies` is empty).
+  """
+  os.makedirs(run.config.output_dir)
+  with open(os.path.join(run.config.output_dir, 'flags.json'), 'w') as f:
+    json.dump(run.config.recorded(), f)
+  with open(os.path.join(run.config.output_dir, 'metrics.csv'), 'w') as f:
+    f.write('key,evaluation/sparse_categorical_accuracy,client_work/train/loss,'
+            'training_time_in_seconds,evaluation/evaluation_time_in_seconds\n0,0.0,,,2.0\n')
+    for r, a in enumerate(accuracies, start=1):
+      f.write(f'{r},{a},1.0,{5.0 if r == 1 else 0.5},0.25\n')
+  if diverged:
+    with open(os.path.join(run.config.output_dir, 'diverged.txt'), 'w') as f:
+      f.write('diverged\n')

@@ -23,7 +23,8 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
   with open(tmp_path / 'out.txt', 'w') as out:
     rc = subprocess.run(
         [sys.executable, '-m', 'launch.benchmark', f'--algos={",".join(_ALGOS)}',
-         '--clients_per_round=2', '--examples_per_client=40', '--repeats=2',
+         '--clients_per_round=2', '--examples_per_client=20', '--repeats=2',
+         '--synthetic_test_clients=2',
          '--scaling_clients=', '--concurrency=', f'--cache_dir={tmp_path / "data"}',
          f'--output={output}'],
         cwd=_REPO, stdout=out, stderr=subprocess.STDOUT, timeout=900,

@@ -18,6 +18,7 @@ from launch import compare
 from launch import data_stats
 from launch import grid_search
 from launch import runner
+from small_runs import write_run
 from tasks import labels
 from tasks import preprocessing
 from tff_zmg import analysis
@@ -37,6 +38,28 @@ def _rows(path):
 def _attempts(log_path):
   with open(log_path) as f:
     return sum(line.startswith('=== start') for line in f)
+
+
+def _write_cells(args, cells, rounds):
+  """Cells of the grid `launch.grid_search` makes of `args`, written beforehand as
+  `launch.train` leaves `rounds`-round runs (`small_runs.write_run`), so that the search
+  takes them as done and does not train them: `cells` maps (client lr, server lr) to the
+  cell's accuracies, None for a cell that diverged in round 1 (no round recorded). Also
+  the grid's logs/ folder, which marks its folder as a grid's."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['grid_search', *args])
+    directory = os.path.join(
+        flags.FLAGS.root_output_dir,
+        flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}')
+    grid = grid_search.Grid(directory=directory,
+                            client_lrs=tuple(dict.fromkeys(c for c, _ in cells)),
+                            server_lrs=tuple(dict.fromkeys(s for _, s in cells)))
+    for cell, accuracies in cells.items():
+      write_run(grid.run(cell, rounds), accuracies or [], diverged=accuracies is None)
+    os.makedirs(os.path.join(directory, grid_search.LOGS_DIRNAME))
+  finally:
+    flags.FLAGS.unparse_flags()
 
 
 # --- grid search ------------------------------------------------------------------------
@@ -119,9 +142,11 @@ def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_an
 ):
   """2 cells x 1 round, the best third (1 cell) on to 3 rounds, then a re-run with seed 1.
 
-  The client rate 1e30 diverges in round 1: it scores as failed and is never promoted,
-  though the rung keeps a third of 2 cells, one. The promoted cell is its rung-1 run
-  continued (a second process that trains rounds 2-3 only).
+  The client rate 1e30 diverged in round 1 (its cell written beforehand as the runner
+  records a diverged run: a real divergence is test_grid_search_completes_...'s): it
+  scores as failed and is never promoted, though the rung keeps a third of 2 cells, one.
+  The promoted cell is its rung-1 run continued (a second process that trains rounds 2-3
+  only).
   """
   args = [
       '--task=emnist', '--algo=fedavg', f'--cache_dir={synthetic_cache_dir}',
@@ -129,8 +154,10 @@ def test_halving_promotes_the_best_cell_continuing_its_run_and_checks_it_with_an
       '--search=halving', '--rung_rounds=1,3', '--score_rounds=2',
       '--client_learning_rates=1e30,0.05', '--server_learning_rates=1', '--parallel=2',
   ]
+  _write_cells(args, {(1e30, 1.0): None}, 1)
   rc, out, err = run_program(grid_search, *args)
   assert rc == 0, err
+  assert 'clr1e+30_slr1: already diverged' in out
   grid = tmp_path / 'grid_emnist_fedavg'
   assert 'rung 1/2: 2 cells to 1 rounds' in out and 'rung 2/2: 1 cells to 3 rounds' in out
   rounds, acc = analysis.accuracy_series(str(grid / 'clr0.05_slr1'))

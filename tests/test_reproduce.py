@@ -20,6 +20,7 @@ from launch import papers
 from launch import reproduce
 from launch.reproduce import calibration
 from launch.reproduce import scales
+from small_runs import write_run as _write_run
 from tasks import sources
 
 _ALGOS = ('fedzmg', 'fedavg', 'fedadam')
@@ -46,26 +47,6 @@ def _reproduce(args):
   finally:
     flags.FLAGS.unparse_flags()
   return plan, path, out.getvalue()
-
-
-def _write_run(run, accuracies, diverged=False):
-  """A run directory as launch.train leaves a finished run: flags.json and metrics.csv.
-
-  flags.json holds exactly the settings the protocol asks for, so the runner reuses the
-  run only if `launch.reproduce` plans the very same run (other learning rates, rounds or
-  data would be refused as 'a run with other settings').
-  """
-  os.makedirs(run.config.output_dir)
-  with open(os.path.join(run.config.output_dir, 'flags.json'), 'w') as f:
-    json.dump(run.config.recorded(), f)
-  with open(os.path.join(run.config.output_dir, 'metrics.csv'), 'w') as f:
-    f.write('key,evaluation/sparse_categorical_accuracy,client_work/train/loss,'
-            'training_time_in_seconds,evaluation/evaluation_time_in_seconds\n0,0.0,,,2.0\n')
-    for r, a in enumerate(accuracies, start=1):
-      f.write(f'{r},{a},1.0,{5.0 if r == 1 else 0.5},0.25\n')
-  if diverged:
-    with open(os.path.join(run.config.output_dir, 'diverged.txt'), 'w') as f:
-      f.write('diverged\n')
 
 
 def _accuracy(run_dir):

@@ -9,23 +9,38 @@ from launch import grid_search
 from test_experiments import _TINY
 from test_experiments import _fake_run
 from test_experiments import _rows
+from test_experiments import _write_cells
 from tff_zmg import analysis
+
+# Each grid's designed 1-round scores: the pick is the client rate that is not the
+# algorithm's registry default (fedavg's 0.1, fedzmg's 0.01), so a comparison that ran at
+# the defaults would fail the checks of its flags.json.
+_DESIGNED_SCORES = {'fedavg': {0.01: 0.5, 0.1: 0.3}, 'fedzmg': {0.01: 0.3, 0.1: 0.5}}
 
 
 def test_compare_runs_each_algorithm_at_the_rates_its_grid_search_picked(
     synthetic_cache_dir, tmp_path, run_program
 ):
-  """Two 2 x 1 grids of 1-round cells, then a comparison at their picks (1 seed, 1 round)."""
+  """Two 2 x 1 grids of 1-round cells, then a comparison at their picks (1 seed, 1 round).
+
+  The grids' cells are written beforehand with designed scores (`_DESIGNED_SCORES`):
+  the grid search (run for real) picks from them without training; the comparison trains
+  its two runs for real.
+  """
   root = tmp_path / 'runs'
   common = ['--task=emnist', f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={root}',
             *_TINY, '--total_rounds=1']
   for algo in ('fedavg', 'fedzmg'):
-    rc, _, err = run_program(
-        grid_search, *common, f'--algo={algo}', f'--experiment_name=grids/{algo}',
-        '--client_learning_rates=0.01,0.1', '--server_learning_rates=1', '--nostability_check')
-    assert rc == 0, err
+    args = [*common, f'--algo={algo}', f'--experiment_name=grids/{algo}',
+            '--client_learning_rates=0.01,0.1', '--server_learning_rates=1',
+            '--nostability_check']
+    _write_cells(args, {(c, 1.0): [a] for c, a in _DESIGNED_SCORES[algo].items()}, 1)
+    rc, out, err = run_program(grid_search, *args)
+    assert rc == 0 and ': started' not in out, err
   grids = root / 'grids'
   picks = {a: json.loads((grids / a / 'best.json').read_text()) for a in ('fedavg', 'fedzmg')}
+  assert {a: p['client_learning_rate'] for a, p in picks.items()} == {
+      'fedavg': 0.01, 'fedzmg': 0.1}
   assert analysis.find_tuned(str(grids))[('emnist', 'fedzmg')].hparams == {
       k: picks['fedzmg'][k] for k in ('client_learning_rate', 'server_learning_rate')}
 
