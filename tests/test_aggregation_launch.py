@@ -3,9 +3,10 @@ metrics.csv and its summary, its kill -9 and resume, the refusals, and the bytes
 `launch.compare` (docs/privacy_and_communication.md, issue 31).
 
 Real runs on tiny synthetic EMNIST (`small_runs`: six clients, three a round). The DP run
-is trained once, uninterrupted (`dp_run`), and read by the epsilon test and the resume
-test; epsilon is checked against `dp_accounting` driven here, the bytes against a hand
-count of the EMNIST CNN's parameters.
+is trained once, uninterrupted, in this process (`dp_run`), and read by the epsilon test
+and the resume test (whose killed and resumed runs are real processes); epsilon is checked
+against `dp_accounting` driven here, the bytes against a hand count of the EMNIST CNN's
+parameters.
 """
 
 import csv
@@ -74,13 +75,18 @@ def _one_error_line(err):
   return lines[0]
 
 
-@pytest.fixture(scope='module')
-def dp_run(synthetic_cache_dir, tmp_path_factory):
-  """(folder, stdout) of the DP run, trained uninterrupted in its own process."""
-  root = tmp_path_factory.mktemp('dp_uninterrupted')
-  done = _run(_train_command(synthetic_cache_dir, root, *_DP_FLAGS))
-  assert done.returncode == 0 and done.stderr == '', done.stderr
-  return root / _DP_RUN, done.stdout
+@pytest.fixture
+def dp_run(run_main, tmp_path_factory):
+  """(folder, stdout) of the DP run, trained uninterrupted in this process (`run_main`,
+  the flags of `_train_command`), once, for the first test that asks."""
+
+  def train_dp():
+    root = tmp_path_factory.mktemp('dp_uninterrupted')
+    rc, out, err = run_main(*_DP_FLAGS, root=root)
+    assert rc == 0 and err == '', err
+    return root / _DP_RUN, out
+
+  return small_runs.made_once(('test_aggregation_launch', 'dp'), train_dp)
 
 
 # The flags.
