@@ -8,7 +8,8 @@ and the resume test (whose killed and resumed runs are real processes); epsilon 
 against `dp_accounting` driven here, the bytes against a hand count of the EMNIST CNN's
 parameters. A 1-round FedAvg run, also trained once in this process (`fedavg_run`), is
 copied by the test that resumes a run from before the aggregator setting and by the
-comparison, which finds it finished and trains the other algorithms' runs.
+comparison, which finds it finished, as FedZMG's, and trains SCAFFOLD's in a process of
+its own.
 """
 
 import csv
@@ -289,20 +290,25 @@ def test_a_run_from_before_the_aggregator_setting_resumes_as_mean(
 
 
 def test_compare_shows_the_bytes_each_algorithm_sends_fedzmg_as_fedavg_scaffold_twice(
-    fedavg_run, synthetic_cache_dir, tmp_path, run_program):
+    fedavg_run, run_main, synthetic_cache_dir, tmp_path, run_program):
   root, report_dir = tmp_path / 'runs', tmp_path / 'report'
-  # FedAvg's run is the shared one (finished: not trained again); FedZMG's and SCAFFOLD's
-  # are launch.train processes the comparison starts. The comparison in this process: its
-  # case is its report, not its process.
+  # FedAvg's run is the shared one and FedZMG's is trained here, in this process, with the
+  # comparison's flags (both finished: the comparison does not train them again);
+  # SCAFFOLD's is a launch.train process the comparison starts. The comparison in this
+  # process: its case is its report, not its process.
   root.mkdir()
   _copy(fedavg_run[0], root)
+  rc, _, err = run_main('--task=emnist', '--algo=fedzmg', '--total_rounds=1',
+                        '--runtime=in_process', root=root)
+  assert rc == 0, err
   rc, _, err = run_program(
       compare, f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={root}',
       f'--report_dir={report_dir}', *small_runs.FLAGS, '--task=emnist',
       '--algos=fedavg,fedzmg,scaffold', '--seeds=0', '--total_rounds=1',
       '--runtime=in_process')
   assert rc == 0, err
-  assert not os.path.exists(report_dir / 'logs' / f'{_FEDAVG_RUN}.log')  # Not trained.
+  # Trained by the comparison: SCAFFOLD's run only.
+  assert os.listdir(report_dir / 'logs') == ['emnist_scaffold_seed0.log']
   summary = {r['algo']: r for r in _rows(report_dir / 'summary.csv')}
   model = _FLOAT32 * _EMNIST_PARAMETERS
   for algo, copies in (('fedavg', 1), ('fedzmg', 1), ('scaffold', 2)):  # w (and c) each way.
