@@ -4,8 +4,9 @@ what the run's records say afterwards. A test per case, named after the behaviou
 item in the docstring.
 
 The runs are tiny (six synthetic EMNIST clients, one or two rounds); runs a test only
-reads or copies are made once (`finished_run`), and independent programs of one test run
-side by side. A program that only prepares a case, or whose case is its `main`'s answer
+reads or copies are made once (`finished_run`; `resumed_run`, a resume of a copy of it in
+a real process, which two tests read), and independent programs of one test run side by
+side. A program that only prepares a case, or whose case is its `main`'s answer
 (not the process's start, exit or leftovers), runs in this process (`run_program`, no
 TensorFlow start-up); a test keeps at least one real process where it checks leftovers.
 """
