@@ -3,14 +3,19 @@ metrics.csv and its summary, its kill -9 and resume, the refusals, and the bytes
 `launch.compare` (docs/privacy_and_communication.md, issue 31).
 
 Real runs on tiny synthetic EMNIST (`small_runs`: six clients, three a round). The DP run
-is trained once, uninterrupted (`dp_run`), and read by the epsilon test and the resume
-test; epsilon is checked against `dp_accounting` driven here, the bytes against a hand
-count of the EMNIST CNN's parameters.
+is trained once, uninterrupted, in this process (`dp_run`), and read by the epsilon test
+and the resume test (whose killed and resumed runs are real processes); epsilon is checked
+against `dp_accounting` driven here, the bytes against a hand count of the EMNIST CNN's
+parameters. A 1-round FedAvg run, also trained once in this process (`fedavg_run`), is
+copied by the test that resumes a run from before the aggregator setting and by the
+comparison, which finds it finished, as FedZMG's, and trains SCAFFOLD's in a process of
+its own.
 """
 
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +25,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from launch import compare
 from launch import rounds
 from launch import run_config
 from launch import runner
@@ -74,13 +80,43 @@ def _one_error_line(err):
   return lines[0]
 
 
-@pytest.fixture(scope='module')
-def dp_run(synthetic_cache_dir, tmp_path_factory):
-  """(folder, stdout) of the DP run, trained uninterrupted in its own process."""
-  root = tmp_path_factory.mktemp('dp_uninterrupted')
-  done = _run(_train_command(synthetic_cache_dir, root, *_DP_FLAGS))
-  assert done.returncode == 0 and done.stderr == '', done.stderr
-  return root / _DP_RUN, done.stdout
+@pytest.fixture
+def dp_run(run_main, tmp_path_factory):
+  """(folder, stdout) of the DP run, trained uninterrupted in this process (`run_main`,
+  the flags of `_train_command`), once, for the first test that asks."""
+
+  def train_dp():
+    root = tmp_path_factory.mktemp('dp_uninterrupted')
+    rc, out, err = run_main(*_DP_FLAGS, root=root)
+    assert rc == 0 and err == '', err
+    return root / _DP_RUN, out
+
+  return small_runs.made_once(('test_aggregation_launch', 'dp'), train_dp)
+
+
+# The FedAvg run: one round, the aggregator left at its default; in the comparison's terms
+# (its --runtime, and a name and place `launch.compare` gives the run of fedavg, seed 0).
+_FEDAVG_FLAGS = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--runtime=in_process')
+_FEDAVG_RUN = 'emnist_fedavg_seed0'
+
+
+@pytest.fixture
+def fedavg_run(run_main, tmp_path_factory):
+  """(folder, (exit status, stdout, stderr)) of the FedAvg run, trained in this process
+  (`run_main`) once, for the first test that asks; tests copy it (`_copy`)."""
+
+  def train_fedavg():
+    root = tmp_path_factory.mktemp('fedavg')
+    return root / _FEDAVG_RUN, run_main(*_FEDAVG_FLAGS, root=root)
+
+  return small_runs.made_once(('test_aggregation_launch', 'fedavg'), train_fedavg)
+
+
+def _copy(run_dir, root):
+  """A copy of a run folder in `root` (a copied run resumes)."""
+  copy = root / run_dir.name
+  shutil.copytree(run_dir, copy)
+  return copy
 
 
 # The flags.
@@ -227,16 +263,17 @@ def test_a_killed_dp_run_resumes_to_the_uninterrupted_run_bit_for_bit(
     np.testing.assert_array_equal(again, whole)
 
 
-def test_a_run_from_before_the_aggregator_setting_resumes_as_mean(run_main, tmp_path):
+def test_a_run_from_before_the_aggregator_setting_resumes_as_mean(
+    fedavg_run, run_main, tmp_path):
   """Its flags.json and checkpoint identity have no aggregator: the same command resumes
   it; another aggregator is another run, refused."""
-  base = ['--task=emnist', '--algo=fedavg', '--total_rounds=1', '--runtime=in_process']
-  rc, out, err = run_main(*base)
+  base = list(_FEDAVG_FLAGS)
+  rc, out, err = fedavg_run[1]  # The first command, `run_main(*base)`, elsewhere.
   assert rc == 0, err
   assert 'aggregator: mean; fedavg\'s weights by examples' in out
   summary = _summary(out)
   assert summary['aggregator'] == {'kind': 'mean'} and summary['epsilon'] is None
-  run_dir = tmp_path / 'emnist_fedavg_seed0'
+  run_dir = _copy(fedavg_run[0], tmp_path)
   for path, settings_of in ((run_dir / 'flags.json', lambda r: r),
                             (run_dir / 'checkpoints' / 'run_identity.json',
                              lambda r: r['settings'])):
@@ -253,13 +290,25 @@ def test_a_run_from_before_the_aggregator_setting_resumes_as_mean(run_main, tmp_
 
 
 def test_compare_shows_the_bytes_each_algorithm_sends_fedzmg_as_fedavg_scaffold_twice(
-    synthetic_cache_dir, tmp_path):
+    fedavg_run, run_main, synthetic_cache_dir, tmp_path, run_program):
   root, report_dir = tmp_path / 'runs', tmp_path / 'report'
-  done = _run([sys.executable, '-m', 'launch.compare', f'--cache_dir={synthetic_cache_dir}',
-               f'--root_output_dir={root}', f'--report_dir={report_dir}', *small_runs.FLAGS,
-               '--task=emnist', '--algos=fedavg,fedzmg,scaffold', '--seeds=0',
-               '--total_rounds=1', '--runtime=in_process'], timeout=3 * _TIMEOUT_S)
-  assert done.returncode == 0, done.stderr
+  # FedAvg's run is the shared one and FedZMG's is trained here, in this process, with the
+  # comparison's flags (both finished: the comparison does not train them again);
+  # SCAFFOLD's is a launch.train process the comparison starts. The comparison in this
+  # process: its case is its report, not its process.
+  root.mkdir()
+  _copy(fedavg_run[0], root)
+  rc, _, err = run_main('--task=emnist', '--algo=fedzmg', '--total_rounds=1',
+                        '--runtime=in_process', root=root)
+  assert rc == 0, err
+  rc, _, err = run_program(
+      compare, f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={root}',
+      f'--report_dir={report_dir}', *small_runs.FLAGS, '--task=emnist',
+      '--algos=fedavg,fedzmg,scaffold', '--seeds=0', '--total_rounds=1',
+      '--runtime=in_process')
+  assert rc == 0, err
+  # Trained by the comparison: SCAFFOLD's run only.
+  assert os.listdir(report_dir / 'logs') == ['emnist_scaffold_seed0.log']
   summary = {r['algo']: r for r in _rows(report_dir / 'summary.csv')}
   model = _FLOAT32 * _EMNIST_PARAMETERS
   for algo, copies in (('fedavg', 1), ('fedzmg', 1), ('scaffold', 2)):  # w (and c) each way.

@@ -4,8 +4,9 @@ what the run's records say afterwards. A test per case, named after the behaviou
 item in the docstring.
 
 The runs are tiny (six synthetic EMNIST clients, one or two rounds); runs a test only
-reads or copies are made once (`finished_run`), and independent programs of one test run
-side by side. A program that only prepares a case, or whose case is its `main`'s answer
+reads or copies are made once (`finished_run`; `resumed_run`, a resume of a copy of it in
+a real process, which two tests read), and independent programs of one test run side by
+side. A program that only prepares a case, or whose case is its `main`'s answer
 (not the process's start, exit or leftovers), runs in this process (`run_program`, no
 TensorFlow start-up); a test keeps at least one real process where it checks leftovers.
 """
@@ -155,6 +156,28 @@ def _cache_of(run_dir):
   return json.loads((run_dir / 'flags.json').read_text())['cache_dir']
 
 
+@pytest.fixture
+def resumed_run(finished_run, tmp_path_factory):
+  """A copy of `finished_run` holding a user's .notes.tmp and the temporaries of two
+  interrupted writes of ours, resumed to round 2 in TFF's worker in a real process, once,
+  for the first test that asks: (its folder, the flags that resume it but --total_rounds
+  and --runtime, (exit status, stdout, stderr), the folder with the process's TMPDIR and
+  HOME and the run's root, runs/)."""
+
+  def resume():
+    tmp_path = tmp_path_factory.mktemp('resumed')
+    run_dir = _copy(finished_run[0], tmp_path)
+    (run_dir / '.notes.tmp').write_text('mine')
+    (run_dir / '.flags.json.tmp').write_text('{"cut sh')  # A killed write of ours.
+    (run_dir / 'metrics.csv_temp1234').write_text('key\n')  # TFF's CSV manager's.
+    args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
+    result = _run('train', *args, '--total_rounds=2', '--runtime=tff_worker',
+                  tmp_path=tmp_path)
+    return run_dir, args, result, tmp_path
+
+  return small_runs.made_once(('test_trust', 'resumed'), resume)
+
+
 # 1. The grid search writes only inside its root and replaces only its own files.
 
 
@@ -198,7 +221,7 @@ def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(
 
 
 def test_each_process_that_trains_adds_its_session_to_runtime_json(
-    finished_run, tmp_path, run_program):
+    finished_run, resumed_run, tmp_path, run_program):
   """2: a no-op re-run of a finished run changes nothing; a resume in TFF's worker adds its
   own session beside the first one's, in process."""
   run_dir = _copy(finished_run[0], tmp_path)
@@ -208,8 +231,9 @@ def test_each_process_that_trains_adds_its_session_to_runtime_json(
   code, out, err = run_program(train, *args, '--total_rounds=1')
   assert code == 0 and err == '', err
   assert (run_dir / 'runtime.json').read_bytes() == record
-  code, out, err = _run('train', *args, '--total_rounds=2', '--runtime=tff_worker',
-                        tmp_path=tmp_path)
+  # The resume: `resumed_run`'s real process (`--total_rounds=2 --runtime=tff_worker`), on
+  # another copy of the run.
+  run_dir, _, (code, out, err), tmp_path = resumed_run
   assert code == 0 and err == '' and 'round 2/2' in out, err
   first, second = analysis.runs.read_runtime(str(run_dir))
   assert first['rounds'] == [1, 1] and first['runtime'] == 'in_process'
@@ -234,15 +258,11 @@ def test_a_runtime_json_from_before_sessions_reads_as_one_session(tmp_path):
 # 3. Only the program's own temporary files are deleted.
 
 
-def test_resume_and_overwrite_keep_a_users_tmp_file(finished_run, tmp_path, run_program):
+def test_resume_and_overwrite_keep_a_users_tmp_file(resumed_run, run_program):
   """3: a resume removes only the temporaries of the run's own interrupted writes;
   --overwrite refuses a folder that holds a user's .notes.tmp, deleting nothing."""
-  run_dir = _copy(finished_run[0], tmp_path)
-  args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
-  (run_dir / '.notes.tmp').write_text('mine')
-  (run_dir / '.flags.json.tmp').write_text('{"cut sh')  # A killed write of ours.
-  (run_dir / 'metrics.csv_temp1234').write_text('key\n')  # TFF's CSV manager's.
-  code, out, err = _run('train', *args, '--total_rounds=2', tmp_path=tmp_path)
+  # The resume: `resumed_run`'s real process, of a copy that held those three files.
+  run_dir, args, (code, out, err), tmp_path = resumed_run
   assert code == 0 and err == '' and 'round 2/2' in out, err
   assert (run_dir / '.notes.tmp').read_text() == 'mine'
   assert not (run_dir / '.flags.json.tmp').exists()
@@ -287,9 +307,13 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
       'scaffold': ['--client_learning_rate=1e4'],
       'fedzmg': ['--client_learning_rate=1e4'],
   }
-  results = _run_side_by_side(
-      [('train', *_train_args(cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra))
-       for algo, extra in diverging.items()], tmp_path)
+  # The first in a real process, whose exit status and leftovers are checked; the others
+  # (the same check, made in `main`, for other algorithms) in this process.
+  args = {algo: _train_args(cache_dir, root, f'--algo={algo}', '--total_rounds=1', *extra)
+          for algo, extra in diverging.items()}
+  first, *others = diverging
+  results = [_run('train', *args[first], tmp_path=tmp_path)] + [
+      run_program(train, *args[algo]) for algo in others]
   for algo, (code, out, err) in zip(diverging, results):
     assert code == failures.EXIT_DIVERGED, (algo, code, out[-300:], err)
     line = _one_error_line(err, 'train')
@@ -305,7 +329,7 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
     assert 'round 1/1' not in out
   assert sorted(os.listdir(root)) == sorted(f'emnist_{a}_seed0' for a in diverging)
 
-  # The advice followed in this process: the diverging runs above are the real processes
+  # The advice followed in this process: the first diverging run above is the real process
   # whose exit and leftovers are checked.
   followed = {'fedadam': ['--server_learning_rate=0.01'],
               'scaffold': ['--client_learning_rate=0.01']}
