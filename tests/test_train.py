@@ -146,7 +146,7 @@ _FEDAVG_ARGS = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--seed=5'
 
 def _fedavg_run(run_main, tmp_path_factory):
   """The folder of a finished run of `_FEDAVG_ARGS` in this process, trained by the first
-  test that asks; the tests compare with it or copy it (`shutil.copytree`), never change it."""
+  test that asks; tests copy it (`shutil.copytree`) and compare with it, never change it."""
 
   def train():
     root = tmp_path_factory.mktemp('fedavg')
@@ -155,16 +155,6 @@ def _fedavg_run(run_main, tmp_path_factory):
     return root / 'emnist_fedavg_seed5'
 
   return small_runs.made_once(('test_train', 'fedavg'), train)
-
-
-def test_same_flags_give_the_same_metrics(run_main, tmp_path, tmp_path_factory):
-  a = _rows(_fedavg_run(run_main, tmp_path_factory) / 'metrics.csv')
-  # asyncio.run (a notebook cell, another test) leaves the thread without an event loop,
-  # and TFF's training loop asks for one: training must still run.
-  asyncio.run(asyncio.sleep(0))
-  assert run_main(*_FEDAVG_ARGS, root=tmp_path / 'b')[0] == 0
-  b = _rows(tmp_path / 'b' / 'emnist_fedavg_seed5' / 'metrics.csv')
-  assert _without_times(a) == _without_times(b)
 
 
 def _latest_client_states(experiment_dir):
@@ -420,9 +410,13 @@ def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
 
 def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
     run_main, tmp_path, tmp_path_factory):
+  """Ends with the same flags (and --overwrite) training the run again: the same flags give
+  the same metrics (this run serves both checks; a run of its own cost one more)."""
   base = _FEDAVG_ARGS
   exp = tmp_path / 'emnist_fedavg_seed5'
-  shutil.copytree(_fedavg_run(run_main, tmp_path_factory), exp)  # A copied run resumes.
+  first = _fedavg_run(run_main, tmp_path_factory)
+  a = _rows(first / 'metrics.csv')
+  shutil.copytree(first, exp)  # A copied run resumes.
   # A run recorded before records listed every hyperparameter (`{}`: the defaults) is
   # the same run as the same command today; its record now lists them.
   flags_json = exp / 'flags.json'
@@ -448,7 +442,12 @@ def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
           out.write(b'garbage')
   rc, _, err = run_main(*base)
   assert rc == 2 and 'checkpoint' in err and '--overwrite' in err
+  # asyncio.run (a notebook cell, another test) leaves the thread without an event loop,
+  # and TFF's training loop asks for one: training must still run.
+  asyncio.run(asyncio.sleep(0))
   assert run_main(*base, '--overwrite')[0] == 0
+  # The same flags give the same metrics.
+  assert _without_times(a) == _without_times(_rows(exp / 'metrics.csv'))
 
 
 def test_unknown_task_from_the_command_line(synthetic_cache_dir):
