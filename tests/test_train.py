@@ -450,14 +450,8 @@ def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
   assert _without_times(a) == _without_times(_rows(exp / 'metrics.csv'))
 
 
-def test_unknown_task_from_the_command_line(synthetic_cache_dir):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'launch.train', '--task=mnist', '--algo=fedavg'],
-      capture_output=True, text=True, timeout=120,
-      cwd=os.path.dirname(os.path.dirname(__file__)),
-  )
-  assert proc.returncode != 0
-  assert 'mnist' in proc.stderr and 'emnist' in proc.stderr
+# An unknown task on the command line (a real process, exit status 2, the tasks it knows
+# listed): tests/test_failures.py's first bad input, the same command.
 
 
 def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
