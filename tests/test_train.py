@@ -88,8 +88,11 @@ RECORDED_DEFAULTS = {
         # FedRKMGC's stateful clients on the other two tasks (EMNIST: the resume test).
         # Evaluating every 5 rounds still evaluates the last (round 2).
         ('cifar100', 'fedrkmgc', ['--rounds_per_eval=5']),
+        # Two snippets a client, one of them a round (the cap binds): the GRU's rounds
+        # cost seconds each.
         ('shakespeare', 'fedrkmgc',
-         ['--max_elements_per_client=4', '--client_state_store=memory']),
+         ['--synthetic_examples_per_client=2', '--max_elements_per_client=1',
+          '--client_state_store=memory']),
     ],
 )
 def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
