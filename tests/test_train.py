@@ -178,55 +178,58 @@ def _server_state(experiment_dir, version):
 
 # SCAFFOLD's kill -9 and resume in process is tests/test_remote_workers.py's (its rounds
 # run in process there, the clients' work on two workers), a DP run's is
-# tests/test_aggregation_launch.py's: here FedRKMGC on both runtimes.
-@pytest.mark.parametrize('algo, runtime', [
-    ('fedrkmgc', 'tff_worker'), ('fedrkmgc', 'in_process'),
-])
-def test_killed_run_resumes_to_the_uninterrupted_result(
-    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir, algo, runtime
+# tests/test_aggregation_launch.py's: here FedRKMGC, killed once in each runtime.
+def test_killed_runs_resume_to_the_uninterrupted_result(
+    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir
 ):
+  """One run killed with SIGKILL twice, once in each runtime, each kill resumed by a real
+  process of the other runtime: in TFF's worker, killed after round 3, resumed in process
+  from checkpoint 2; that process killed after round 5, resumed in the worker from
+  checkpoint 4. It ends where an uninterrupted run ends. (A killed and a resumed process
+  per runtime, as two tests, took five processes; this chain takes four.)"""
+  algo = 'fedrkmgc'
   # Stateful clients (FedRKMGC's corrections, SCAFFOLD's control variates c_i and the
   # server's c), so that the clients' and the server's states must resume exactly too.
-  # Checkpoints every 2 rounds: the kill after round 3 leaves states of round 3 that no
-  # checkpoint has, which the resumed run must discard and recompute.
-  args = ['--task=emnist', f'--algo={algo}', '--total_rounds=4',
-          '--rounds_per_checkpoint=2', f'--runtime={runtime}']
-  def command(root, *extra):
+  # Checkpoints every 2 rounds: each kill after an odd round leaves states of that round
+  # that no checkpoint has, which the resumed run must discard and recompute.
+  args = ['--task=emnist', f'--algo={algo}', '--total_rounds=6', '--rounds_per_checkpoint=2']
+  def command(root, runtime):
     return [sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
-            f'--root_output_dir={root}', *_SMALL, *args, *extra]
+            f'--root_output_dir={root}', *_SMALL, *args, f'--runtime={runtime}']
 
-  # The uninterrupted run, once per algorithm, in process (it starts sooner): the
-  # runtimes agree to 1e-6, so every resumed run must end where it ends. In a fresh
-  # process, as the killed run: TensorFlow's threads per op are set there (this test
-  # process's are whatever its first test left), and the evaluation's batches of 100
-  # sum in another order with other threads (4.6e-5 on this model's loss).
-  def train_uninterrupted():
-    root = tmp_path_factory.mktemp('uninterrupted')
-    whole = subprocess.run(command(root, '--runtime=in_process'), capture_output=True,
-                           text=True, cwd=small_runs.REPO, timeout=600)
-    assert whole.returncode == 0, whole.stderr
-    return root / f'emnist_{algo}_seed0'
-
-  whole_dir = small_runs.made_once(('test_train', 'uninterrupted', algo), train_uninterrupted)
-  cmd = command(tmp_path / 'killed')
-  lines = small_runs.kill_when(cmd, 'round 3/4')
-  # Cores // clients at once threads per op in either runtime (in process set before
-  # TensorFlow started, which only a fresh process allows).
-  threads = _cores_shared_by(min(3, CORES) if runtime == 'in_process' else 3)
-  runtime_line, = [l for l in lines if l.startswith('runtime:')]
-  assert f'{threads} thread{"s" if threads > 1 else ""} per TF op' in runtime_line
+  # The uninterrupted run, in process (it starts sooner): the runtimes agree to 1e-6, so
+  # the resumed run must end where it ends. In a fresh process, as the killed runs:
+  # TensorFlow's threads per op are set there (this test process's are whatever its first
+  # test left), and the evaluation's batches of 100 sum in another order with other
+  # threads (4.6e-5 on this model's loss).
+  whole_root = tmp_path_factory.mktemp('uninterrupted')
+  whole = subprocess.run(command(whole_root, 'in_process'), capture_output=True, text=True,
+                         cwd=small_runs.REPO, timeout=600)
+  assert whole.returncode == 0, whole.stderr
+  whole_dir = whole_root / f'emnist_{algo}_seed0'
   killed_dir = tmp_path / 'killed' / f'emnist_{algo}_seed0'
-  assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) < 4
-  # Round 3 wrote its clients' states, but no checkpoint holds them.
-  assert any(version == '00000003.tfstate'
-             for version, _ in _latest_client_states(killed_dir).values())
-  resumed = subprocess.run(cmd, capture_output=True, text=True, cwd=small_runs.REPO,
-                           timeout=600)
+  for runtime, kill_after in (('tff_worker', 3), ('in_process', 5)):
+    lines = small_runs.kill_when(command(tmp_path / 'killed', runtime),
+                                 f'round {kill_after}/6')
+    # Cores // clients at once threads per op in either runtime (in process set before
+    # TensorFlow started, which only a fresh process allows).
+    threads = _cores_shared_by(min(3, CORES) if runtime == 'in_process' else 3)
+    runtime_line, = [l for l in lines if l.startswith('runtime:')]
+    assert f'{threads} thread{"s" if threads > 1 else ""} per TF op' in runtime_line
+    if kill_after == 5:  # Resumed the kill after round 3 from checkpoint 2.
+      assert any(l.startswith('round 3/6') for l in lines)
+      assert not any(l.startswith('round 2/6') for l in lines)
+    assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) <= kill_after
+    # Round `kill_after` wrote its clients' states, but no checkpoint holds them.
+    assert any(version == f'0000000{kill_after}.tfstate'
+               for version, _ in _latest_client_states(killed_dir).values())
+  resumed = subprocess.run(command(tmp_path / 'killed', 'tff_worker'), capture_output=True,
+                           text=True, cwd=small_runs.REPO, timeout=600)
   assert resumed.returncode == 0, resumed.stderr
   out = resumed.stdout
-  assert 'round 3/4' in out and 'round 2/4' not in out  # Resumed from checkpoint 2.
+  assert 'round 5/6' in out and 'round 4/6' not in out  # Resumed from checkpoint 4.
   _assert_same_metrics(_rows(killed_dir / 'metrics.csv'), _rows(whole_dir / 'metrics.csv'))
-  for a, b in zip(_server_state(whole_dir, 4), _server_state(killed_dir, 4), strict=True):
+  for a, b in zip(_server_state(whole_dir, 6), _server_state(killed_dir, 6), strict=True):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
   whole_states = _latest_client_states(whole_dir)
   resumed_states = _latest_client_states(killed_dir)
@@ -236,21 +239,21 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     assert resumed_version == version, client
     for a, b in zip(arrays, resumed_arrays):
       np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=client)
-  # Each kept checkpoint lists the state versions it needs: the last one, every client's
-  # latest.
+  # Each kept checkpoint (the first and the last two) lists the state versions it needs:
+  # the last one, every client's latest.
   index_dir = killed_dir / 'client_states' / 'index'
-  assert sorted(os.listdir(index_dir)) == ['00000000.json', '00000002.json', '00000004.json']
-  needed = __import__('json').loads((index_dir / '00000004.json').read_text())
+  assert sorted(os.listdir(index_dir)) == ['00000000.json', '00000004.json', '00000006.json']
+  needed = __import__('json').loads((index_dir / '00000006.json').read_text())
   assert needed == {urllib.parse.unquote(c): int(v[:8]) for c, (v, _) in resumed_states.items()}
-  if runtime == 'tff_worker':
-    # A state file that checkpoint 4 needs, deleted: resuming names it, never falls back
-    # to that client's older state.
-    client, (version, _) = sorted(resumed_states.items())[0]
-    os.remove(killed_dir / 'client_states' / 'clients' / client / version)
-    rc, out, err = run_main(*args[:2], '--total_rounds=5', *args[3:], root=tmp_path / 'killed')
-    assert rc == 2 and 'round 5/5' not in out
-    assert f'{client}/{version} is missing: checkpoint 4 needs' in err
-    assert len(err.strip().splitlines()) == 1
+  # A state file that checkpoint 6 needs, deleted: resuming names it, never falls back to
+  # that client's older state.
+  client, (version, _) = sorted(resumed_states.items())[0]
+  os.remove(killed_dir / 'client_states' / 'clients' / client / version)
+  rc, out, err = run_main(*args[:2], '--total_rounds=7', *args[3:], '--runtime=tff_worker',
+                          root=tmp_path / 'killed')
+  assert rc == 2 and 'round 7/7' not in out
+  assert f'{client}/{version} is missing: checkpoint 6 needs' in err
+  assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
