@@ -126,11 +126,13 @@ def test_bad_input_ends_in_one_line_before_anything_runs(small_data, tmp_path):
       ('worker', ['--port=0'], 2, 'must be in 1..65535'),
   ]
   procs = [_start(p, *args, tmpdir=tmp_path / 'tmp') for p, args, _, _ in cases]
-  for proc, (program, _, code, message) in zip(procs, cases):
+  for proc, (program, args, code, message) in zip(procs, cases):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == code, (program, err)
     assert message in _one_error_line(err, program), err
     assert 'round' not in out and 'counting' not in out  # Nothing was computed.
+    if args[0] == '--task=mnist':  # (Was test_train.py's test_unknown_task_...): the
+      assert 'mnist' in err and 'emnist' in err, err  # tasks it knows are listed.
   assert not (tmp_path / 'runs').exists()
   # Each program's temporary directory is gone, and so is the killed program's.
   assert os.listdir(tmp_path / 'tmp') == []

@@ -88,8 +88,11 @@ RECORDED_DEFAULTS = {
         # FedRKMGC's stateful clients on the other two tasks (EMNIST: the resume test).
         # Evaluating every 5 rounds still evaluates the last (round 2).
         ('cifar100', 'fedrkmgc', ['--rounds_per_eval=5']),
+        # Two snippets a client, one of them a round (the cap binds): the GRU's rounds
+        # cost seconds each.
         ('shakespeare', 'fedrkmgc',
-         ['--max_elements_per_client=4', '--client_state_store=memory']),
+         ['--synthetic_examples_per_client=2', '--max_elements_per_client=1',
+          '--client_state_store=memory']),
     ],
 )
 def test_training_writes_flags_metrics_tensorboard_and_checkpoints(
@@ -146,7 +149,7 @@ _FEDAVG_ARGS = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--seed=5'
 
 def _fedavg_run(run_main, tmp_path_factory):
   """The folder of a finished run of `_FEDAVG_ARGS` in this process, trained by the first
-  test that asks; the tests compare with it or copy it (`shutil.copytree`), never change it."""
+  test that asks; tests copy it (`shutil.copytree`) and compare with it, never change it."""
 
   def train():
     root = tmp_path_factory.mktemp('fedavg')
@@ -155,16 +158,6 @@ def _fedavg_run(run_main, tmp_path_factory):
     return root / 'emnist_fedavg_seed5'
 
   return small_runs.made_once(('test_train', 'fedavg'), train)
-
-
-def test_same_flags_give_the_same_metrics(run_main, tmp_path, tmp_path_factory):
-  a = _rows(_fedavg_run(run_main, tmp_path_factory) / 'metrics.csv')
-  # asyncio.run (a notebook cell, another test) leaves the thread without an event loop,
-  # and TFF's training loop asks for one: training must still run.
-  asyncio.run(asyncio.sleep(0))
-  assert run_main(*_FEDAVG_ARGS, root=tmp_path / 'b')[0] == 0
-  b = _rows(tmp_path / 'b' / 'emnist_fedavg_seed5' / 'metrics.csv')
-  assert _without_times(a) == _without_times(b)
 
 
 def _latest_client_states(experiment_dir):
@@ -185,55 +178,58 @@ def _server_state(experiment_dir, version):
 
 # SCAFFOLD's kill -9 and resume in process is tests/test_remote_workers.py's (its rounds
 # run in process there, the clients' work on two workers), a DP run's is
-# tests/test_aggregation_launch.py's: here FedRKMGC on both runtimes.
-@pytest.mark.parametrize('algo, runtime', [
-    ('fedrkmgc', 'tff_worker'), ('fedrkmgc', 'in_process'),
-])
-def test_killed_run_resumes_to_the_uninterrupted_result(
-    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir, algo, runtime
+# tests/test_aggregation_launch.py's: here FedRKMGC, killed once in each runtime.
+def test_killed_runs_resume_to_the_uninterrupted_result(
+    run_main, tmp_path, tmp_path_factory, synthetic_cache_dir
 ):
+  """One run killed with SIGKILL twice, once in each runtime, each kill resumed by a real
+  process of the other runtime: in TFF's worker, killed after round 3, resumed in process
+  from checkpoint 2; that process killed after round 5, resumed in the worker from
+  checkpoint 4. It ends where an uninterrupted run ends. (A killed and a resumed process
+  per runtime, as two tests, took five processes; this chain takes four.)"""
+  algo = 'fedrkmgc'
   # Stateful clients (FedRKMGC's corrections, SCAFFOLD's control variates c_i and the
   # server's c), so that the clients' and the server's states must resume exactly too.
-  # Checkpoints every 2 rounds: the kill after round 3 leaves states of round 3 that no
-  # checkpoint has, which the resumed run must discard and recompute.
-  args = ['--task=emnist', f'--algo={algo}', '--total_rounds=4',
-          '--rounds_per_checkpoint=2', f'--runtime={runtime}']
-  def command(root, *extra):
+  # Checkpoints every 2 rounds: each kill after an odd round leaves states of that round
+  # that no checkpoint has, which the resumed run must discard and recompute.
+  args = ['--task=emnist', f'--algo={algo}', '--total_rounds=6', '--rounds_per_checkpoint=2']
+  def command(root, runtime):
     return [sys.executable, '-m', 'launch.train', f'--cache_dir={synthetic_cache_dir}',
-            f'--root_output_dir={root}', *_SMALL, *args, *extra]
+            f'--root_output_dir={root}', *_SMALL, *args, f'--runtime={runtime}']
 
-  # The uninterrupted run, once per algorithm, in process (it starts sooner): the
-  # runtimes agree to 1e-6, so every resumed run must end where it ends. In a fresh
-  # process, as the killed run: TensorFlow's threads per op are set there (this test
-  # process's are whatever its first test left), and the evaluation's batches of 100
-  # sum in another order with other threads (4.6e-5 on this model's loss).
-  def train_uninterrupted():
-    root = tmp_path_factory.mktemp('uninterrupted')
-    whole = subprocess.run(command(root, '--runtime=in_process'), capture_output=True,
-                           text=True, cwd=small_runs.REPO, timeout=600)
-    assert whole.returncode == 0, whole.stderr
-    return root / f'emnist_{algo}_seed0'
-
-  whole_dir = small_runs.made_once(('test_train', 'uninterrupted', algo), train_uninterrupted)
-  cmd = command(tmp_path / 'killed')
-  lines = small_runs.kill_when(cmd, 'round 3/4')
-  # Cores // clients at once threads per op in either runtime (in process set before
-  # TensorFlow started, which only a fresh process allows).
-  threads = _cores_shared_by(min(3, CORES) if runtime == 'in_process' else 3)
-  runtime_line, = [l for l in lines if l.startswith('runtime:')]
-  assert f'{threads} thread{"s" if threads > 1 else ""} per TF op' in runtime_line
+  # The uninterrupted run, in process (it starts sooner): the runtimes agree to 1e-6, so
+  # the resumed run must end where it ends. In a fresh process, as the killed runs:
+  # TensorFlow's threads per op are set there (this test process's are whatever its first
+  # test left), and the evaluation's batches of 100 sum in another order with other
+  # threads (4.6e-5 on this model's loss).
+  whole_root = tmp_path_factory.mktemp('uninterrupted')
+  whole = subprocess.run(command(whole_root, 'in_process'), capture_output=True, text=True,
+                         cwd=small_runs.REPO, timeout=600)
+  assert whole.returncode == 0, whole.stderr
+  whole_dir = whole_root / f'emnist_{algo}_seed0'
   killed_dir = tmp_path / 'killed' / f'emnist_{algo}_seed0'
-  assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) < 4
-  # Round 3 wrote its clients' states, but no checkpoint holds them.
-  assert any(version == '00000003.tfstate'
-             for version, _ in _latest_client_states(killed_dir).values())
-  resumed = subprocess.run(cmd, capture_output=True, text=True, cwd=small_runs.REPO,
-                           timeout=600)
+  for runtime, kill_after in (('tff_worker', 3), ('in_process', 5)):
+    lines = small_runs.kill_when(command(tmp_path / 'killed', runtime),
+                                 f'round {kill_after}/6')
+    # Cores // clients at once threads per op in either runtime (in process set before
+    # TensorFlow started, which only a fresh process allows).
+    threads = _cores_shared_by(min(3, CORES) if runtime == 'in_process' else 3)
+    runtime_line, = [l for l in lines if l.startswith('runtime:')]
+    assert f'{threads} thread{"s" if threads > 1 else ""} per TF op' in runtime_line
+    if kill_after == 5:  # Resumed the kill after round 3 from checkpoint 2.
+      assert any(l.startswith('round 3/6') for l in lines)
+      assert not any(l.startswith('round 2/6') for l in lines)
+    assert max(int(r['key']) for r in _rows(killed_dir / 'metrics.csv')) <= kill_after
+    # Round `kill_after` wrote its clients' states, but no checkpoint holds them.
+    assert any(version == f'0000000{kill_after}.tfstate'
+               for version, _ in _latest_client_states(killed_dir).values())
+  resumed = subprocess.run(command(tmp_path / 'killed', 'tff_worker'), capture_output=True,
+                           text=True, cwd=small_runs.REPO, timeout=600)
   assert resumed.returncode == 0, resumed.stderr
   out = resumed.stdout
-  assert 'round 3/4' in out and 'round 2/4' not in out  # Resumed from checkpoint 2.
+  assert 'round 5/6' in out and 'round 4/6' not in out  # Resumed from checkpoint 4.
   _assert_same_metrics(_rows(killed_dir / 'metrics.csv'), _rows(whole_dir / 'metrics.csv'))
-  for a, b in zip(_server_state(whole_dir, 4), _server_state(killed_dir, 4), strict=True):
+  for a, b in zip(_server_state(whole_dir, 6), _server_state(killed_dir, 6), strict=True):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
   whole_states = _latest_client_states(whole_dir)
   resumed_states = _latest_client_states(killed_dir)
@@ -243,21 +239,21 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     assert resumed_version == version, client
     for a, b in zip(arrays, resumed_arrays):
       np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=client)
-  # Each kept checkpoint lists the state versions it needs: the last one, every client's
-  # latest.
+  # Each kept checkpoint (the first and the last two) lists the state versions it needs:
+  # the last one, every client's latest.
   index_dir = killed_dir / 'client_states' / 'index'
-  assert sorted(os.listdir(index_dir)) == ['00000000.json', '00000002.json', '00000004.json']
-  needed = __import__('json').loads((index_dir / '00000004.json').read_text())
+  assert sorted(os.listdir(index_dir)) == ['00000000.json', '00000004.json', '00000006.json']
+  needed = __import__('json').loads((index_dir / '00000006.json').read_text())
   assert needed == {urllib.parse.unquote(c): int(v[:8]) for c, (v, _) in resumed_states.items()}
-  if runtime == 'tff_worker':
-    # A state file that checkpoint 4 needs, deleted: resuming names it, never falls back
-    # to that client's older state.
-    client, (version, _) = sorted(resumed_states.items())[0]
-    os.remove(killed_dir / 'client_states' / 'clients' / client / version)
-    rc, out, err = run_main(*args[:2], '--total_rounds=5', *args[3:], root=tmp_path / 'killed')
-    assert rc == 2 and 'round 5/5' not in out
-    assert f'{client}/{version} is missing: checkpoint 4 needs' in err
-    assert len(err.strip().splitlines()) == 1
+  # A state file that checkpoint 6 needs, deleted: resuming names it, never falls back to
+  # that client's older state.
+  client, (version, _) = sorted(resumed_states.items())[0]
+  os.remove(killed_dir / 'client_states' / 'clients' / client / version)
+  rc, out, err = run_main(*args[:2], '--total_rounds=7', *args[3:], '--runtime=tff_worker',
+                          root=tmp_path / 'killed')
+  assert rc == 2 and 'round 7/7' not in out
+  assert f'{client}/{version} is missing: checkpoint 6 needs' in err
+  assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
@@ -420,9 +416,13 @@ def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
 
 def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
     run_main, tmp_path, tmp_path_factory):
+  """Ends with the same flags (and --overwrite) training the run again: the same flags give
+  the same metrics (this run serves both checks; a run of its own cost one more)."""
   base = _FEDAVG_ARGS
   exp = tmp_path / 'emnist_fedavg_seed5'
-  shutil.copytree(_fedavg_run(run_main, tmp_path_factory), exp)  # A copied run resumes.
+  first = _fedavg_run(run_main, tmp_path_factory)
+  a = _rows(first / 'metrics.csv')
+  shutil.copytree(first, exp)  # A copied run resumes.
   # A run recorded before records listed every hyperparameter (`{}`: the defaults) is
   # the same run as the same command today; its record now lists them.
   flags_json = exp / 'flags.json'
@@ -448,17 +448,16 @@ def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
           out.write(b'garbage')
   rc, _, err = run_main(*base)
   assert rc == 2 and 'checkpoint' in err and '--overwrite' in err
+  # asyncio.run (a notebook cell, another test) leaves the thread without an event loop,
+  # and TFF's training loop asks for one: training must still run.
+  asyncio.run(asyncio.sleep(0))
   assert run_main(*base, '--overwrite')[0] == 0
+  # The same flags give the same metrics.
+  assert _without_times(a) == _without_times(_rows(exp / 'metrics.csv'))
 
 
-def test_unknown_task_from_the_command_line(synthetic_cache_dir):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'launch.train', '--task=mnist', '--algo=fedavg'],
-      capture_output=True, text=True, timeout=120,
-      cwd=os.path.dirname(os.path.dirname(__file__)),
-  )
-  assert proc.returncode != 0
-  assert 'mnist' in proc.stderr and 'emnist' in proc.stderr
+# An unknown task on the command line (a real process, exit status 2, the tasks it knows
+# listed): tests/test_failures.py's first bad input, the same command.
 
 
 def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
