@@ -250,11 +250,9 @@ def test_remote_context_sums_over_workers_and_keeps_computation_errors(workers):
 _STATEFUL_PARTICIPATION = ((0, 1, 2), (1, 3), (0, 2, 3))  # Partial, and a client repeats.
 
 
-def _stateful_rounds(algo, workers_for_run=None):
+def _stateful_rounds(process, workers_for_run=None):
   """Weights, metrics and every client's state after _STATEFUL_PARTICIPATION's rounds."""
 
-  process = registry.build(algo, tiny_model_fn, keras_model_fn=tiny_keras_model, num_clients=4,
-                           **HPARAMS)
   with in_process.in_process_context(workers=workers_for_run) as context:
     state = process.initialize()
     states = {c: process.initial_client_state() for c in range(4)}
@@ -273,11 +271,14 @@ def _stateful_rounds(algo, workers_for_run=None):
 def test_stateful_algorithms_on_two_and_three_workers_equal_one_process(algo, workers):
 
   assert all(w.proc.poll() is None for w in workers), 'a, b and c must all serve'
-  expected, _ = _stateful_rounds(algo)
+  # One process for the three runs: each run starts from its `initialize()`.
+  process = registry.build(algo, tiny_model_fn, keras_model_fn=tiny_keras_model, num_clients=4,
+                           **HPARAMS)
+  expected, _ = _stateful_rounds(process)
   for count in (2, 3):
     remote = cpp_worker.connect_workers([w.address for w in workers[:count]], 30)
     try:
-      actual, context = _stateful_rounds(algo, remote)
+      actual, context = _stateful_rounds(process, remote)
     finally:
       for w in remote:
         w.close()
