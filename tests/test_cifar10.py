@@ -122,16 +122,17 @@ def test_bad_cifar10_settings_say_what_is_allowed(tfds_dir, kwargs, message):
 
 
 def test_model_parameter_counts():
+  built = {}
   for task_name, choices in tasks.MODELS.items():
     for model_name, choice in choices.items():
-      model = choice.keras_model_fn(0)
+      model = built[task_name, model_name] = choice.keras_model_fn(0)
       assert model.count_params() == choice.num_parameters, (task_name, model_name)
     # The first model is the task's own.
     assert tasks.SPECS[task_name].num_parameters == next(iter(choices.values())).num_parameters
   assert tasks.MODELS['cifar10']['cnn'].num_parameters == 2_156_490
   assert tasks.MODELS['cifar10']['resnet18_gn'].num_parameters == 11_173_962
   assert tasks.MODELS['cifar100_tfds']['resnet18_gn'].num_parameters == 11_220_132
-  resnet = tasks.MODELS['cifar10']['resnet18_gn'].keras_model_fn(0)
+  resnet = built['cifar10', 'resnet18_gn']  # Built above by the same keras_model_fn(0).
   assert len(resnet.trainable_variables) == 62  # As GC-Fed section 4.3.2 counts.
   assert not any('batch_norm' in v.name for v in resnet.variables)
 

@@ -117,16 +117,24 @@ _DEFAULT_SET_TWICE = textwrap.dedent("""
     assert mean([1.0, 3.0]) == 2.0
     print(json.dumps(dict(
         first=first_pid, live_before_a_computation=live_before_a_computation,
-        second=second.pid, live=cpp_worker.live_worker_pids())))
+        second=second.pid, live=cpp_worker.live_worker_pids())), flush=True)
 """)
 
 
-def test_setting_the_default_again_stops_the_worker_set_before():
-  result = subprocess.run(
-      [sys.executable, '-c', _DEFAULT_SET_TWICE], capture_output=True, text=True, timeout=120
+@pytest.fixture(scope='module')
+def one_program():
+  """One run of _DEFAULT_SET_TWICE, then _DISPOSE_AFTER_CLOSE, in one program: both
+  tests below read its exit status, stdout and stderr (one start-up of TFF, not two)."""
+  return subprocess.run(
+      [sys.executable, '-c', _DEFAULT_SET_TWICE + _DISPOSE_AFTER_CLOSE], capture_output=True,
+      text=True, timeout=120,
   )
+
+
+def test_setting_the_default_again_stops_the_worker_set_before(one_program):
+  result = one_program
   assert result.returncode == 0, result.stderr
-  pids = json.loads(result.stdout.strip().splitlines()[-1])
+  pids = json.loads([l for l in result.stdout.splitlines() if l.startswith('{')][-1])
   assert _worker_is_gone(pids['first'])
   assert pids['live_before_a_computation'] == []  # start=False: the computation starts it.
   assert pids['second'] not in (None, pids['first'])
@@ -241,6 +249,7 @@ def test_intra_op_threads_need_at_least_one_client():
 
 # Caches a computation on a remote worker, closes the channel as `remote_execution_context`
 # does on exit, and ends: the cached value is disposed of at exit, on the closed channel.
+# Runs after _DEFAULT_SET_TWICE in the same program (`one_program`).
 _DISPOSE_AFTER_CLOSE = textwrap.dedent("""
     import asyncio
     import numpy as np
@@ -264,11 +273,8 @@ _DISPOSE_AFTER_CLOSE = textwrap.dedent("""
 """)
 
 
-def test_cached_computations_outliving_their_channel_end_quietly():
-  result = subprocess.run(
-      [sys.executable, '-c', _DISPOSE_AFTER_CLOSE], capture_output=True, text=True,
-      timeout=120,
-  )
+def test_cached_computations_outliving_their_channel_end_quietly(one_program):
+  result = one_program
   assert result.returncode == 0, result.stderr
   assert 'DONE' in result.stdout
   assert 'Exception ignored' not in result.stderr, result.stderr

@@ -89,13 +89,12 @@ _SCRIPT = textwrap.dedent(r'''
 
     # 'round': FedAvg's rounds (MapReduceForm); 'client_work': a client work's `next`, whose
     # results are at CLIENTS (the interpreter).
-    shape = sys.argv[3]
     client_work = tff.learning.templates.build_model_delta_client_work(
         model_fn, tff.learning.optimizers.build_sgdm(0.1),
         tff.learning.ClientWeighting.NUM_EXAMPLES,
         loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR)
 
-    def two_rounds(devices):
+    def two_rounds(devices, shape):
       # One client at a time per device: one import of the client graph per device.
       with in_process.in_process_context(devices, clients_per_device=1) as context:
         if shape == 'round':
@@ -109,49 +108,56 @@ _SCRIPT = textwrap.dedent(r'''
           weights = [u for r in results for u in r.update]
       return [w.tolist() for w in weights], context.last_client_devices
 
-    tf_context = eager_context.context()
-    tf_context.enable_run_metadata()
-    weights, client_devices = two_rounds(devices)
-    metadata = tf_context.export_run_metadata()
-    tf_context.disable_run_metadata()
-    host_weights, _ = two_rounds(['/device:CPU:0'])
+    def run(shape):
+      # Exporting the run metadata clears it: each shape counts only its own functions,
+      # all instantiated at their first call here (the shapes' computations are distinct).
+      tf_context = eager_context.context()
+      tf_context.enable_run_metadata()
+      weights, client_devices = two_rounds(devices, shape)
+      metadata = tf_context.export_run_metadata()
+      tf_context.disable_run_metadata()
+      host_weights, _ = two_rounds(['/device:CPU:0'], shape)
 
-    # Per device, op -> nodes in the partition graphs of every function the rounds ran.
-    # Summed over all functions: slots instantiating at once (threads) may share one
-    # `function_graphs` entry.
-    ops = collections.defaultdict(collections.Counter)
-    clusters = collections.defaultdict(list)
-    for function_graph in metadata.function_graphs:
-      for graph in function_graph.partition_graphs:
+      # Per device, op -> nodes in the partition graphs of every function the rounds ran.
+      # Summed over all functions: slots instantiating at once (threads) may share one
+      # `function_graphs` entry.
+      ops = collections.defaultdict(collections.Counter)
+      clusters = collections.defaultdict(list)
+      for function_graph in metadata.function_graphs:
+        for graph in function_graph.partition_graphs:
+          for node in graph.node:
+            device = '/device:' + node.device.split('/device:')[-1]
+            ops[device][node.op] += 1
+            if node.op == '_XlaCompile':
+              clusters[device].append(node.attr['function'].func.name)
+
+      # What each XLA cluster holds, from TensorFlow's clustering dump
+      # (`mark_for_compilation`).
+      cluster_ops = collections.defaultdict(collections.Counter)
+      for path in glob.glob(os.path.join(dump_dir, 'mark_for_compilation_annotated*.pbtxt')):
+        from google.protobuf import text_format
+        graph = text_format.Parse(open(path).read(), tf.compat.v1.GraphDef())
         for node in graph.node:
-          device = '/device:' + node.device.split('/device:')[-1]
-          ops[device][node.op] += 1
-          if node.op == '_XlaCompile':
-            clusters[device].append(node.attr['function'].func.name)
+          if '_XlaCluster' in node.attr:
+            cluster = node.attr['_XlaCluster'].s.decode()
+            cluster_ops[cluster][node.op + ' @' + node.device.split('/device:')[-1]] += 1
+      return dict(
+          logical=logical, weights=weights, host_weights=host_weights,
+          client_devices=client_devices, ops=ops, clusters=clusters, cluster_ops=cluster_ops)
 
-    # What each XLA cluster holds, from TensorFlow's clustering dump (`mark_for_compilation`).
-    cluster_ops = collections.defaultdict(collections.Counter)
-    for path in glob.glob(os.path.join(dump_dir, 'mark_for_compilation_annotated*.pbtxt')):
-      from google.protobuf import text_format
-      graph = text_format.Parse(open(path).read(), tf.compat.v1.GraphDef())
-      for node in graph.node:
-        if '_XlaCluster' in node.attr:
-          cluster = node.attr['_XlaCluster'].s.decode()
-          cluster_ops[cluster][node.op + ' @' + node.device.split('/device:')[-1]] += 1
-
-    print('RESULT ' + json.dumps(dict(
-        logical=logical, weights=weights, host_weights=host_weights,
-        client_devices=client_devices, ops=ops, clusters=clusters, cluster_ops=cluster_ops)))
+    # argv[3]: the shapes to run, in order, comma-separated; one result per shape.
+    print('RESULT ' + json.dumps({shape: run(shape) for shape in sys.argv[3].split(',')}))
 ''')
 
 
-def _run_script(mode: str, tmp_path, env_extra=None, shape='round') -> dict:
+def _run_script(mode: str, tmp_path, env_extra=None, shapes=('round',)) -> dict:
+  """{shape: its result} from one run of `_SCRIPT`."""
   dump_dir = tmp_path / 'dump'
   dump_dir.mkdir()
   env = dict(os.environ, PYTHONPATH=_REPO, TF_CPP_MIN_LOG_LEVEL='2')
   env.update(env_extra or {})
   completed = subprocess.run(
-      [sys.executable, '-c', _SCRIPT, mode, str(dump_dir), shape],
+      [sys.executable, '-c', _SCRIPT, mode, str(dump_dir), ','.join(shapes)],
       cwd=_REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
       timeout=_TIMEOUT_S,
   )
@@ -236,8 +242,16 @@ def test_place_nodes_keeps_forwarded_tf_data_variants_on_the_host():
   assert placed['list_switch'] == placed['matmul'] == '/device:GPU:0'
 
 
-def test_two_logical_cpus_run_the_clients_and_equal_one_device(tmp_path):
-  result = _run_script('two_cpus', tmp_path)
+@pytest.fixture(scope='module')
+def two_cpus(tmp_path_factory) -> dict:
+  """Both shapes' results on two logical CPUs, from one fresh Python (one start-up of
+  TensorFlow and TFF, one FedAvg built) that the two tests below only read."""
+  return _run_script('two_cpus', tmp_path_factory.mktemp('two_cpus'),
+                     shapes=('round', 'client_work'))
+
+
+def test_two_logical_cpus_run_the_clients_and_equal_one_device(two_cpus):
+  result = two_cpus['round']
   assert result['logical'][:2] == ['/device:CPU:0', '/device:CPU:1'], result['logical']
   assert _max_diff(result['weights'], result['host_weights']) <= 1e-6
 
@@ -257,9 +271,9 @@ def test_two_logical_cpus_run_the_clients_and_equal_one_device(tmp_path):
   assert all(d.endswith('/device:CPU:0') for d in result['client_devices'])
 
 
-def test_two_logical_cpus_run_a_client_works_clients_when_interpreted(tmp_path):
+def test_two_logical_cpus_run_a_client_works_clients_when_interpreted(two_cpus):
   """Placement holds for computations of other shapes: a client work's `next`."""
-  result = _run_script('two_cpus', tmp_path, shape='client_work')
+  result = two_cpus['client_work']
   assert _max_diff(result['weights'], result['host_weights']) <= 1e-6
   ops = result['ops']
   assert sorted(ops) == ['/device:CPU:0', '/device:CPU:1'], sorted(ops)
@@ -280,6 +294,7 @@ def test_xla_cpu_runs_the_model_while_iterators_stay_on_the_host(tmp_path):
   )
   if 'skip' in result:
     pytest.skip(result['skip'])
+  result = result['round']
   assert _max_diff(result['weights'], result['host_weights']) <= _XLA_TOLERANCE
 
   ops, clusters = result['ops'], result['clusters']

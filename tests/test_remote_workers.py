@@ -250,11 +250,9 @@ def test_remote_context_sums_over_workers_and_keeps_computation_errors(workers):
 _STATEFUL_PARTICIPATION = ((0, 1, 2), (1, 3), (0, 2, 3))  # Partial, and a client repeats.
 
 
-def _stateful_rounds(algo, workers_for_run=None):
+def _stateful_rounds(process, workers_for_run=None):
   """Weights, metrics and every client's state after _STATEFUL_PARTICIPATION's rounds."""
 
-  process = registry.build(algo, tiny_model_fn, keras_model_fn=tiny_keras_model, num_clients=4,
-                           **HPARAMS)
   with in_process.in_process_context(workers=workers_for_run) as context:
     state = process.initialize()
     states = {c: process.initial_client_state() for c in range(4)}
@@ -273,11 +271,14 @@ def _stateful_rounds(algo, workers_for_run=None):
 def test_stateful_algorithms_on_two_and_three_workers_equal_one_process(algo, workers):
 
   assert all(w.proc.poll() is None for w in workers), 'a, b and c must all serve'
-  expected, _ = _stateful_rounds(algo)
+  # One process for the three runs: each run starts from its `initialize()`.
+  process = registry.build(algo, tiny_model_fn, keras_model_fn=tiny_keras_model, num_clients=4,
+                           **HPARAMS)
+  expected, _ = _stateful_rounds(process)
   for count in (2, 3):
     remote = cpp_worker.connect_workers([w.address for w in workers[:count]], 30)
     try:
-      actual, context = _stateful_rounds(algo, remote)
+      actual, context = _stateful_rounds(process, remote)
     finally:
       for w in remote:
         w.close()
@@ -325,34 +326,32 @@ def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
   tasks.get('emnist', data_source='synthetic', cache_dir=synthetic_cache_dir,
             synthetic_settings=_SMALL)
 
-  # The remote run is a real `launch.train` process, so that machine b can die (SIGKILL)
-  # once round 1 is reported, while the local reference run uses the other CPU core.
+  # Machine b (a real process) dies by SIGKILL once round 1 is reported; launch.train's
+  # `main` (run in this process) ends with 4 and one line.
+  ended = threading.Event()
+
   def kill_b_after_round_1():
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
+    while not ended.is_set():
       if metrics_csv.exists() and any(r['key'] == '1' for r in _rows(metrics_csv)):
         b.kill()
         return
       time.sleep(0.05)
 
   killer = threading.Thread(target=kill_b_after_round_1, daemon=True)
-  with open(tmp_path / 'remote.out', 'w') as out, open(tmp_path / 'remote.err', 'w') as err:
-    remote = subprocess.Popen(
-        [sys.executable, '-m', 'launch.train',
-         *_flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
-                 f'--workers={a.address},{b.address}')],
-        stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=_REPO,
-    )
   try:
     killer.start()
-    rc, _, err = _main(_flags(synthetic_cache_dir, tmp_path, 'local'), capsys)
-    assert rc == 0, err
-    assert remote.wait(600) == 4
+    rc, _, err = _main(
+        _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+               f'--workers={a.address},{b.address}'),
+        capsys,
+    )
   finally:
-    if remote.poll() is None:
-      remote.kill()
-  killer.join(5)
-  err = (tmp_path / 'remote.err').read_text().strip().splitlines()
+    ended.set()
+    killer.join(30)
+  assert rc == 4, err
+  rc, _, local_err = _main(_flags(synthetic_cache_dir, tmp_path, 'local'), capsys)
+  assert rc == 0, local_err
+  err = err.strip().splitlines()
   message = err[-1]
   assert message.startswith('train: error: a TFF worker was lost in round 2'), err
   assert b.address in message and 'checkpoint of round 1 is kept' in message
@@ -411,30 +410,30 @@ def test_a_stateful_run_on_two_workers_survives_a_lost_worker_and_a_killed_train
   metrics_csv = remote_dir / 'metrics.csv'
   extra = ('--algo=scaffold', '--total_rounds=3')
 
-  def remote_run(addresses, kill_after_round, kill):
-    """launch.train in a subprocess; `kill()` once round `kill_after_round` is reported."""
-    with open(tmp_path / 'remote.err', 'w') as err:
-      proc = subprocess.Popen(
-          [sys.executable, '-m', 'launch.train',
-           *_flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
-                   f'--workers={",".join(addresses)}', *extra)],
-          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=_REPO)
-    try:
-      deadline = time.monotonic() + 600
-      while time.monotonic() < deadline and proc.poll() is None:
-        if metrics_csv.exists() and any(
-            r['key'] == str(kill_after_round) for r in _rows(metrics_csv)):
-          kill(proc)
-          break
-        time.sleep(0.05)
-      return proc.wait(600), (tmp_path / 'remote.err').read_text()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
+  def reported(round_num):
+    return metrics_csv.exists() and any(r['key'] == str(round_num) for r in _rows(metrics_csv))
 
+  # The worker's loss ends launch.train's `main` with 4 and one line: this process runs it
+  # (the worker is a real process, SIGKILLed once round 1 is reported); the trainer's own
+  # SIGKILL below needs a process of its own.
+  ended = threading.Event()
+
+  def kill_doomed_after_round_1():
+    while not ended.is_set():
+      if reported(1):
+        doomed.kill()
+        return
+      time.sleep(0.05)
+
+  killer = threading.Thread(target=kill_doomed_after_round_1, daemon=True)
   try:
-    code, err = remote_run([a.address, doomed.address], 1, lambda proc: doomed.kill())
+    killer.start()
+    code, _, err = _main(
+        _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+               f'--workers={a.address},{doomed.address}', *extra), capsys)
   finally:
+    ended.set()
+    killer.join(30)
     if doomed.proc.poll() is None:
       doomed.kill()
   assert code == 4, err
@@ -444,7 +443,27 @@ def test_a_stateful_run_on_two_workers_survives_a_lost_worker_and_a_killed_train
   for pid in [doomed.proc.pid, *doomed.worker_pids]:
     assert _gone(pid)
 
-  code, err = remote_run([a.address, c.address], 2, lambda proc: proc.kill())
+  def remote_run(addresses, kill_after_round):
+    """launch.train in a subprocess, SIGKILLed once round `kill_after_round` is reported."""
+    with open(tmp_path / 'remote.err', 'w') as err:
+      proc = subprocess.Popen(
+          [sys.executable, '-m', 'launch.train',
+           *_flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+                   f'--workers={",".join(addresses)}', *extra)],
+          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=_REPO)
+    try:
+      deadline = time.monotonic() + 600
+      while time.monotonic() < deadline and proc.poll() is None:
+        if reported(kill_after_round):
+          proc.kill()
+          break
+        time.sleep(0.05)
+      return proc.wait(600), (tmp_path / 'remote.err').read_text()
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+
+  code, err = remote_run([a.address, c.address], 2)
   assert code == -signal.SIGKILL, err
   rc, out, err = _main(
       _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
