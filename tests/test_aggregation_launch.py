@@ -3,13 +3,13 @@ metrics.csv and its summary, its kill -9 and resume, the refusals, and the bytes
 `launch.compare` (docs/privacy_and_communication.md, issue 31).
 
 Real runs on tiny synthetic EMNIST (`small_runs`: six clients, three a round). The DP run
-is trained once, uninterrupted, in this process (`dp_run`), and read by the epsilon test
-and the resume test (whose killed and resumed runs are real processes); epsilon is checked
+is trained once, uninterrupted, in a process of its own (`dp_run`: as fresh as the killed
+run, whose threads per op, and so the evaluation's sums to the last bit, a test process
+would not share), and read by the epsilon test and the resume test; epsilon is checked
 against `dp_accounting` driven here, the bytes against a hand count of the EMNIST CNN's
-parameters. A 1-round FedAvg run, also trained once in this process (`fedavg_run`), is
-copied by the test that resumes a run from before the aggregator setting and by the
-comparison, which finds it finished, as FedZMG's, and trains SCAFFOLD's in a process of
-its own.
+parameters. A 1-round FedAvg run, trained once in this process (`fedavg_run`), is copied
+by the test that resumes a run from before the aggregator setting and by the comparison,
+which finds it finished, as FedZMG's, and trains SCAFFOLD's in a process of its own.
 """
 
 import csv
@@ -80,18 +80,13 @@ def _one_error_line(err):
   return lines[0]
 
 
-@pytest.fixture
-def dp_run(run_main, tmp_path_factory):
-  """(folder, stdout) of the DP run, trained uninterrupted in this process (`run_main`,
-  the flags of `_train_command`), once, for the first test that asks."""
-
-  def train_dp():
-    root = tmp_path_factory.mktemp('dp_uninterrupted')
-    rc, out, err = run_main(*_DP_FLAGS, root=root)
-    assert rc == 0 and err == '', err
-    return root / _DP_RUN, out
-
-  return small_runs.made_once(('test_aggregation_launch', 'dp'), train_dp)
+@pytest.fixture(scope='module')
+def dp_run(synthetic_cache_dir, tmp_path_factory):
+  """(folder, stdout) of the DP run, trained uninterrupted in its own process."""
+  root = tmp_path_factory.mktemp('dp_uninterrupted')
+  done = _run(_train_command(synthetic_cache_dir, root, *_DP_FLAGS))
+  assert done.returncode == 0 and done.stderr == '', done.stderr
+  return root / _DP_RUN, done.stdout
 
 
 # The FedAvg run: one round, the aggregator left at its default; in the comparison's terms
