@@ -172,19 +172,19 @@ def quiet_machine():
 # Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
 # files (--dist loadfile) to its two workers in order of their number of tests; handing out
 # the longest first instead keeps one worker from starting a long file as the other ends.
-# Measured 2026-11-25 in one full run on the 2-core machine (others' work beside it, so
-# only the order matters); files under 30 s keep their estimates of 2026-11-23/24.
+# Measured 2026-11-26 in one full run from a fresh clone on the 2-core machine, nothing
+# else running (only the order matters).
 _FILE_SECONDS = {
-    'test_trust.py': 600, 'test_train.py': 520, 'test_remote_workers.py': 180,
-    'test_aggregation_launch.py': 165, 'test_experiments.py': 160, 'test_algorithms.py': 150,
-    'test_reproduce.py': 150, 'test_failures.py': 135, 'test_tuned_comparison.py': 130,
-    'test_aggregation.py': 120, 'test_in_process.py': 100, 'test_cifar10.py': 95,
-    'test_benchmark.py': 90, 'test_notebooks.py': 80, 'test_devices.py': 75,
-    'test_cpp_worker.py': 70, 'test_evaluation.py': 60, 'test_setup.py': 45,
-    'test_in_process_shapes.py': 40, 'test_run_directory.py': 40, 'test_fedgps.py': 30,
-    'test_shakespeare_gru.py': 25, 'test_tff_baselines.py': 25, 'test_readme.py': 20,
-    'test_scaffold.py': 20, 'test_fedrkmgc.py': 19, 'test_speed_settings.py': 17,
-    'test_synthetic.py': 16, 'test_tasks.py': 8, 'test_client_states.py': 6,
+    'test_trust.py': 293, 'test_train.py': 219, 'test_aggregation_launch.py': 155,
+    'test_remote_workers.py': 146, 'test_experiments.py': 126, 'test_algorithms.py': 118,
+    'test_failures.py': 115, 'test_cifar10.py': 83, 'test_reproduce.py': 79,
+    'test_in_process.py': 78, 'test_aggregation.py': 71, 'test_benchmark.py': 64,
+    'test_notebooks.py': 58, 'test_cpp_worker.py': 46, 'test_evaluation.py': 42,
+    'test_devices.py': 40, 'test_fedgps.py': 35, 'test_shakespeare_gru.py': 34,
+    'test_fedrkmgc.py': 33, 'test_tuned_comparison.py': 31, 'test_run_directory.py': 31,
+    'test_setup.py': 22, 'test_synthetic.py': 20, 'test_tff_baselines.py': 19,
+    'test_speed_settings.py': 19, 'test_in_process_shapes.py': 19, 'test_readme.py': 17,
+    'test_scaffold.py': 12, 'test_tasks.py': 6, 'test_client_states.py': 5,
 }
 
 
