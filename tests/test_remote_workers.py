@@ -147,6 +147,27 @@ def _rows(path):
     return [{k: v for k, v in r.items() if k not in _TIME_COLUMNS} for r in csv.DictReader(f)]
 
 
+def _main_losing_worker(worker, metrics_csv, argv, capsys):
+  """`_main(argv)` while a thread SIGKILLs `worker` (a real process) once round 1 is in
+  `metrics_csv`: launch.train's `main` ends with 4 and one line, in this process."""
+  ended = threading.Event()
+
+  def kill_after_round_1():
+    while not ended.is_set():
+      if metrics_csv.exists() and any(r['key'] == '1' for r in _rows(metrics_csv)):
+        worker.kill()
+        return
+      time.sleep(0.05)
+
+  killer = threading.Thread(target=kill_after_round_1, daemon=True)
+  try:
+    killer.start()
+    return _main(argv, capsys)
+  finally:
+    ended.set()
+    killer.join(30)
+
+
 def _checkpoint(output_dir, version):
   state = tf.saved_model.load(os.path.join(output_dir, 'checkpoints', f'program_state_{version}'))
   return [np.asarray(v) for v in tf.nest.flatten(state())]
@@ -326,28 +347,12 @@ def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
   tasks.get('emnist', data_source='synthetic', cache_dir=synthetic_cache_dir,
             synthetic_settings=_SMALL)
 
-  # Machine b (a real process) dies by SIGKILL once round 1 is reported; launch.train's
-  # `main` (run in this process) ends with 4 and one line.
-  ended = threading.Event()
-
-  def kill_b_after_round_1():
-    while not ended.is_set():
-      if metrics_csv.exists() and any(r['key'] == '1' for r in _rows(metrics_csv)):
-        b.kill()
-        return
-      time.sleep(0.05)
-
-  killer = threading.Thread(target=kill_b_after_round_1, daemon=True)
-  try:
-    killer.start()
-    rc, _, err = _main(
-        _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
-               f'--workers={a.address},{b.address}'),
-        capsys,
-    )
-  finally:
-    ended.set()
-    killer.join(30)
+  # Machine b (a real process) dies by SIGKILL once round 1 is reported.
+  rc, _, err = _main_losing_worker(
+      b, metrics_csv,
+      _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
+             f'--workers={a.address},{b.address}'),
+      capsys)
   assert rc == 4, err
   rc, _, local_err = _main(_flags(synthetic_cache_dir, tmp_path, 'local'), capsys)
   assert rc == 0, local_err
@@ -413,27 +418,14 @@ def test_a_stateful_run_on_two_workers_survives_a_lost_worker_and_a_killed_train
   def reported(round_num):
     return metrics_csv.exists() and any(r['key'] == str(round_num) for r in _rows(metrics_csv))
 
-  # The worker's loss ends launch.train's `main` with 4 and one line: this process runs it
-  # (the worker is a real process, SIGKILLed once round 1 is reported); the trainer's own
-  # SIGKILL below needs a process of its own.
-  ended = threading.Event()
-
-  def kill_doomed_after_round_1():
-    while not ended.is_set():
-      if reported(1):
-        doomed.kill()
-        return
-      time.sleep(0.05)
-
-  killer = threading.Thread(target=kill_doomed_after_round_1, daemon=True)
+  # The worker's loss runs in this process; the trainer's own SIGKILL below needs a process
+  # of its own.
   try:
-    killer.start()
-    code, _, err = _main(
+    code, _, err = _main_losing_worker(
+        doomed, metrics_csv,
         _flags(synthetic_cache_dir, tmp_path, 'remote', '--worker_timeout_s=2',
                f'--workers={a.address},{doomed.address}', *extra), capsys)
   finally:
-    ended.set()
-    killer.join(30)
     if doomed.proc.poll() is None:
       doomed.kill()
   assert code == 4, err
