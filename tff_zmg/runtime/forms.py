@@ -17,19 +17,20 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import threading
-import time
 from typing import Optional
 
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
+
+from tasks import cache
 
 # Recent computations only: each entry keeps its computation (and so its id) alive.
 _CACHE_SIZE = 8
 # Forms kept on disk: the newest by use; each is a few hundred kB to a few MB.
 _DISK_FILES = 64
 _FORMAT = 1  # Of the files' content; part of their name.
+_TMP_PREFIX = '.form-'
 _PIECES = ('prepare', 'work', 'zero', 'accumulate', 'merge', 'report', 'secure_sum_bitwidth',
            'secure_sum_max_input', 'secure_modular_sum_modulus', 'update')
 _forms: collections.OrderedDict = collections.OrderedDict()
@@ -95,35 +96,27 @@ def _read(path: str, comp) -> Optional[tff.backends.mapreduce.MapReduceForm]:
 
 
 def _write(path: str, form: tff.backends.mapreduce.MapReduceForm) -> None:
-  """Writes `form` to `path` whole or not at all; a machine refusing the write only costs
-  the next process a compile."""
+  """Writes `form` to `path` whole or not at all (`tasks.cache.atomic_path`, which also
+  removes what a killed writer left); a machine refusing the write only costs the next
+  process a compile."""
   pieces = {
       name: base64.b64encode(tff.framework.ConcreteComputation.get_proto(
           getattr(form, name)).SerializeToString(deterministic=True)).decode('ascii')
       for name in _PIECES}
-  directory = os.path.dirname(path)
   try:
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.NamedTemporaryFile('w', dir=directory, suffix='.tmp', delete=False) as f:
-      temporary = f.name
-      json.dump(pieces, f)
-    os.replace(temporary, path)
+    with cache.atomic_path(path, _TMP_PREFIX) as temporary:
+      with open(temporary, 'w') as f:
+        json.dump(pieces, f)
   except OSError:
-    with contextlib.suppress(OSError, UnboundLocalError):
-      os.remove(temporary)
     return
-  _prune(directory)
+  _prune(os.path.dirname(path))
 
 
 def _prune(directory: str) -> None:
-  """Keeps the `_DISK_FILES` most recently used forms, and no temporary file of a write
-  that a killed process left (older than an hour: no write takes that long)."""
+  """Keeps the `_DISK_FILES` most recently used forms."""
   with contextlib.suppress(OSError):
-    entries = list(os.scandir(directory))
-    forms = sorted((entry for entry in entries if entry.name.endswith('.json')),
+    forms = sorted((entry for entry in os.scandir(directory) if entry.name.endswith('.json')),
                    key=lambda entry: entry.stat().st_mtime, reverse=True)
-    abandoned = [entry for entry in entries if entry.name.endswith('.tmp')
-                 and entry.stat().st_mtime < time.time() - 3600]
-    for entry in forms[_DISK_FILES:] + abandoned:
+    for entry in forms[_DISK_FILES:]:
       with contextlib.suppress(OSError):
         os.remove(entry.path)
