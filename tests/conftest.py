@@ -86,6 +86,10 @@ def tff_context():
     yield worker
 
 
+# Folders this session made, removed when it ends.
+_REMOVE_AT_EXIT = []
+
+
 def pytest_configure(config):
   """A managed TFF default context in every pytest process, xdist's controller included.
 
@@ -103,8 +107,6 @@ def pytest_configure(config):
     os.environ['TFF_ZMG_FORM_CACHE'] = tempfile.mkdtemp(prefix='tff_zmg-forms-')
     _REMOVE_AT_EXIT.append(os.environ['TFF_ZMG_FORM_CACHE'])
 
-
-_REMOVE_AT_EXIT = []
 
 
 def pytest_unconfigure(config):

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 
+from launch import runner
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Six EMNIST-shaped clients of twelve examples, three a round, two for evaluation: a round
 # takes seconds.
@@ -55,8 +57,9 @@ def write_run(run, accuracies, diverged=False):
 
   flags.json holds exactly the settings of `run`, so the runner reuses the run only if
   the program (`launch.reproduce`, `launch.grid_search`) plans the very same run (other
-  learning rates, rounds or data would be refused as 'a run with other settings'). Diverged: as the runner records a
-  run that diverged (with no round recorded, when `accuracies` is empty).
+  learning rates, rounds or data would be refused as 'a run with other settings').
+  Diverged: as the runner records a run that diverged (with no round recorded, when
+  `accuracies` is empty).
   """
   os.makedirs(run.config.output_dir)
   with open(os.path.join(run.config.output_dir, 'flags.json'), 'w') as f:
@@ -67,5 +70,5 @@ def write_run(run, accuracies, diverged=False):
     for r, a in enumerate(accuracies, start=1):
       f.write(f'{r},{a},1.0,{5.0 if r == 1 else 0.5},0.25\n')
   if diverged:
-    with open(os.path.join(run.config.output_dir, 'diverged.txt'), 'w') as f:
+    with open(os.path.join(run.config.output_dir, runner.DIVERGED_FILENAME), 'w') as f:
       f.write('diverged\n')

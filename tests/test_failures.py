@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 import psutil
@@ -350,7 +351,7 @@ def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
   try:
     failures.install_stop_signals()
     referent = Referent()
-    reference = __import__('weakref').ref(referent, callback)
+    reference = weakref.ref(referent, callback)
     with pytest.raises(failures.Interrupted, match='SIGTERM'):
       del referent
       deadline = time.monotonic() + 10
