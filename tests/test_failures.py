@@ -4,6 +4,7 @@ Real subprocesses of the programs (launch/failures.py maps the failures); cheap 
 fail before the first round run side by side.
 """
 
+import asyncio
 import contextlib
 import glob
 import io
@@ -359,6 +360,48 @@ def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
         pass
     assert landed_in_callback and reference() is None
   finally:
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+    sys.unraisablehook = python_hook
+
+
+def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done():
+  """CI once saw "Task was destroyed but it is pending!" beside a SIGTERM's one line: the
+  signal landed while asyncio registered a checkpoint's `save` task, which was then left
+  scheduled but unknown to `asyncio.all_tasks`, so no cancel reached it."""
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+  python_hook = sys.unraisablehook
+  landed = []
+
+  def signal_lands_in_registration(frame, event, arg):
+    # A signal handled in the trace function would land in this file; the handler is given
+    # the frame the signal lands in, as Python gives it.
+    if (event == 'call' and frame.f_code is weakref.WeakSet.add.__code__
+        and isinstance(frame.f_locals.get('item'), asyncio.Task)):
+      sys.settrace(None)
+      landed.append(frame.f_code.co_filename)
+      signal.getsignal(signal.SIGTERM)(signal.SIGTERM, frame)
+    return None
+
+  async def checkpoint_save():
+    await asyncio.sleep(10)  # The loop waits: where the stop, signalled again, is raised.
+
+  loop = asyncio.new_event_loop()
+  try:
+    failures.install_stop_signals()
+    sys.settrace(signal_lands_in_registration)
+    with pytest.raises(failures.Interrupted, match='SIGTERM'):
+      loop.run_until_complete(checkpoint_save())
+    sys.settrace(None)
+    assert landed
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    assert [t.get_coro().__name__ for t in pending] == ['checkpoint_save']
+    for task in pending:
+      task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+  finally:
+    sys.settrace(None)
+    loop.close()
     for signum, handler in handlers.items():
       signal.signal(signum, handler)
     sys.unraisablehook = python_hook
