@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 
+from launch import compare
 from launch import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,14 +62,29 @@ def write_run(run, accuracies, diverged=False):
   Diverged: as the runner records a run that diverged (with no round recorded, when
   `accuracies` is empty).
   """
-  os.makedirs(run.config.output_dir)
-  with open(os.path.join(run.config.output_dir, 'flags.json'), 'w') as f:
-    json.dump(run.config.recorded(), f)
-  with open(os.path.join(run.config.output_dir, 'metrics.csv'), 'w') as f:
+  _write_run_files(run.config.output_dir, run.config.recorded(), accuracies, diverged)
+
+
+def write_found_run(root, task, algo, seed, accuracies, diverged=False, **recorded):
+  """A run as `launch.compare --collect_only` finds it in `root`: the settings recorded are
+  a small synthetic run's, with `recorded` in place of any of them."""
+  settings = dict(task=task, algo=algo, seed=seed, total_rounds=len(accuracies), hparams={},
+                  data_source='synthetic', synthetic_settings={'seed': 0}, partition=None,
+                  num_eval_clients=2)
+  settings.update(recorded)
+  _write_run_files(os.path.join(root, compare.run_name(task, algo, seed)), settings,
+                   accuracies, diverged)
+
+
+def _write_run_files(run_dir, recorded, accuracies, diverged):
+  os.makedirs(run_dir)
+  with open(os.path.join(run_dir, 'flags.json'), 'w') as f:
+    json.dump(recorded, f)
+  with open(os.path.join(run_dir, 'metrics.csv'), 'w') as f:
     f.write('key,evaluation/sparse_categorical_accuracy,client_work/train/loss,'
             'training_time_in_seconds,evaluation/evaluation_time_in_seconds\n0,0.0,,,2.0\n')
     for r, a in enumerate(accuracies, start=1):
       f.write(f'{r},{a},1.0,{5.0 if r == 1 else 0.5},0.25\n')
   if diverged:
-    with open(os.path.join(run.config.output_dir, runner.DIVERGED_FILENAME), 'w') as f:
+    with open(os.path.join(run_dir, runner.DIVERGED_FILENAME), 'w') as f:
       f.write('diverged\n')

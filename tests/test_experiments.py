@@ -18,6 +18,7 @@ from launch import compare
 from launch import data_stats
 from launch import grid_search
 from launch import runner
+from small_runs import write_found_run
 from small_runs import write_run
 from tasks import labels
 from tasks import preprocessing
@@ -248,32 +249,13 @@ def test_grid_search_covers_a_third_hyperparameter_axis(run_program, tmp_path):
 # --- comparison -------------------------------------------------------------------------
 
 
-def _fake_run(root, task, algo, seed, accuracies, diverged=False, **data):
-  """A run directory as launch.train leaves it: flags.json and metrics.csv."""
-  run_dir = os.path.join(root, compare.run_name(task, algo, seed))
-  os.makedirs(run_dir)
-  recorded = dict(task=task, algo=algo, seed=seed, total_rounds=len(accuracies), hparams={},
-                  data_source='synthetic', synthetic_settings={'seed': 0}, partition=None,
-                  num_eval_clients=2)
-  recorded.update(data)
-  with open(os.path.join(run_dir, 'flags.json'), 'w') as f:
-    json.dump(recorded, f)
-  with open(os.path.join(run_dir, 'metrics.csv'), 'w') as f:
-    f.write('key,evaluation/sparse_categorical_accuracy,client_work/train/loss\n0,0.0,\n')
-    for r, a in enumerate(accuracies, start=1):
-      f.write(f'{r},{a},1.0\n')
-  if diverged:
-    with open(os.path.join(run_dir, runner.DIVERGED_FILENAME), 'w') as f:
-      f.write('diverged\n')
-
-
 def test_compare_collects_runs_and_reports_the_papers_metrics(run_program, tmp_path):
   root = str(tmp_path / 'runs')
   ramp = np.array([0.1, 0.3, 0.5, 0.7, 0.8, 0.8, 0.9, 0.9])
   for seed, (zmg_shift, avg_shift) in enumerate([(0.0, 0.01), (0.02, 0.02), (-0.02, -0.04)]):
-    _fake_run(root, 'emnist', 'fedzmg', seed, ramp + zmg_shift)
-    _fake_run(root, 'emnist', 'fedavg', seed, ramp - 0.1 + avg_shift)
-  _fake_run(root, 'emnist', 'fedadam', 0, ramp, diverged=True)
+    write_found_run(root, 'emnist', 'fedzmg', seed, ramp + zmg_shift)
+    write_found_run(root, 'emnist', 'fedavg', seed, ramp - 0.1 + avg_shift)
+  write_found_run(root, 'emnist', 'fedadam', 0, ramp, diverged=True)
   rc, out, err = run_program(
       compare, '--task=emnist', '--algos=fedzmg,fedavg,fedadam', '--seeds=0,1,2',
       f'--root_output_dir={root}', '--collect_only', '--thresholds=0.75,0.95',
@@ -314,8 +296,8 @@ def test_compare_collects_runs_and_reports_the_papers_metrics(run_program, tmp_p
 
 def test_compare_refuses_runs_on_different_data_splits(run_program, tmp_path):
   root = str(tmp_path)
-  _fake_run(root, 'emnist', 'fedzmg', 0, [0.5] * 4)
-  _fake_run(root, 'emnist', 'fedavg', 0, [0.5] * 4, partition='dirichlet')
+  write_found_run(root, 'emnist', 'fedzmg', 0, [0.5] * 4)
+  write_found_run(root, 'emnist', 'fedavg', 0, [0.5] * 4, partition='dirichlet')
   rc, _, err = run_program(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
                         f'--root_output_dir={root}', '--collect_only')
   assert rc == 2, err

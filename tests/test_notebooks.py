@@ -5,7 +5,6 @@ fails the test, and no TFF worker the kernel started may outlive it.
 """
 
 import csv
-import json
 import os
 import re
 import time
@@ -20,8 +19,7 @@ import psutil
 import pytest
 import scipy.stats
 
-from launch import compare
-from launch import runner
+import small_runs
 from tff_zmg.runtime import cpp_worker
 
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'notebooks')
@@ -140,23 +138,6 @@ def test_compose_notebook_runs_two_processes_and_plots_them(
   assert rounds.findall(in_process) == rounds.findall(text) != []
 
 
-def _write_run(root, algo, seed, accuracies, diverged=False):
-  """A run directory in the format launch.train writes: flags.json and metrics.csv."""
-  run_dir = os.path.join(root, compare.run_name('emnist', algo, seed))
-  os.makedirs(run_dir)
-  with open(os.path.join(run_dir, 'flags.json'), 'w') as f:
-    json.dump(dict(task='emnist', algo=algo, seed=seed, total_rounds=len(accuracies),
-                   hparams={}, data_source='synthetic', synthetic_settings={'seed': 0},
-                   partition=None, num_eval_clients=2), f)
-  with open(os.path.join(run_dir, 'metrics.csv'), 'w') as f:
-    f.write('key,evaluation/sparse_categorical_accuracy,client_work/train/loss\n0,0.0,\n')
-    for r, a in enumerate(accuracies, start=1):
-      f.write(f'{r},{a},1.0\n')
-  if diverged:
-    with open(os.path.join(run_dir, runner.DIVERGED_FILENAME), 'w') as f:
-      f.write('diverged\n')
-
-
 def _rows(path):
   with open(path, newline='') as f:
     return list(csv.DictReader(f))
@@ -168,8 +149,8 @@ def test_analyze_notebook_reports_the_papers_metrics(execute, tmp_path):
   shifts = {'fedzmg': [0.0, 0.02, -0.02], 'fedavg': [-0.09, -0.08, -0.14]}
   for algo, by_seed in shifts.items():
     for seed, shift in enumerate(by_seed):
-      _write_run(root, algo, seed, ramp + shift)
-  _write_run(root, 'fedadam', 0, ramp, diverged=True)
+      small_runs.write_found_run(root, 'emnist', algo, seed, ramp + shift)
+  small_runs.write_found_run(root, 'emnist', 'fedadam', 0, ramp, diverged=True)
   report = tmp_path / 'report'
   notebook = execute(
       'analyze_runs.ipynb', TFF_ZMG_RUNS_DIR=root, TFF_ZMG_REPORT_DIR=str(report)

@@ -6,8 +6,8 @@ import pytest
 
 from launch import compare
 from launch import grid_search
+from small_runs import write_found_run
 from test_experiments import _TINY
-from test_experiments import _fake_run
 from test_experiments import _rows
 from test_experiments import _write_cells
 from tff_zmg import analysis
@@ -75,9 +75,9 @@ def test_compare_runs_each_algorithm_at_the_rates_its_grid_search_picked(
 def test_compare_at_default_rates_warns_and_marks_its_tables(run_program, tmp_path):
   root = str(tmp_path)
   defaults = {'client_learning_rate': 0.01, 'server_learning_rate': 1.0}  # FedZMG's.
-  _fake_run(root, 'emnist', 'fedzmg', 0, [0.5] * 4, hparams=defaults)
-  _fake_run(root, 'emnist', 'fedavg', 0, [0.5] * 4,
-            hparams={'client_learning_rate': 0.05, 'server_learning_rate': 1.0})
+  write_found_run(root, 'emnist', 'fedzmg', 0, [0.5] * 4, hparams=defaults)
+  write_found_run(root, 'emnist', 'fedavg', 0, [0.5] * 4,
+                  hparams={'client_learning_rate': 0.05, 'server_learning_rate': 1.0})
   rc, _, err = run_program(compare, '--task=emnist', '--algos=fedzmg,fedavg', '--seeds=0',
                         f'--root_output_dir={root}', '--collect_only')
   assert rc == 0, err
