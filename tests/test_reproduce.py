@@ -279,8 +279,8 @@ def test_ci_scale_trains_the_whole_protocol_and_then_reuses_it(tmp_path, synthet
 
 
 def _dry_run(root, *args, timing=None):
-  """The dry run of the flags; with `timing`, every kind of its runs is timed at it
-  beforehand (so nothing trains)."""
+  """The dry run of the flags; with `timing` ({runs at a time: Timing}), every kind of its
+  runs is timed at it beforehand (so nothing trains)."""
   _parse('--paper=fedzmg', '--dry_run', f'--root_output_dir={root}', *args)
   try:
     plan = reproduce.make_plan()
@@ -289,7 +289,8 @@ def _dry_run(root, *args, timing=None):
       os.makedirs(directory, exist_ok=True)
       kinds = {calibration.kind_of(p.run.config) for p in reproduce.planned_runs(plan)}
       with open(os.path.join(directory, calibration.CALIBRATION_FILENAME), 'w') as f:
-        json.dump({k: dataclasses.asdict(timing) for k in kinds}, f)
+        json.dump({calibration.timing_key(k, parallel): dataclasses.asdict(t)
+                   for k in kinds for parallel, t in timing.items()}, f)
     out = io.StringIO()
     counts = reproduce.dry_run(plan, stream=out)
   finally:
@@ -303,7 +304,7 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   root, plan = designed[:2]
   timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept')
   for table, grids, comparison in (([], 3 * 3, 3 * 5 * 3), (['--table=5'], 3, 15)):
-    counts, out = _dry_run(root, *table, timing=timing)
+    counts, out = _dry_run(root, *table, timing={1: timing})
     grid = 81 * grids
     assert (counts['grid'], counts['stability'], counts['comparison']) == (
         grid, grids, comparison)
@@ -319,6 +320,34 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   assert counts['seconds'] == pytest.approx(expected)
   assert counts['tables'] == {5: pytest.approx(expected)}
   assert 'table 5: ' in out and 'estimated time: ' in out
+
+
+def test_runs_at_a_time_are_timed_at_a_time(designed):
+  """--parallel=2 shares the cores: its estimate uses timings of two runs at once, not a
+  timing of one run alone halved."""
+  alone = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='alone')
+  shared = calibration.Timing(startup_s=12.0, round_s=3.0, evaluation_s=0.7, source='shared')
+  counts, out = _dry_run(designed[0], '--table=5', timing={1: alone, 2: shared})
+  counts_2, out_2 = _dry_run(designed[0], '--table=5', '--parallel=2',
+                             timing={1: alone, 2: shared})
+  run_s = lambda t, rounds: t.startup_s + rounds * t.round_s + (rounds + 1) * t.evaluation_s
+  # Three grids (FedZMG, FedAvg, FedAdam) of 81 cells and a stability re-run; 15 comparisons.
+  runs = [(3 * (81 + 1), 50), (15, 1000)]
+  assert counts['seconds'] == pytest.approx(sum(n * run_s(alone, r) for n, r in runs))
+  assert counts_2['seconds'] == pytest.approx(sum(n * run_s(shared, r) for n, r in runs) / 2)
+  assert 'at 2 at a time' in out_2 and '2 at once' in out_2 and 'timing 3 rounds' not in out_2
+  # Kept timings of one run alone are not taken for two at once: those are timed.
+  _parse('--paper=fedzmg', '--table=5', f'--root_output_dir={designed[0]}')
+  try:
+    plan = reproduce.make_plan()
+  finally:
+    flags.FLAGS.unparse_flags()
+  runs = [p.run for p in reproduce.planned_runs(plan)]
+  directory = os.path.join(plan.directory, 'dry_run')
+  with open(os.path.join(directory, calibration.CALIBRATION_FILENAME), 'w') as f:
+    json.dump({calibration.kind_of(r.config): dataclasses.asdict(alone) for r in runs}, f)
+  assert not calibration.untimed(runs, directory, 1)
+  assert calibration.untimed(runs, directory, 2) == {calibration.kind_of(r.config) for r in runs}
 
 
 def test_a_dry_runs_estimate_holds_for_a_plan_of_two_tasks(

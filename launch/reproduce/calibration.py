@@ -10,8 +10,10 @@ algorithm of the kind), which gives
   evaluation = the median evaluation time of rounds 1-3 (round 0's traces it)
 
 and a run of R rounds left with E evaluations left is estimated at
-start-up + R x round + E x evaluation. Timings are kept in `calibration.json` under the
-plan's folder and reused by every later dry run.
+start-up + R x round + E x evaluation. With --parallel=N the plan runs N at a time on
+shared cores, so a kind is timed by N copies at once (each value their median): a round of
+two runs sharing two cores is slower than one run's. Timings are kept in `calibration.json`
+under the plan's folder, per N, and reused by every later dry run.
 """
 
 import dataclasses
@@ -115,41 +117,67 @@ def _calibration_run(run: runner.Run, directory: str, name: str) -> runner.Run:
   return runner.Run(name=f'calibrate-{name}', config=config, args=tuple(args))
 
 
-def load(directory: str) -> dict[str, Timing]:
+def timing_key(kind: str, parallel: int) -> str:
+  """calibration.json's name of a kind's timing with `parallel` runs at a time."""
+  return kind if parallel == 1 else f'{kind} x{parallel}'
+
+
+def _stored(directory: str) -> dict[str, Timing]:
   path = os.path.join(directory, CALIBRATION_FILENAME)
   if not os.path.exists(path):
     return {}
   with open(path) as f:
-    return {kind: Timing(**values) for kind, values in json.load(f).items()}
+    return {key: Timing(**values) for key, values in json.load(f).items()}
 
 
-def untimed(runs: Sequence[runner.Run], directory: str) -> set[str]:
-  """The kinds of `runs` that `directory`'s calibration.json has no timing of."""
-  return {kind_of(run.config) for run in runs} - set(load(directory))
+def untimed(runs: Sequence[runner.Run], directory: str, parallel: int) -> set[str]:
+  """The kinds of `runs` that `directory`'s calibration.json has no timing of at
+  `parallel` runs at a time."""
+  stored = _stored(directory)
+  return {kind for kind in map(kind_of, (run.config for run in runs))
+          if timing_key(kind, parallel) not in stored}
 
 
-def calibrate(runs: Sequence[runner.Run], directory: str, stream) -> dict[str, Timing]:
-  """{kind: Timing} for every kind of `runs`: kept ones from `directory`'s
-  calibration.json, the others timed now (one 3-round run each, one at a time)."""
-  timings = load(directory)
+def _median(timings: Sequence[Timing]) -> Timing:
+  return Timing(
+      startup_s=statistics.median(t.startup_s for t in timings),
+      round_s=statistics.median(t.round_s for t in timings),
+      evaluation_s=statistics.median(t.evaluation_s for t in timings),
+      source=timings[0].source,
+  )
+
+
+def calibrate(runs: Sequence[runner.Run], directory: str, stream,
+              parallel: int = 1) -> dict[str, Timing]:
+  """{kind: Timing} of every kind of `runs` with `parallel` runs at a time: kept ones from
+  `directory`'s calibration.json, the others timed now (one kind after another, each by
+  `parallel` 3-round copies at once)."""
+  stored = _stored(directory)
   first_of_kind = {}
   for run in runs:
     first_of_kind.setdefault(kind_of(run.config), run)
+  timings = {}
   for kind, run in first_of_kind.items():
-    if kind in timings:
+    key = timing_key(kind, parallel)
+    if key in stored:
+      timings[kind] = stored[key]
       continue
-    timed = _calibration_run(run, directory, kind)
+    copies = [_calibration_run(run, directory, kind if parallel == 1 else f'{kind}-{i}')
+              for i in range(parallel)]
+    at_once = f', {parallel} at once as the plan runs them' if parallel > 1 else ''
     print(f'dry run: timing {CALIBRATION_ROUNDS} rounds of {run.config.task}'
-          f' {run.config.algo} (cohort {run.config.clients_per_round}) ...', file=stream,
-          flush=True)
+          f' {run.config.algo} (cohort {run.config.clients_per_round}){at_once} ...',
+          file=stream, flush=True)
     start = time.monotonic()
-    runner.run_all([timed], parallel=1, log_dir=os.path.join(directory, 'logs'),
+    runner.run_all(copies, parallel=parallel, log_dir=os.path.join(directory, 'logs'),
                    stream=stream)
-    timing = read_timing(timed.config.output_dir, time.monotonic() - start)
-    if timing is None:
-      raise ValueError(f'the timing run {timed.config.output_dir} recorded no round times')
-    timings[kind] = timing
+    # The copies start together and do the same work: each took the whole time.
+    wall_s = time.monotonic() - start
+    measured = [read_timing(copy.config.output_dir, wall_s) for copy in copies]
+    if None in measured:
+      raise ValueError(f'the timing run {copies[0].config.output_dir} recorded no round times')
+    timings[kind] = stored[key] = _median(measured)
     run_directory.write_json_atomically(
         os.path.join(directory, CALIBRATION_FILENAME),
-        {k: dataclasses.asdict(t) for k, t in timings.items()})
+        {k: dataclasses.asdict(t) for k, t in stored.items()})
   return timings

@@ -67,7 +67,8 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
         f' {len(by_stage["stability"])} stability, {len(comparison)} comparison),'
         f' {sum(p.rounds for p in planned)} rounds', file=stream)
   directory = os.path.join(plan.directory, 'dry_run')
-  if calibration.untimed([p.run for p in planned], directory):
+  parallel = max(1, runner.PARALLEL.value)
+  if calibration.untimed([p.run for p in planned], directory, parallel):
     try:
       plan_lib.check_data(plan)
     except (tasks.MissingDataError, tasks.CorruptDataError) as e:
@@ -75,11 +76,12 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
       print(f'estimated time: none, the plan\'s data cannot be read to time its runs'
             f' ({str(e).splitlines()[0]})', file=stream, flush=True)
       return dict(counts, seconds=None, tables={}, timings={})
-  timings = calibration.calibrate([p.run for p in planned], directory, stream)
+  timings = calibration.calibrate([p.run for p in planned], directory, stream, parallel)
   seconds = {id(p): calibration.estimate_planned(p, timings) for p in planned}
-  total = sum(seconds.values()) / max(1, runner.PARALLEL.value)
+  total = sum(seconds.values()) / parallel
+  at_once = f', {parallel} at once' if parallel > 1 else ''
   print('timings (start-up, training round, evaluation) of each kind of run, measured on'
-        ' this machine by a 3-round run of its settings:', file=stream)
+        f' this machine by 3-round runs of its settings{at_once}:', file=stream)
   for kind, timing in timings.items():
     if any(calibration.kind_of(p.run.config) == kind for p in planned):
       print(f'  {kind}: {timing.startup_s:.1f} s, {timing.round_s:.2f} s,'
@@ -89,10 +91,9 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
     keys = {setting.key for setting in table.settings}
     per_table[table.number] = sum(
         seconds[id(p)] for p in planned if _setting_key(plan, p) in keys
-    ) / max(1, runner.PARALLEL.value)
+    ) / parallel
     print(f'table {table.number}: {_duration(per_table[table.number])}', file=stream)
-  print(f'estimated time: {_duration(total)} at {runner.PARALLEL.value} at a time (runs'
-        ' the tables share counted once; several at a time on shared cores may take'
-        ' longer)', file=stream, flush=True)
+  print(f'estimated time: {_duration(total)} at {parallel} at a time (runs the tables share'
+        ' counted once)', file=stream, flush=True)
   return dict(counts, seconds=total, tables=per_table,
               timings={k: dataclasses.asdict(t) for k, t in timings.items()})
