@@ -30,7 +30,8 @@ from launch import run_config
 from launch import train
 
 PARALLEL = flags.DEFINE_integer(
-    'parallel', 1, 'How many training runs go at once, each in its own process.'
+    'parallel', 1, 'How many training runs go at once, each in its own process.',
+    lower_bound=1,
 )
 DIVERGED_FILENAME = 'diverged.txt'
 FINISHED, DIVERGED, PENDING = 'finished', 'diverged', 'pending'

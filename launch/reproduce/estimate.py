@@ -67,7 +67,7 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
         f' {len(by_stage["stability"])} stability, {len(comparison)} comparison),'
         f' {sum(p.rounds for p in planned)} rounds', file=stream)
   directory = os.path.join(plan.directory, 'dry_run')
-  parallel = max(1, runner.PARALLEL.value)
+  parallel = runner.PARALLEL.value
   if calibration.untimed([p.run for p in planned], directory, parallel):
     try:
       plan_lib.check_data(plan)
