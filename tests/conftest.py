@@ -13,6 +13,7 @@ import pytest
 
 import tasks
 from tff_zmg.runtime import cpp_worker
+import worker_processes
 
 # Small federated datasets in TFF's real SQLite format: enough clients for sampling and
 # label skew, few examples so a round takes seconds on two CPU cores.
@@ -120,11 +121,7 @@ def no_worker_outlives_the_session():
   """Fails the session if a TFF worker outlives it."""
   yield
   cpp_worker.stop_all_workers()
-  leaked = [
-      p.pid
-      for p in psutil.Process().children(recursive=True)
-      if p.status() != psutil.STATUS_ZOMBIE and 'worker_binary' in ' '.join(p.cmdline())
-  ]
+  leaked = worker_processes.worker_pids()
   assert not leaked, f'TFF worker processes outlived the tests: {leaked}'
   assert not cpp_worker.live_worker_pids()
 

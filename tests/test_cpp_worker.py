@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import psutil
@@ -15,6 +14,7 @@ import pytest
 import tensorflow_federated as tff
 
 from tff_zmg.runtime import cpp_worker
+import worker_processes
 
 # A program that runs one federated computation on a managed context, prints its worker's
 # pid once it has checked that the worker still runs, waits for the test's go-ahead on
@@ -43,18 +43,6 @@ _PROGRAM = textwrap.dedent("""
     if how == 'wait':
       time.sleep(600)
 """)
-
-
-def _worker_is_gone(pid: int, timeout: float = 10.0) -> bool:
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    try:
-      if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-        return True
-    except psutil.NoSuchProcess:
-      return True
-    time.sleep(0.1)
-  return False
 
 
 @pytest.mark.parametrize(
@@ -94,7 +82,7 @@ def test_no_worker_outlives_the_program(how, signum):
   finally:
     if program.poll() is None:
       program.kill()
-  assert _worker_is_gone(worker_pid), f'worker {worker_pid} outlived its program ({how})'
+  assert worker_processes.is_gone(worker_pid), f'worker {worker_pid} outlived its program ({how})'
 
 
 # Sets the managed default twice, as a notebook cell run twice does, the second time with
@@ -135,11 +123,11 @@ def test_setting_the_default_again_stops_the_worker_set_before(one_program):
   result = one_program
   assert result.returncode == 0, result.stderr
   pids = json.loads([l for l in result.stdout.splitlines() if l.startswith('{')][-1])
-  assert _worker_is_gone(pids['first'])
+  assert worker_processes.is_gone(pids['first'])
   assert pids['live_before_a_computation'] == []  # start=False: the computation starts it.
   assert pids['second'] not in (None, pids['first'])
   assert pids['live'] == [pids['second']]
-  assert _worker_is_gone(pids['second'])  # And the program's end stopped it.
+  assert worker_processes.is_gone(pids['second'])  # And the program's end stopped it.
 
 
 def test_execution_context_stops_its_worker_on_exit():
@@ -152,7 +140,7 @@ def test_execution_context_stops_its_worker_on_exit():
     pid = worker.pid
     assert pid in cpp_worker.live_worker_pids()
   assert pid not in cpp_worker.live_worker_pids()
-  assert _worker_is_gone(pid)
+  assert worker_processes.is_gone(pid)
 
 
 def test_execution_context_stops_its_worker_on_exception():
@@ -160,7 +148,7 @@ def test_execution_context_stops_its_worker_on_exception():
     with cpp_worker.execution_context() as worker:
       pid = worker.pid
       _ = 1 / 0
-  assert _worker_is_gone(pid)
+  assert worker_processes.is_gone(pid)
 
 
 def test_worker_does_not_write_to_the_parents_output(capfd):

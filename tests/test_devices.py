@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tff_zmg.runtime import gpu_diagnosis
 from tff_zmg.runtime import tf_computation
+import worker_processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TIMEOUT_S = 300
@@ -315,19 +316,8 @@ def test_xla_cpu_runs_the_model_while_iterators_stay_on_the_host(tmp_path):
   assert not [op for op in ran_on_xla if not op.endswith('@XLA_CPU:0')], ran_on_xla
 
 
-def _worker_pids() -> set[int]:
-  pids = set()
-  for p in psutil.Process().children(recursive=True):
-    try:
-      if p.status() != psutil.STATUS_ZOMBIE and 'worker_binary' in ' '.join(p.cmdline()):
-        pids.add(p.pid)
-    except psutil.NoSuchProcess:
-      pass
-  return pids
-
-
 def test_check_devices_on_this_machine(tmp_path):
-  before = _worker_pids()
+  before = worker_processes.worker_pids()
   completed = subprocess.run(
       [sys.executable, '-m', 'launch.check_devices', f'--cache_dir={tmp_path}'],
       cwd=_REPO, env=dict(os.environ, CUDA_VISIBLE_DEVICES=''), stdin=subprocess.DEVNULL,
@@ -364,4 +354,4 @@ def test_check_devices_on_this_machine(tmp_path):
   except psutil.NoSuchProcess:
     alive = False
   assert not alive, f'the worker of launch.check_devices outlived it: {worker.group(0)}'
-  assert _worker_pids() <= before
+  assert worker_processes.worker_pids() <= before

@@ -18,7 +18,6 @@ from absl import flags
 import grpc
 import numpy as np
 import portpicker
-import psutil
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -38,6 +37,7 @@ from test_in_process import client_dataset
 from test_in_process import HPARAMS
 from test_in_process import tiny_keras_model
 from test_in_process import tiny_model_fn
+import worker_processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the flags below give (launch.train fills in the Dirichlet alpha and the seed).
@@ -48,18 +48,6 @@ _TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seco
 # in the order the local worker folds them; measured difference 0. The bound leaves room
 # for float32 summation order only (values here are O(1..10)).
 _ATOL = 1e-6
-
-
-def _gone(pid: int, timeout: float = 15.0) -> bool:
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    try:
-      if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-        return True
-    except psutil.NoSuchProcess:
-      return True
-    time.sleep(0.1)
-  return False
 
 
 class _Launcher:
@@ -86,10 +74,7 @@ class _Launcher:
       time.sleep(0.2)
     else:
       raise AssertionError(f'launch.worker did not start: {open(self.log).read()}')
-    self.worker_pids = [
-        p.pid for p in psutil.Process(self.proc.pid).children()
-        if 'worker_binary' in ' '.join(p.cmdline())
-    ]
+    self.worker_pids = list(worker_processes.worker_pids(self.proc.pid, recursive=False))
     assert len(self.worker_pids) == 1
 
   def kill(self) -> None:
@@ -116,7 +101,8 @@ def workers(tmp_path_factory):
         assert 'worker: stopped' in open(launcher.log).read()
     for launcher in launchers:
       for pid in [launcher.proc.pid, *launcher.worker_pids]:
-        assert _gone(pid), f'process {pid} of the worker on port {launcher.port} outlived the test'
+        assert worker_processes.is_gone(pid), (
+            f'process {pid} of the worker on port {launcher.port} outlived the test')
 
 
 def _flags(cache_dir, root, name, *extra):
@@ -334,7 +320,7 @@ def test_a_worker_lost_during_a_stateful_round_is_named(workers, tmp_path):
     if doomed.proc.poll() is None:
       doomed.kill()
   for pid in [doomed.proc.pid, *doomed.worker_pids]:
-    assert _gone(pid)
+    assert worker_processes.is_gone(pid)
 
 
 def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
@@ -364,7 +350,7 @@ def test_two_workers_match_a_local_run_and_a_lost_worker_resumes(
   assert [r['key'] for r in _rows(metrics_csv)] == ['0', '1']  # Round 2 wrote nothing.
   checkpoints = os.listdir(remote_dir / 'checkpoints')
   assert 'program_state_1' in checkpoints and 'program_state_2' not in checkpoints
-  assert _gone(b.worker_pids[0])
+  assert worker_processes.is_gone(b.worker_pids[0])
 
   # The same command with a replacement for b (another address: the set may change).
   rc, out, err = _main(
@@ -433,7 +419,7 @@ def test_a_stateful_run_on_two_workers_survives_a_lost_worker_and_a_killed_train
   assert line.startswith('train: error: a TFF worker was lost in round 2'), err
   assert doomed.address in line and 'checkpoint of round 1 is kept' in line
   for pid in [doomed.proc.pid, *doomed.worker_pids]:
-    assert _gone(pid)
+    assert worker_processes.is_gone(pid)
 
   def remote_run(addresses, kill_after_round):
     """launch.train in a subprocess, SIGKILLed once round `kill_after_round` is reported."""

@@ -13,6 +13,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import synthetic
+import worker_processes
 
 _LOADERS = {
     'emnist': lambda d: tff.simulation.datasets.emnist.load_data(
@@ -367,23 +368,13 @@ def test_bad_arguments_raise(tmp_path, kwargs, message):
   assert not os.listdir(tmp_path)
 
 
-def _worker_pids():
-  import psutil
-
-  return {
-      p.pid
-      for p in psutil.Process().children(recursive=True)
-      if 'worker_binary' in ' '.join(p.cmdline())
-  }
-
-
 def test_generating_and_loading_starts_no_tff_worker(tmp_path):
   # Other tests in the session may hold a managed worker; none may be added here.
-  before = _worker_pids()
+  before = worker_processes.worker_pids(live=False)
   directory = synthetic.ensure_synthetic_cache_dir(
       'emnist', str(tmp_path), num_train_clients=2, num_test_clients=1,
       mean_examples_per_client=3,
   )
   train, _ = tff.simulation.datasets.emnist.load_data(only_digits=False, cache_dir=directory)
   list(train.create_tf_dataset_for_client(train.client_ids[0]))
-  assert _worker_pids() <= before
+  assert worker_processes.worker_pids(live=False) <= before

@@ -12,7 +12,6 @@ import urllib.parse
 
 from absl import flags
 import numpy as np
-import psutil
 import pytest
 import tensorflow as tf
 
@@ -25,6 +24,7 @@ from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import gpu_diagnosis
 from tff_zmg.client_states import state_file
 import small_runs
+import worker_processes
 
 _SMALL = small_runs.FLAGS
 _TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
@@ -40,11 +40,7 @@ def _cores_shared_by(clients_at_once):
 
 def _worker_binaries():
   """The pids of TFF worker_binary processes this process started, now or ever."""
-  children = {
-      p.pid for p in psutil.Process().children(recursive=True)
-      if 'worker_binary' in ' '.join(p.cmdline())
-  }
-  return children | set(cpp_worker.started_worker_pids())
+  return worker_processes.worker_pids(live=False) | set(cpp_worker.started_worker_pids())
 
 
 def _rows(path):
