@@ -225,7 +225,14 @@ def test_disk_store_survives_a_process_killed_during_writes(tmp_path):
   )
   try:
     assert proc.stdout.readline().strip() == 'writing'
-    time.sleep(1.5)  # Each 16 MB write takes tens of ms: the kill lands mid-write.
+    # Killed once a version is complete, whatever the machine's load, and 0.3 s later:
+    # each 16 MB write takes tens of ms, so the kill lands mid-write.
+    folder = tmp_path / 'clients' / 'client'
+    deadline = time.monotonic() + 120
+    while not (folder.is_dir() and any(n.endswith('.tfstate') for n in os.listdir(folder))):
+      assert time.monotonic() < deadline and proc.poll() is None, 'no state was written'
+      time.sleep(0.05)
+    time.sleep(0.3)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
   finally:
