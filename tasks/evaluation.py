@@ -143,12 +143,14 @@ def read_held_out(
     # Clients in a fixed order (TFF's default shuffles them): one subsample per seed.
     pooled = test_data.create_tf_dataset_from_all_clients(seed=SUBSAMPLE_SEED)
     batches = _batches(preprocess(pooled))
-    if num_examples is not None and batches:
+    # A subsample as large as the test set is the test set (and is recorded as such).
+    subsampled = num_examples is not None and num_examples < _examples(batches)
+    if subsampled:
       batch_size = len(tf.nest.flatten(batches[0])[0])
       batches = _subsample(batches, num_examples, batch_size)
     groups = [batches[i: i + _GROUP_BATCHES] for i in range(0, len(batches), _GROUP_BATCHES)]
-    described = 'the whole test set' if num_examples is None else (
-        f'a fixed subsample (seed {SUBSAMPLE_SEED}) of the test set')
+    described = (f'a fixed subsample (seed {SUBSAMPLE_SEED}) of the test set' if subsampled
+                 else 'the whole test set')
   if not groups:
     raise ValueError(f'the test split of {task.name} has no examples to evaluate on')
   groups = tuple(_to_tensors(g, device) for g in groups)

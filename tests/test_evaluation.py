@@ -120,6 +120,14 @@ def test_a_subsample_is_fixed_and_drawn_from_the_test_examples(small_task):
   np.testing.assert_array_equal(pixels(first), pixels(again))
   every = {x.tobytes() for x, _ in [(x, 0) for a, _ in _client_arrays(task) for x in a]}
   assert all(x.tobytes() in every for x in pixels(first))
+  assert first.description == 'global: 25 examples, a fixed subsample (seed 0) of the test set'
+  # --scale=small asks for 5,000 of a small federation's fewer: that is the whole test set,
+  # in the same batches, and its record says so rather than "a subsample".
+  whole = evaluation.read_held_out(task)
+  at_least_all = evaluation.read_held_out(task, num_examples=whole.num_examples)
+  assert at_least_all.description == whole.description == (
+      f'global: {whole.num_examples} examples, the whole test set')
+  np.testing.assert_array_equal(pixels(at_least_all), pixels(whole))
 
 
 def _train(capsys, *args):
