@@ -333,11 +333,24 @@ def test_a_coroutine_a_stop_signal_left_unawaited_prints_nothing():
   assert not caught, [str(w.message) for w in caught]
 
 
+@contextlib.contextmanager
+def _stop_signals_installed():
+  """The programs' stop handling (`failures.install_stop_signals`) in this process, and
+  pytest's handlers and unraisable hook back afterwards."""
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+  python_hook = sys.unraisablehook
+  try:
+    failures.install_stop_signals()
+    yield
+  finally:
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+    sys.unraisablehook = python_hook
+
+
 def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
   """CI once saw a SIGTERM run to exit 0: its handler raised inside a weakref callback,
   where Python prints an exception ("Exception ignored in ...") and goes on."""
-  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-  python_hook = sys.unraisablehook
   landed_in_callback = []
 
   def callback(_):
@@ -349,8 +362,7 @@ def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
   class Referent:
     pass
 
-  try:
-    failures.install_stop_signals()
+  with _stop_signals_installed():
     referent = Referent()
     reference = weakref.ref(referent, callback)
     with pytest.raises(failures.Interrupted, match='SIGTERM'):
@@ -359,18 +371,12 @@ def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
       while time.monotonic() < deadline:  # Signalled again: raised here, in ordinary code.
         pass
     assert landed_in_callback and reference() is None
-  finally:
-    for signum, handler in handlers.items():
-      signal.signal(signum, handler)
-    sys.unraisablehook = python_hook
 
 
 def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done():
   """CI once saw "Task was destroyed but it is pending!" beside a SIGTERM's one line: the
   signal landed while asyncio registered a checkpoint's `save` task, which was then left
   scheduled but unknown to `asyncio.all_tasks`, so no cancel reached it."""
-  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-  python_hook = sys.unraisablehook
   landed = []
 
   def signal_lands_in_registration(frame, event, arg):
@@ -388,11 +394,11 @@ def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done(
 
   loop = asyncio.new_event_loop()
   try:
-    failures.install_stop_signals()
-    sys.settrace(signal_lands_in_registration)
-    with pytest.raises(failures.Interrupted, match='SIGTERM'):
-      loop.run_until_complete(checkpoint_save())
-    sys.settrace(None)
+    with _stop_signals_installed():
+      sys.settrace(signal_lands_in_registration)
+      with pytest.raises(failures.Interrupted, match='SIGTERM'):
+        loop.run_until_complete(checkpoint_save())
+      sys.settrace(None)
     assert landed
     pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
     assert [t.get_coro().__name__ for t in pending] == ['checkpoint_save']
@@ -402,9 +408,6 @@ def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done(
   finally:
     sys.settrace(None)
     loop.close()
-    for signum, handler in handlers.items():
-      signal.signal(signum, handler)
-    sys.unraisablehook = python_hook
 
 
 def test_a_closed_worker_is_never_started_again():
