@@ -109,7 +109,6 @@ def pytest_configure(config):
     _REMOVE_AT_EXIT.append(os.environ['TFF_ZMG_FORM_CACHE'])
 
 
-
 def pytest_unconfigure(config):
   del config
   for path in _REMOVE_AT_EXIT:

@@ -332,9 +332,9 @@ def test_runs_at_a_time_are_timed_at_a_time(designed):
                              timing={1: alone, 2: shared})
   run_s = lambda t, rounds: t.startup_s + rounds * t.round_s + (rounds + 1) * t.evaluation_s
   # Three grids (FedZMG, FedAvg, FedAdam) of 81 cells and a stability re-run; 15 comparisons.
-  runs = [(3 * (81 + 1), 50), (15, 1000)]
-  assert counts['seconds'] == pytest.approx(sum(n * run_s(alone, r) for n, r in runs))
-  assert counts_2['seconds'] == pytest.approx(sum(n * run_s(shared, r) for n, r in runs) / 2)
+  planned = [(3 * (81 + 1), 50), (15, 1000)]  # (runs, rounds each)
+  assert counts['seconds'] == pytest.approx(sum(n * run_s(alone, r) for n, r in planned))
+  assert counts_2['seconds'] == pytest.approx(sum(n * run_s(shared, r) for n, r in planned) / 2)
   assert 'at 2 at a time' in out_2 and '2 at once' in out_2 and 'timing 3 rounds' not in out_2
   # Kept timings of one run alone are not taken for two at once: those are timed.
   _parse('--paper=fedzmg', '--table=5', f'--root_output_dir={designed[0]}')

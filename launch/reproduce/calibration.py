@@ -148,7 +148,7 @@ def _median(timings: Sequence[Timing]) -> Timing:
 
 
 def calibrate(runs: Sequence[runner.Run], directory: str, stream,
-              parallel: int = 1) -> dict[str, Timing]:
+              parallel: int) -> dict[str, Timing]:
   """{kind: Timing} of every kind of `runs` with `parallel` runs at a time: kept ones from
   `directory`'s calibration.json, the others timed now (one kind after another, each by
   `parallel` 3-round copies at once)."""
