@@ -60,8 +60,12 @@ def is_finished(config: run_config.ExperimentConfig) -> bool:
     errors.ExperimentError: the directory holds a run with other settings.
   """
   check_resumable(run_config.resolve_evaluation(config))
-  train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
-  return max(train_loss, default=0) >= config.total_rounds
+  return rounds_done(config) >= config.total_rounds
+
+
+def rounds_done(config: run_config.ExperimentConfig) -> int:
+  """Rounds a run's metrics.csv already holds (0 for a new run)."""
+  return max(read_metric(config.metrics_csv, 'client_work/train/loss'), default=0)
 
 
 def check_resumable(config: run_config.ExperimentConfig) -> bool:

@@ -7,7 +7,9 @@ not started again, so an interrupted program picks up where it stopped: unfinish
 resume from their last checkpoint, as `launch.train` does. A run that diverges (exit 3)
 is recorded with a `diverged.txt` in its directory and not retried; any other failure
 stops everything with the end of that run's log. Each run's output goes to
-`<log_dir>/<name>.log`, one `=== start` header per attempt.
+`<log_dir>/<name>.log`, one `=== start` header per attempt. A run's 'done' line says how
+many runs are still to go and, at the pace of the rounds trained so far, about how long
+they take.
 """
 
 import contextlib
@@ -87,6 +89,67 @@ def status(run: Run) -> str:
   return FINISHED if finished else PENDING
 
 
+def duration_text(seconds: float) -> str:
+  """'2 h 05 min', or '4 min 09 s' under an hour."""
+  hours, rest = divmod(int(round(seconds)), 3600)
+  return f'{hours} h {rest // 60:02d} min' if hours else f'{rest // 60} min {rest % 60:02d} s'
+
+
+def time_left(elapsed_s: float, rounds_trained: int, rounds_left: int, parallel: int,
+              runs_left: int) -> Optional[float]:
+  """Seconds `rounds_left` rounds of `runs_left` runs take at the pace so far:
+  `rounds_trained` rounds in `elapsed_s` by `parallel` runs side by side, a pace that
+  fewer runs than `parallel` share in proportion:
+
+    rounds_left x elapsed_s / rounds_trained x parallel / min(parallel, runs_left)
+
+  Start-ups and evaluations are in the pace, as they are in the runs left. None before a
+  round is trained."""
+  if rounds_trained <= 0 or runs_left <= 0:
+    return None
+  return rounds_left * elapsed_s / rounds_trained * parallel / min(parallel, runs_left)
+
+
+class Progress:
+  """What is left of one `run_all`: the runs still to go and the time they take.
+
+  Rounds are counted from the runs' metrics.csv: those each run held when the call began,
+  and those it holds now (a running run's, as far as it has got).
+  """
+
+  def __init__(self, runs: Sequence[Run], parallel: int,
+               clock: Callable[[], float] = time.monotonic):
+    self._parallel = parallel
+    self._clock = clock
+    self._began = clock()
+    self._at_start = {run.name: 0 if run.config.overwrite else resumption.rounds_done(run.config)
+                      for run in runs}
+    self._trained_by_done = 0
+
+  def done(self, run: Run) -> None:
+    """Counts the rounds a run that has ended trained in this call."""
+    self._trained_by_done += self._trained(run)
+
+  def _trained(self, run: Run) -> int:
+    return max(0, resumption.rounds_done(run.config) - self._at_start[run.name])
+
+  def text(self, to_go: Sequence[Run], running: Sequence[Run]) -> str:
+    """'(N to go, about <time>)' of the runs `to_go` (those `running` among them); ''
+    when none is."""
+    if not to_go:
+      return ''
+    trained = self._trained_by_done + sum(self._trained(run) for run in running)
+    rounds_left = sum(
+        run.config.total_rounds - self._at_start[run.name] - (
+            self._trained(run) if run in running else 0)
+        for run in to_go
+    )
+    seconds = time_left(self._clock() - self._began, trained, rounds_left, self._parallel,
+                        len(to_go))
+    about = '' if seconds is None else f', about {duration_text(seconds)}'
+    return f'  ({len(to_go)} to go{about})'
+
+
 def _die_with_parent() -> None:
   """Runs in the child: Linux sends it SIGTERM (it stops cleanly) if this process dies."""
   with contextlib.suppress(OSError, AttributeError):
@@ -110,7 +173,8 @@ def run_all(
   """Brings every run to FINISHED or DIVERGED, `parallel` processes at a time.
 
   Prints one line per run as it is skipped, started and done; `describe(run, status)`
-  may add to the 'done' line (e.g. a score).
+  may add to the 'done' line (e.g. a score), which ends with the runs to go and their
+  time (`Progress`).
 
   Returns:
     name -> FINISHED or DIVERGED.
@@ -136,6 +200,7 @@ def run_all(
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get('PYTHONPATH')]))
   running = {}  # Popen -> (index, run, log path, start time)
+  progress = Progress([run for _, run in pending], parallel)
   with _deferred_stop_signals() as stop_requested:
     try:
       while pending or running:
@@ -146,12 +211,16 @@ def run_all(
           running[_start(run, log_path, env)] = (i, run, log_path, time.monotonic())
           print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
         time.sleep(_POLL_S)
-        for proc in [p for p in running if p.poll() is not None]:
-          i, run, log_path, start = running.pop(proc)
+        ended = [(proc, *running.pop(proc)) for proc in list(running)
+                 if proc.poll() is not None]
+        for proc, i, run, log_path, start in ended:
           seconds = time.monotonic() - start
           results[run.name] = state = _outcome(run, proc.returncode, log_path, seconds)
+          progress.done(run)
           extra = f'  {describe(run, state)}' if describe else ''
-          print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}',
+          going = [r for _, r, _, _ in running.values()]
+          left = progress.text([r for _, r in pending] + going, going)
+          print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}{left}',
                 file=stream, flush=True)
     finally:
       _stop(running)

@@ -246,6 +246,51 @@ def test_grid_search_covers_a_third_hyperparameter_axis(run_program, tmp_path):
   assert f"--proximal_strength={best['proximal_strength']!r}" in out
 
 
+# --- runs side by side ------------------------------------------------------------------
+
+
+def _record_rounds(run, rounds):
+  """The run's metrics.csv as `launch.train` leaves it after `rounds` rounds (the column
+  the runner counts)."""
+  os.makedirs(run.config.output_dir, exist_ok=True)
+  with open(run.config.metrics_csv, 'w') as f:
+    f.write('key,client_work/train/loss\n' + ''.join(f'{r},1.0\n' for r in range(1, rounds + 1)))
+
+
+def test_progress_gives_the_runs_to_go_and_their_time_at_the_pace_so_far(tmp_path):
+  """Three 10-round runs, b resumed from round 4, two at a time, on a hand-set clock."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['compare', '--task=emnist', '--algo=fedavg', f'--root_output_dir={tmp_path}',
+                 '--total_rounds=10'])
+    a, b, c = (runner.train_run(name, {'experiment_name': name}) for name in 'abc')
+  finally:
+    flags.FLAGS.unparse_flags()
+  _record_rounds(b, 4)
+  now = [100.0]
+  progress = runner.Progress([a, b, c], parallel=2, clock=lambda: now[0])
+  assert progress.text([a, b, c], [a, b]) == '  (3 to go)'  # No round trained yet.
+
+  _record_rounds(a, 10)
+  _record_rounds(b, 7)
+  now[0] = 160.0
+  progress.done(a)
+  # 10 + 3 rounds in 60 s; c's 10 and b's last 3 left: 13 rounds, 60 s.
+  assert progress.text([c, b], [b]) == '  (2 to go, about 1 min 00 s)'
+
+  _record_rounds(b, 10)
+  now[0] = 220.0
+  progress.done(b)
+  # 10 + 6 rounds in 120 s by two runs; c's 10 left, alone: 75 s x 2.
+  assert progress.text([c], [c]) == '  (1 to go, about 2 min 30 s)'
+  _record_rounds(c, 2)  # Diverged in round 3.
+  progress.done(c)
+  assert progress.text([], []) == ''
+  assert runner.time_left(3600.0, 18, 36, parallel=4, runs_left=9) == 7200.0
+  assert runner.time_left(3600.0, 18, 36, parallel=4, runs_left=2) == 14400.0
+  assert (runner.duration_text(7500), runner.duration_text(249.4)) == ('2 h 05 min', '4 min 09 s')
+
+
 # --- comparison -------------------------------------------------------------------------
 
 

@@ -68,19 +68,13 @@ def evaluations(config: run_config.ExperimentConfig, first_round: int) -> int:
   )
 
 
-def rounds_done(config: run_config.ExperimentConfig) -> int:
-  """Rounds a run's metrics.csv already holds (0 for a new run)."""
-  trained = resumption.read_metric(config.metrics_csv, 'client_work/train/loss')
-  return max(trained, default=0)
-
-
 def estimate_planned(planned, timings: dict[str, Timing]) -> float:
   """Seconds of one planned run (`plan.PlannedRun`, `planned.rounds` rounds up to its
   config's total): start-up + rounds left x round + evaluations left x evaluation, 0 when
   its metrics.csv already holds them."""
   config = planned.run.config
   timing = timings[kind_of(config)]
-  start = max(rounds_done(config), config.total_rounds - planned.rounds)
+  start = max(resumption.rounds_done(config), config.total_rounds - planned.rounds)
   if start >= config.total_rounds:
     return 0.0
   return (timing.startup_s + (config.total_rounds - start) * timing.round_s

@@ -11,11 +11,6 @@ from launch.reproduce import calibration
 from launch.reproduce import plan as plan_lib
 
 
-def _duration(seconds: float) -> str:
-  hours, rest = divmod(int(round(seconds)), 3600)
-  return f'{hours} h {rest // 60:02d} min' if hours else f'{rest // 60} min {rest % 60:02d} s'
-
-
 def _setting_key(plan: plan_lib.Plan, planned: plan_lib.PlannedRun) -> str:
   """The setting a run belongs to: its folder is <plan>/grid/<setting>/... or
   <plan>/runs/<setting>/...."""
@@ -92,8 +87,8 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
     per_table[table.number] = sum(
         seconds[id(p)] for p in planned if _setting_key(plan, p) in keys
     ) / parallel
-    print(f'table {table.number}: {_duration(per_table[table.number])}', file=stream)
-  print(f'estimated time: {_duration(total)} at {parallel} at a time (runs the tables share'
-        ' counted once)', file=stream, flush=True)
+    print(f'table {table.number}: {runner.duration_text(per_table[table.number])}', file=stream)
+  print(f'estimated time: {runner.duration_text(total)} at {parallel} at a time (runs the'
+        ' tables share counted once)', file=stream, flush=True)
   return dict(counts, seconds=total, tables=per_table,
               timings={k: dataclasses.asdict(t) for k, t in timings.items()})
