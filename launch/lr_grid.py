@@ -172,6 +172,20 @@ class Outcome:
   best: Optional[dict]
 
 
+def later_work(group_sizes: Sequence[int], search: Search, rung: int) -> runner.LaterWork:
+  """What a search has left after its `rung`-th rung (1-based), at most: in each group
+  of `group_sizes` cells, the cells of every later rung, each training the rounds beyond
+  the rung before, and the pick's stability re-run."""
+  runs = rounds = 0
+  for size in group_sizes:
+    rungs = search.rungs(size)
+    for (count, to), (_, before) in zip(rungs[rung:], rungs[rung - 1:]):
+      runs, rounds = runs + count, rounds + count * (to - before)
+    if search.stability_check:
+      runs, rounds = runs + 1, rounds + search.final_rounds
+  return runner.LaterWork(runs=runs, rounds=rounds, whole='the whole search')
+
+
 def run_search(
     grids: Sequence[Grid], search: Search, *, parallel: int, log_dir: str, stream=None,
 ) -> dict[Hashable, Outcome]:
@@ -190,6 +204,7 @@ def run_search(
     runner.run_all(
         list(runs.values()), parallel=parallel, log_dir=log_dir, stream=stream,
         describe=lambda run, state: f'score={_score(run, rounds):.4f}',
+        later=later_work([len(cells) for cells in members.values()], search, k),
     )
     return {key: _score(run, rounds) for key, run in runs.items()}
 
@@ -205,11 +220,11 @@ def run_search(
     return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
 
   keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]
-  rungs = halving.successive_halving(
-      keys, search.rung_rounds, train_and_score, group=lambda key: grids[key[0]].group)
   members = {}
   for key in keys:
     members.setdefault(grids[key[0]].group, []).append(key)
+  rungs = halving.successive_halving(
+      keys, search.rung_rounds, train_and_score, group=lambda key: grids[key[0]].group)
   orders = {group: halving.ranking(rungs, cells) for group, cells in members.items()}
   stability = None
   if search.stability_check:

@@ -9,7 +9,7 @@ is recorded with a `diverged.txt` in its directory and not retried; any other fa
 stops everything with the end of that run's log. Each run's output goes to
 `<log_dir>/<name>.log`, one `=== start` header per attempt. A run's 'done' line says how
 many runs are still to go and, at the pace of the rounds trained so far, about how long
-they take.
+they take (and the whole they make with later runs, such as a grid search's later rungs).
 """
 
 import contextlib
@@ -110,6 +110,17 @@ def time_left(elapsed_s: float, rounds_trained: int, rounds_left: int, parallel:
   return rounds_left * elapsed_s / rounds_trained * parallel / min(parallel, runs_left)
 
 
+@dataclasses.dataclass(frozen=True)
+class LaterWork:
+  """The runs that follow a batch, at most, and make one whole with it (e.g. a grid
+  search's later rungs and its stability re-runs): their count, their rounds, and the
+  name of the whole ('the whole search')."""
+
+  runs: int
+  rounds: int
+  whole: str
+
+
 class Progress:
   """What is left of one `run_all`: the runs still to go and the time they take.
 
@@ -117,9 +128,10 @@ class Progress:
   and those it holds now (a running run's, as far as it has got).
   """
 
-  def __init__(self, runs: Sequence[Run], parallel: int,
+  def __init__(self, runs: Sequence[Run], parallel: int, later: Optional[LaterWork] = None,
                clock: Callable[[], float] = time.monotonic):
     self._parallel = parallel
+    self._later = later
     self._clock = clock
     self._began = clock()
     self._at_start = {run.name: 0 if run.config.overwrite else resumption.rounds_done(run.config)
@@ -134,20 +146,26 @@ class Progress:
     return max(0, resumption.rounds_done(run.config) - self._at_start[run.name])
 
   def text(self, to_go: Sequence[Run], running: Sequence[Run]) -> str:
-    """'(N to go, about <time>)' of the runs `to_go` (those `running` among them); ''
-    when none is."""
+    """'(N to go, about <time>)' of the runs `to_go` (those `running` among them), and
+    '; <the whole>, about <time>' with the later work; '' when no run is to go."""
     if not to_go:
       return ''
+    elapsed = self._clock() - self._began
     trained = self._trained_by_done + sum(self._trained(run) for run in running)
     rounds_left = sum(
         run.config.total_rounds - self._at_start[run.name] - (
             self._trained(run) if run in running else 0)
         for run in to_go
     )
-    seconds = time_left(self._clock() - self._began, trained, rounds_left, self._parallel,
-                        len(to_go))
-    about = '' if seconds is None else f', about {duration_text(seconds)}'
-    return f'  ({len(to_go)} to go{about})'
+    seconds = time_left(elapsed, trained, rounds_left, self._parallel, len(to_go))
+    if seconds is None:
+      return f'  ({len(to_go)} to go)'
+    about = f'about {duration_text(seconds)}'
+    if self._later is not None and self._later.runs:
+      seconds += time_left(elapsed, trained, self._later.rounds, self._parallel,
+                           self._later.runs)
+      about += f'; {self._later.whole}, about {duration_text(seconds)}'
+    return f'  ({len(to_go)} to go, {about})'
 
 
 def _die_with_parent() -> None:
@@ -169,12 +187,13 @@ def _last_error_line(path: str, default: str = 'training diverged') -> str:
 def run_all(
     runs: Sequence[Run], *, parallel: int, log_dir: str,
     describe: Optional[Callable[[Run, str], str]] = None, stream=None,
+    later: Optional[LaterWork] = None,
 ) -> dict[str, str]:
   """Brings every run to FINISHED or DIVERGED, `parallel` processes at a time.
 
   Prints one line per run as it is skipped, started and done; `describe(run, status)`
   may add to the 'done' line (e.g. a score), which ends with the runs to go and their
-  time (`Progress`).
+  time (`Progress`), and that of the whole they and `later` make.
 
   Returns:
     name -> FINISHED or DIVERGED.
@@ -200,7 +219,7 @@ def run_all(
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get('PYTHONPATH')]))
   running = {}  # Popen -> (index, run, log path, start time)
-  progress = Progress([run for _, run in pending], parallel)
+  progress = Progress([run for _, run in pending], parallel, later)
   with _deferred_stop_signals() as stop_requested:
     try:
       while pending or running:

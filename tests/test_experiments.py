@@ -286,9 +286,32 @@ def test_progress_gives_the_runs_to_go_and_their_time_at_the_pace_so_far(tmp_pat
   _record_rounds(c, 2)  # Diverged in round 3.
   progress.done(c)
   assert progress.text([], []) == ''
+  # The same 60 s, 13 rounds, with 2 runs of 26 rounds in all after: 60 s + 120 s.
+  later = runner.LaterWork(runs=2, rounds=26, whole='the whole search')
+  _record_rounds(a, 0)
+  _record_rounds(b, 4)
+  _record_rounds(c, 0)
+  progress = runner.Progress([a, b, c], parallel=2, later=later, clock=lambda: now[0])
+  now[0] += 60.0
+  _record_rounds(a, 10)
+  _record_rounds(b, 7)
+  progress.done(a)
+  assert progress.text([c, b], [b]) == (
+      '  (2 to go, about 1 min 00 s; the whole search, about 3 min 00 s)')
   assert runner.time_left(3600.0, 18, 36, parallel=4, runs_left=9) == 7200.0
   assert runner.time_left(3600.0, 18, 36, parallel=4, runs_left=2) == 14400.0
   assert (runner.duration_text(7500), runner.duration_text(249.4)) == ('2 h 05 min', '4 min 09 s')
+
+
+def test_later_work_counts_the_later_rungs_and_the_stability_re_run_at_most():
+  search = grid_search.Search(rung_rounds=(10, 20, 50), score_rounds=10)
+  # Two grids of 81 cells: after rung 1, 27 x 10 + 9 x 30 rounds and a 50-round re-run each.
+  assert grid_search.lr_grid.later_work([81, 81], search, 1) == runner.LaterWork(
+      runs=2 * 37, rounds=2 * 590, whole='the whole search')
+  assert grid_search.lr_grid.later_work([81], search, 3) == runner.LaterWork(
+      runs=1, rounds=50, whole='the whole search')
+  exhaustive = grid_search.Search(rung_rounds=(50,), score_rounds=10, stability_check=False)
+  assert grid_search.lr_grid.later_work([81], exhaustive, 1).runs == 0
 
 
 # --- comparison -------------------------------------------------------------------------
