@@ -145,27 +145,26 @@ class Progress:
   def _trained(self, run: Run) -> int:
     return max(0, resumption.rounds_done(run.config) - self._at_start[run.name])
 
-  def text(self, to_go: Sequence[Run], running: Sequence[Run]) -> str:
-    """'(N to go, about <time>)' of the runs `to_go` (those `running` among them), and
+  def text(self, pending: Sequence[Run], running: Sequence[Run]) -> str:
+    """'(N to go, about <time>)' of the runs not yet started and those still running, and
     '; <the whole>, about <time>' with the later work; '' when no run is to go."""
+    to_go = len(pending) + len(running)
     if not to_go:
       return ''
     elapsed = self._clock() - self._began
-    trained = self._trained_by_done + sum(self._trained(run) for run in running)
-    rounds_left = sum(
-        run.config.total_rounds - self._at_start[run.name] - (
-            self._trained(run) if run in running else 0)
-        for run in to_go
-    )
-    seconds = time_left(elapsed, trained, rounds_left, self._parallel, len(to_go))
+    trained_by_running = {run.name: self._trained(run) for run in running}
+    trained = self._trained_by_done + sum(trained_by_running.values())
+    rounds_left = sum(run.config.total_rounds - self._at_start[run.name]
+                      for run in (*pending, *running)) - sum(trained_by_running.values())
+    seconds = time_left(elapsed, trained, rounds_left, self._parallel, to_go)
     if seconds is None:
-      return f'  ({len(to_go)} to go)'
+      return f'  ({to_go} to go)'
     about = f'about {duration_text(seconds)}'
     if self._later is not None and self._later.runs:
       seconds += time_left(elapsed, trained, self._later.rounds, self._parallel,
                            self._later.runs)
       about += f'; {self._later.whole}, about {duration_text(seconds)}'
-    return f'  ({len(to_go)} to go, {about})'
+    return f'  ({to_go} to go, {about})'
 
 
 def _die_with_parent() -> None:
@@ -237,8 +236,8 @@ def run_all(
           results[run.name] = state = _outcome(run, proc.returncode, log_path, seconds)
           progress.done(run)
           extra = f'  {describe(run, state)}' if describe else ''
-          going = [r for _, r, _, _ in running.values()]
-          left = progress.text([r for _, r in pending] + going, going)
+          left = progress.text([r for _, r in pending],
+                               [r for _, r, _, _ in running.values()])
           print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}{left}',
                 file=stream, flush=True)
     finally:
