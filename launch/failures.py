@@ -51,6 +51,7 @@ import launch
 import tasks
 from launch import errors
 from tff_zmg.runtime import cpp_worker
+from tff_zmg.runtime import leftovers
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -254,23 +255,6 @@ def install_stop_signals() -> None:
   sys.unraisablehook = _signal_swallowed_stops_again
 
 
-def _process_start_time(pid: int) -> Optional[str]:
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().rsplit(')', 1)[1].split()[19]  # Field 22: start time since boot.
-  except (OSError, IndexError):
-    return None
-
-
-def _remove_stale_temp_dirs(parent: str) -> None:
-  """Removes the temporary directories of programs that are gone (killed with SIGKILL)."""
-  with contextlib.suppress(OSError):
-    for name in os.listdir(parent):
-      match = re.fullmatch(re.escape(_TMP_PREFIX) + r'(\d+)-(\d+)', name)
-      if match and _process_start_time(int(match.group(1))) != match.group(2):
-        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
 @contextlib.contextmanager
 def private_tempdir():
   """This process's own temporary directory (TMPDIR, `tempfile.tempdir`), removed at the end.
@@ -281,12 +265,13 @@ def private_tempdir():
   stopped before their logs go.
   """
   parent = tempfile.gettempdir()
-  _remove_stale_temp_dirs(parent)
-  start = _process_start_time(os.getpid())
-  if start is None:  # Not Linux: no way to tell a dead owner; the system's temp dir.
+  leftovers.remove_if_owner_gone(
+      parent, _TMP_PREFIX, functools.partial(shutil.rmtree, ignore_errors=True))
+  owner = leftovers.owner_tag()
+  if owner is None:  # Not Linux: no way to tell a dead owner; the system's temp dir.
     yield parent
     return
-  path = os.path.join(parent, f'{_TMP_PREFIX}{os.getpid()}-{start}')
+  path = os.path.join(parent, _TMP_PREFIX + owner)
   os.makedirs(path, exist_ok=True)
   saved = tempfile.tempdir, os.environ.get('TMPDIR')
   tempfile.tempdir = path

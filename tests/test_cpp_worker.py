@@ -56,13 +56,16 @@ _PROGRAM = textwrap.dedent("""
     ],
     ids=['normal_exit', 'uncaught_exception', 'ctrl_c', 'sigterm', 'sigkill'],
 )
-def test_no_worker_outlives_the_program(how, signum):
+def test_no_worker_outlives_the_program(how, signum, tmp_path, monkeypatch):
+  temp = tmp_path / 'tmp'
+  temp.mkdir()
   program = subprocess.Popen(
       [sys.executable, '-c', _PROGRAM, how],
       stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL,
       text=True,
+      env={**os.environ, 'TMPDIR': str(temp)},
   )
   try:
     line = program.stdout.readline()
@@ -83,6 +86,24 @@ def test_no_worker_outlives_the_program(how, signum):
     if program.poll() is None:
       program.kill()
   assert worker_processes.is_gone(worker_pid), f'worker {worker_pid} outlived its program ({how})'
+  logs = sorted(n for n in os.listdir(temp) if n.startswith('tff_zmg-worker-'))
+  if signum != signal.SIGKILL:
+    assert logs == []  # Each stopped worker's log went with it.
+    return
+  # SIGKILL runs no clean-up: the log stays, named after its dead owner, until the next
+  # worker started in that folder removes it; a live owner's log (the new worker's) and
+  # other files stay.
+  assert len(logs) == 1 and logs[0].startswith(f'tff_zmg-worker-{program.pid}-'), logs
+  (temp / 'notes.log').write_text("a user's")
+  monkeypatch.setattr('tempfile.tempdir', str(temp))
+  worker = cpp_worker.LocalWorker()
+  worker.stub()
+  try:
+    started = os.path.basename(worker.log_path)
+    assert sorted(os.listdir(temp)) == sorted(['notes.log', started]), os.listdir(temp)
+  finally:
+    worker.stop()
+  assert os.listdir(temp) == ['notes.log']
 
 
 # Sets the managed default twice, as a notebook cell run twice does, the second time with

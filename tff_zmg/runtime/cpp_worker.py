@@ -12,7 +12,9 @@ outlives Python and keeps the parent's output pipe open, so a test run or a CI j
 reads that pipe hangs. This module is the one place in the package that creates execution
 contexts, and it owns their workers:
 
-* each worker writes to its own log file, never to the parent's stdout/stderr;
+* each worker writes to its own log file, never to the parent's stdout/stderr; the log is
+  removed when the worker stops, and a killed program's by the next worker started in the
+  same temporary folder (`leftovers`);
 * each worker is started with a parent-death signal (Linux), so even a parent killed with
   SIGKILL takes its workers along;
 * every worker is registered and stopped (SIGTERM, then SIGKILL after a grace period) by
@@ -66,6 +68,8 @@ import portpicker
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
 
+from tff_zmg.runtime import leftovers
+
 _WORKER_START_TIMEOUT_S = 60.0
 _WORKER_STOP_GRACE_S = 2.0
 _GRPC_OPTIONS = [
@@ -73,6 +77,7 @@ _GRPC_OPTIONS = [
     ('grpc.max_receive_message_length', 2**31 - 1),
 ]
 _PR_SET_PDEATHSIG = 1
+_LOG_PREFIX = 'tff_zmg-worker-'
 # Default time a remote worker may not answer, at start or before a call, before the run
 # fails: long enough for a network blip, short enough that a dead machine fails the round.
 REMOTE_CONNECT_TIMEOUT_S = 10.0
@@ -180,7 +185,10 @@ class LocalWorker:
           f'TFF worker binary not found at {binary}; reinstall with scripts/bootstrap.sh.'
       )
     port = self._port or portpicker.pick_unused_port()
-    fd, self._log_path = tempfile.mkstemp(prefix=f'tff_zmg-worker-{port}-', suffix='.log')
+    # Named after this process, so that the next worker's start removes a killed one's log.
+    leftovers.remove_if_owner_gone(tempfile.gettempdir(), _LOG_PREFIX, os.remove)
+    owner = leftovers.owner_tag() or str(os.getpid())
+    fd, self._log_path = tempfile.mkstemp(prefix=f'{_LOG_PREFIX}{owner}-{port}-', suffix='.log')
     with os.fdopen(fd, 'wb') as log:
       self._process = subprocess.Popen(
           [
