@@ -23,6 +23,10 @@ in its tables. --collect_only trains nothing and reports on the runs that exist.
 --report_dir (default `<root_output_dir>/compare`): runs.csv, summary.csv, ttests.csv,
 report.md and <task>_accuracy.png; each run's training output to logs/ there.
 
+--dry_run trains none of them: it says how many runs and rounds are left to train and
+about how long they take here, timed by a 3-round run of each kind of run (kept in
+`<report_dir>/dry_run/calibration.json` and reused by the next dry run).
+
 Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
 settings or data, 4 a TFF worker lost, 5 the machine refused (disk full, permissions),
 130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to resume); a run failing
@@ -38,6 +42,7 @@ from absl import flags
 
 import tasks
 from launch import accounting
+from launch import calibration
 from launch import errors
 from launch import failures
 from launch import run_identity
@@ -79,7 +84,7 @@ _ALLOW_UNTUNED = flags.DEFINE_bool(
 _REPORT_DIR = flags.DEFINE_string(
     'report_dir', None, 'Where the tables and figures go (default <root_output_dir>/compare).'
 )
-for _name in ('task', 'total_rounds', 'root_output_dir', 'parallel'):
+for _name in ('task', 'total_rounds', 'root_output_dir', 'parallel', 'dry_run'):
   flags.declare_key_flag(_name)
 
 # flags.json settings that fix the data a run trains on: a grid's rates carry over to a
@@ -429,6 +434,8 @@ def main(argv) -> int:
   report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
   if _ALLOW_UNTUNED.value and not _TUNED_FROM.value:
     raise ValueError('--allow_untuned applies only with --tuned_from')
+  if _COLLECT_ONLY.value and calibration.DRY_RUN.value:
+    raise ValueError('--collect_only trains nothing: it has no --dry_run')
   tuned = {}
   if _TUNED_FROM.value:
     tuned = tuned_picks(_TUNED_FROM.value, task_names, algos, hparams, _ALLOW_UNTUNED.value)
@@ -454,6 +461,10 @@ def main(argv) -> int:
                  if rates_source(t, a, asked[t][a], tuned) == analysis.tuning.DEFAULTS]
       if untuned:
         print(f'compare: warning: {untuned_warning(t, untuned)}', file=sys.stderr, flush=True)
+    if calibration.DRY_RUN.value:
+      calibration.estimate_runs(runs, os.path.join(report_dir, calibration.DRY_RUN_DIRNAME),
+                                runner.PARALLEL.value, sys.stdout)
+      return 0
     print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
     try:
       runner.run_all(

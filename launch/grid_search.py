@@ -46,6 +46,12 @@ cells: grid.csv, grid.md, grid_heatmap.png and best.json (the pick). The grids a
 their search are `launch.lr_grid`'s; this program reads the flags, makes the grids and
 writes what the search found.
 
+--dry_run trains none of it: it says how many runs and rounds the search takes at most
+and about how long here, timed by a 3-round run of the grid's settings (kept in
+`<grid>/dry_run/calibration.json` and reused by the next dry run):
+
+  python -m launch.grid_search --task=emnist --algo=fedzmg --search=halving --dry_run
+
 Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
 settings or data, 3 every cell diverged (or the pick and all its neighbours did with
 another seed), 4 a TFF worker lost, 5 the machine refused (disk
@@ -63,6 +69,7 @@ from typing import Optional
 from absl import flags
 import numpy as np
 
+from launch import calibration
 from launch import errors
 from launch import failures
 from launch import halving
@@ -124,7 +131,7 @@ _STABILITY_CHECK = flags.DEFINE_bool(
     ' it diverges, pick its best adjacent cell whose re-run does not.',
 )
 for _name in ('task', 'algo', 'total_rounds', 'root_output_dir', 'experiment_name',
-              'parallel'):
+              'parallel', 'dry_run'):
   flags.declare_key_flag(_name)
 
 
@@ -313,6 +320,25 @@ def grid_directory(root_output_dir: str, name: str) -> str:
   return path
 
 
+def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str) -> float:
+  """Prints the search's runs and rounds at most and their time here; returns the seconds."""
+  planned = lr_grid.planned_runs(grids, search)
+  print(f'dry run: {len(planned)} runs, {sum(p.rounds for p in planned)} rounds at most'
+        ' (fewer cells go on when some diverge; a pick that diverges with another seed'
+        ' adds a re-run of a neighbour):', flush=True)
+  lines = {}  # What each run of a stage stands for -> its count and rounds.
+  for p in planned:
+    what = (p.note or 'every cell') if p.stage == 'grid' else f'{p.stage} re-run: {p.note}'
+    lines.setdefault((p.stage, what), [0, p.rounds])[0] += 1
+  for (stage, what), (runs, rounds) in lines.items():
+    more = '+' if stage == 'grid' and what != 'every cell' else ''
+    print(f'  {runs} run{"s" * (runs != 1)} of {more}{rounds} rounds: {what}')
+  # The dry run's folder makes the grid's folder: `logs/` marks it as a grid's.
+  os.makedirs(os.path.join(grid_dir, LOGS_DIRNAME), exist_ok=True)
+  return calibration.estimate(planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME),
+                              runner.PARALLEL.value, sys.stdout)
+
+
 def _check_flags() -> None:
   for name in ('task', 'algo'):
     if flags.FLAGS[name].value is None:
@@ -361,6 +387,9 @@ def main(argv) -> int:
       f' {len(server_lrs)} server learning rates{third}, {search.describe(cells)},'
       f' {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
   )
+  if calibration.DRY_RUN.value:
+    dry_run(grids, search, grid_dir)
+    return 0
   (outcome,) = lr_grid.run_search(grids, search, parallel=runner.PARALLEL.value,
                                   log_dir=os.path.join(grid_dir, LOGS_DIRNAME)).values()
   for index, grid in enumerate(grids):

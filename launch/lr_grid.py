@@ -6,8 +6,9 @@ continued from rung to rung) and a `Search` says how its cells are searched: exh
 seed (the stability check). `run_search` searches grids side by side, `parallel` runs at a
 time (`launch.runner`), scores each cell at each rung (`rung_score`) and returns each
 group's `Outcome`, whose `best` is the pick's record (best.json) with the search's cost
-(`run_cost`). `launch.grid_search` (the program) and `launch.reproduce` build the grids
-and write the results.
+(`run_cost`); `planned_runs` lists a search's runs for a dry run's estimate.
+`launch.grid_search` (the program) and `launch.reproduce` build the grids and write the
+results.
 """
 
 import dataclasses
@@ -16,6 +17,7 @@ import os
 import sys
 from typing import Hashable, Mapping, Optional, Sequence
 
+from launch import calibration
 from launch import halving
 from launch import resumption
 from launch import runner
@@ -170,6 +172,30 @@ class Outcome:
   rungs: tuple[halving.Rung, ...]
   stability: Optional[halving.StablePick]
   best: Optional[dict]
+
+
+def planned_runs(grids: Sequence[Grid], search: Search) -> list[calibration.PlannedRun]:
+  """The runs of searching `grids` with the rounds each trains, at most (fewer cells go on
+  when some diverge): each group's cells rung by rung, then its pick's stability re-run
+  (more if it diverges: a neighbour's each)."""
+  members = {}
+  for grid in grids:
+    members.setdefault(grid.group, []).extend((grid, cell) for cell in grid.cells)
+  planned = []
+  for cells in members.values():
+    before = 0
+    for k, (count, rounds) in enumerate(search.rungs(len(cells))):
+      note = '' if k == 0 else (f'rung {k + 1}: the best {count} of {len(cells)} cells'
+                                f' continue to {rounds} rounds')
+      planned += [calibration.PlannedRun('grid', grid.run(cell, rounds), rounds - before, note)
+                  for grid, cell in cells[:count]]
+      before = rounds
+    if search.stability_check:
+      grid, cell = cells[0]
+      planned.append(calibration.PlannedRun(
+          'stability', grid.run(cell, search.final_rounds, seed=grid.stability_seed()),
+          search.final_rounds, 'the pick, or its neighbours while re-runs diverge'))
+  return planned
 
 
 def later_work(group_sizes: Sequence[int], search: Search, rung: int) -> runner.LaterWork:

@@ -407,6 +407,75 @@ def test_compare_builds_one_training_run_per_algorithm_and_seed(tmp_path):
     flags.FLAGS.unparse_flags()
 
 
+# --- dry runs ---------------------------------------------------------------------------
+
+
+def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_only(
+    synthetic_cache_dir, tmp_path, run_program
+):
+  """A 3 x 3 halving grid (rungs of 1, 2 and 4 rounds) and a comparison of three seeds,
+  one finished and one a round in: each dry run counts the runs and rounds it would
+  train, times its kind of run once (a real 3-round run, kept and reused, also by the
+  other program) and estimates each run at start-up + rounds x round + evaluations x
+  evaluation, here computed by hand from the kept timing. Nothing else trains."""
+  common = ['--task=emnist', f'--cache_dir={synthetic_cache_dir}', *_TINY, '--parallel=1']
+  grid_args = [*common, '--algo=fedavg', f'--root_output_dir={tmp_path}', '--search=halving',
+               '--rung_rounds=1,2,4', '--client_learning_rates=0.01,0.1,1',
+               '--server_learning_rates=0.1,1,10', '--dry_run']
+  rc, out, err = run_program(grid_search, *grid_args)
+  assert rc == 0, err
+  assert 'dry run: timing 3 rounds of emnist fedavg (cohort 2) ...' in out
+  assert 'dry run: 14 runs, 18 rounds at most' in out
+  for line in ('  9 runs of 1 rounds: every cell',
+               '  3 runs of +1 rounds: rung 2: the best 3 of 9 cells continue to 2 rounds',
+               '  1 run of +2 rounds: rung 3: the best 1 of 9 cells continue to 4 rounds',
+               '  1 run of 4 rounds: stability re-run: the pick, or its neighbours while'
+               ' re-runs diverge'):
+    assert line + '\n' in out, out
+  grid = tmp_path / 'grid_emnist_fedavg'
+  assert sorted(os.listdir(grid)) == ['dry_run', 'logs']  # No cell trained.
+  kept = grid / 'dry_run' / 'calibration.json'
+  ((kind, timing),) = json.loads(kept.read_text()).items()
+  start_s, round_s, eval_s = timing['startup_s'], timing['round_s'], timing['evaluation_s']
+  # Each run: start-up, its rounds, its evaluations (round 0's only when it starts afresh).
+  run_s = lambda rounds, evaluations: start_s + rounds * round_s + evaluations * eval_s
+  grid_s = (9 * run_s(1, 2) + 3 * run_s(1, 1) + run_s(2, 2)  # Rungs 1, 2 and 3.
+            + run_s(4, 5))  # The stability re-run.
+  assert f'estimated time: {runner.duration_text(grid_s)} at 1 at a time' in out
+  assert f'  {kind}: {start_s:.1f} s, {round_s:.2f} s, {eval_s:.2f} s' in out
+  rc, again, err = run_program(grid_search, *grid_args)
+  assert rc == 0 and 'timing' not in again.split('dry run: 14 runs')[1].split('timings')[0]
+  assert 'dry run: timing' not in again and runner.duration_text(grid_s) in again
+
+  root = tmp_path / 'runs'
+  compare_args = [*common, '--algos=fedavg', '--seeds=0,1,2', '--total_rounds=3',
+                  f'--root_output_dir={root}']
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['compare', *compare_args])
+    made = {seed: runner.train_run(compare.run_name('emnist', 'fedavg', seed), dict(
+        task='emnist', algo='fedavg', seed=seed,
+        experiment_name=compare.run_name('emnist', 'fedavg', seed))) for seed in (0, 1)}
+  finally:
+    flags.FLAGS.unparse_flags()
+  write_run(made[0], [0.1, 0.2, 0.3])  # Finished.
+  write_run(made[1], [0.1])  # One round of three: resumed.
+  (root / 'compare' / 'dry_run').mkdir(parents=True)
+  (root / 'compare' / 'dry_run' / 'calibration.json').write_text(kept.read_text())
+  rc, out, err = run_program(compare, *compare_args, '--dry_run')
+  assert rc == 0, err
+  assert 'dry run: 2 of 3 runs to train (1 of them resumed), 5 rounds' in out
+  assert 'dry run: timing' not in out  # The grid's cells are runs of the same kind.
+  compare_s = run_s(2, 2) + run_s(3, 4)
+  assert f'estimated time: {runner.duration_text(compare_s)} at 1 at a time' in out
+  assert sorted(os.listdir(root)) == ['compare', 'emnist_fedavg_seed0', 'emnist_fedavg_seed1']
+  rc, out, err = run_program(compare, *compare_args, '--dry_run', '--overwrite')  # Afresh.
+  assert rc == 0 and 'dry run: 3 of 3 runs to train (0 of them resumed), 9 rounds' in out, err
+  assert f'estimated time: {runner.duration_text(3 * run_s(3, 4))} at 1 at a time' in out
+  rc, _, err = run_program(compare, *compare_args, '--dry_run', '--collect_only')
+  assert rc == 2 and 'compare: error: --collect_only trains nothing: it has no --dry_run' in err
+
+
 # --- data statistics --------------------------------------------------------------------
 
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from launch import calibration
 from launch import compare
 from launch import grid_search
 from launch import papers
 from launch import reproduce
-from launch.reproduce import calibration
 from launch.reproduce import scales
 from small_runs import write_run as _write_run
 from tasks import sources

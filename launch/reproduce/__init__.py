@@ -3,15 +3,14 @@
   plan      what a command runs: the paper, tables and settings at a scale; the runs
             (`planned_runs`: each with the rounds it trains, for the estimate)
   scales    how much of a protocol to run (full, small, ci, a fraction of the rounds)
-  calibration  what each kind of run costs here (a 3-round timing run), the estimate
-  estimate  the dry run: every run, their count, the time per table and in total
+  estimate  the dry run: every run, their count, the time per table and in total (each
+            kind of run timed by `launch.calibration`)
   report    the paper's tables with our numbers beside the published ones
   run       grid search, comparison, report; `main`
 """
 
 from launch.reproduce.estimate import dry_run
 from launch.reproduce.plan import Plan
-from launch.reproduce.plan import PlannedRun
 from launch.reproduce.plan import check_data
 from launch.reproduce.plan import comparison_runs
 from launch.reproduce.plan import grid_groups

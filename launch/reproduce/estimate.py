@@ -6,12 +6,12 @@ import os
 import sys
 
 import tasks
+from launch import calibration
 from launch import runner
-from launch.reproduce import calibration
 from launch.reproduce import plan as plan_lib
 
 
-def _setting_key(plan: plan_lib.Plan, planned: plan_lib.PlannedRun) -> str:
+def _setting_key(plan: plan_lib.Plan, planned: calibration.PlannedRun) -> str:
   """The setting a run belongs to: its folder is <plan>/grid/<setting>/... or
   <plan>/runs/<setting>/...."""
   return os.path.relpath(planned.run.config.output_dir, plan.directory).split(os.sep)[1]
@@ -61,7 +61,7 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
   print(f'total: {len(planned)} runs ({len(by_stage["grid"])} grid,'
         f' {len(by_stage["stability"])} stability, {len(comparison)} comparison),'
         f' {sum(p.rounds for p in planned)} rounds', file=stream)
-  directory = os.path.join(plan.directory, 'dry_run')
+  directory = os.path.join(plan.directory, calibration.DRY_RUN_DIRNAME)
   parallel = runner.PARALLEL.value
   if calibration.untimed([p.run for p in planned], directory, parallel):
     try:
@@ -74,13 +74,7 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
   timings = calibration.calibrate([p.run for p in planned], directory, stream, parallel)
   seconds = {id(p): calibration.estimate_planned(p, timings) for p in planned}
   total = sum(seconds.values()) / parallel
-  at_once = f', {parallel} at once' if parallel > 1 else ''
-  print('timings (start-up, training round, evaluation) of each kind of run, measured on'
-        f' this machine by 3-round runs of its settings{at_once}:', file=stream)
-  for kind, timing in timings.items():
-    if any(calibration.kind_of(p.run.config) == kind for p in planned):
-      print(f'  {kind}: {timing.startup_s:.1f} s, {timing.round_s:.2f} s,'
-            f' {timing.evaluation_s:.2f} s ({timing.source})', file=stream)
+  calibration.print_timings(timings, planned, parallel, stream)
   per_table = {}
   for table in plan.tables:
     keys = {setting.key for setting in table.settings}

@@ -13,6 +13,7 @@ from typing import Optional
 from absl import flags
 
 import tasks
+from launch import calibration
 from launch import compare
 from launch import halving
 from launch import lr_grid
@@ -214,44 +215,9 @@ def check_data(plan: Plan) -> None:
       sources.load_client_data(task, 'tff', flags.FLAGS.cache_dir)
 
 
-@dataclasses.dataclass(frozen=True)
-class PlannedRun:
-  """One run of a plan, or one rung of a grid cell continued from the rung before.
-
-  Attributes:
-    stage: 'grid', 'stability' or 'comparison'.
-    run: The run. Which cells reach a later rung, and which cell is re-run for
-      stability, the earlier scores decide: there it stands for any of them.
-    rounds: The rounds it trains in this stage (a promoted cell: those beyond the rung
-      before).
-    note: Where `run` stands for a cell chosen later: which and how many.
-  """
-
-  stage: str
-  run: runner.Run
-  rounds: int
-  note: str = ''
-
-
-def planned_runs(plan: Plan) -> list[PlannedRun]:
-  """Every run of the plan with its rounds: at most, rung by rung (fewer cells go on
-  when some diverge), one stability re-run per grid (more if it diverges: a
-  neighbour's each), then the comparison."""
-  planned = []
-  search = plan.search()
-  grids = grid_groups(plan)
-  for grid in grids.values():
-    cells = grid.cells
-    before = 0
-    for k, (count, rounds) in enumerate(search.rungs(len(cells))):
-      note = '' if k == 0 else (f'rung {k + 1}: the best {count} of {len(cells)} cells'
-                                f' continue to {rounds} rounds')
-      planned += [PlannedRun('grid', grid.run(cell, rounds), rounds - before, note)
-                  for cell in cells[:count]]
-      before = rounds
-    if search.stability_check:
-      planned.append(PlannedRun(
-          'stability', grid.run(cells[0], search.final_rounds, seed=grid.stability_seed()),
-          search.final_rounds, 'the pick, or its neighbours while re-runs diverge'))
-  return planned + [PlannedRun('comparison', run, run.config.total_rounds)
+def planned_runs(plan: Plan) -> list[calibration.PlannedRun]:
+  """Every run of the plan with its rounds: each grid's search at most
+  (`lr_grid.planned_runs`), then the comparison."""
+  planned = lr_grid.planned_runs(list(grid_groups(plan).values()), plan.search())
+  return planned + [calibration.PlannedRun('comparison', run, run.config.total_rounds)
                     for run in comparison_runs(plan)]

@@ -6,6 +6,7 @@ import time
 
 from absl import flags
 
+from launch import calibration
 from launch import failures
 from launch import grid_search
 from launch import lr_grid
@@ -14,14 +15,6 @@ from launch import train
 from launch.reproduce import estimate
 from launch.reproduce import plan as plan_lib
 from launch.reproduce import report
-
-_DRY_RUN = flags.DEFINE_bool(
-    'dry_run', False,
-    'List every run, their count and the time they take here, per table and in total;'
-    ' trains none of them, only a 3-round timing run of each kind of run not timed before'
-    ' (kept in <reproduce_dir>/dry_run/calibration.json and reused).'
-)
-
 
 def reproduce(plan: plan_lib.Plan, stream=None) -> str:
   """Grid search (if the paper tuned), comparison, report; returns report.md's path."""
@@ -66,7 +59,7 @@ def main(argv) -> int:
   del argv
   train.quiet_libraries()
   plan = plan_lib.make_plan()
-  if _DRY_RUN.value:
+  if calibration.DRY_RUN.value:
     estimate.dry_run(plan)
     return 0
   plan_lib.check_data(plan)

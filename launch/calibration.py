@@ -1,8 +1,11 @@
-"""What a plan's runs cost here: a short timed run per kind of run, and the estimate.
+"""What planned runs cost here: a short timed run per kind of run, and the estimate.
+
+The dry runs of `launch.grid_search`, `launch.compare` and `launch.reproduce` (--dry_run)
+list their runs as `PlannedRun`s and estimate them here.
 
 Runs of one kind (`kind_of`: the same task, model, data, cohort, local work, evaluation and
 runtime, and an algorithm of the same client rule) cost the same per round. A kind is
-timed once by a 3-round run of the plan's own settings (its data, cohort and first
+timed once by a 3-round run of the planned runs' own settings (its data, cohort and first
 algorithm of the kind), which gives
 
   start-up  = the run's wall time - 3 x round - 4 x evaluation  (imports, data, tracing)
@@ -10,10 +13,10 @@ algorithm of the kind), which gives
   evaluation = the median evaluation time of rounds 1-3 (round 0's traces it)
 
 and a run of R rounds left with E evaluations left is estimated at
-start-up + R x round + E x evaluation. With --parallel=N the plan runs N at a time on
+start-up + R x round + E x evaluation. With --parallel=N the runs go N at a time on
 shared cores, so a kind is timed by N copies at once (each value their median): a round of
 two runs sharing two cores is slower than one run's. Timings are kept in `calibration.json`
-under the plan's folder, per N, and reused by every later dry run.
+in the program's dry_run folder, per N, and reused by every later dry run.
 """
 
 import dataclasses
@@ -24,6 +27,8 @@ import statistics
 import time
 from typing import Optional, Sequence
 
+from absl import flags
+
 from launch import resumption
 from launch import run_config
 from launch import run_directory
@@ -32,12 +37,40 @@ from tff_zmg.algorithms import registry
 
 CALIBRATION_ROUNDS = 3
 CALIBRATION_FILENAME = 'calibration.json'
+DRY_RUN_DIRNAME = 'dry_run'
 # Settings that do not change what a round costs (or are set per calibration run).
 _COST_FREE = frozenset({
     'algo', 'hparams', 'seed', 'experiment_name', 'root_output_dir', 'total_rounds',
     'overwrite', 'rounds_per_checkpoint', 'rounds_per_eval', 'partition_seed',
     'divergence_factor',
 })
+
+
+DRY_RUN = flags.DEFINE_bool(
+    'dry_run', False,
+    'List the runs, their count and the time they take here; train none of them, only a'
+    f' {CALIBRATION_ROUNDS}-round timing run of each kind of run not timed before (kept in'
+    f' {DRY_RUN_DIRNAME}/{CALIBRATION_FILENAME} in the output folder and reused).'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+  """One run to train, or one rung of a grid cell continued from the rung before.
+
+  Attributes:
+    stage: 'grid', 'stability' or 'comparison'.
+    run: The run. Which cells reach a later rung, and which cell is re-run for
+      stability, the earlier scores decide: there it stands for any of them.
+    rounds: The rounds it trains in this stage (a promoted cell: those beyond the rung
+      before).
+    note: Where `run` stands for a cell chosen later: which and how many.
+  """
+
+  stage: str
+  run: runner.Run
+  rounds: int
+  note: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,16 +101,25 @@ def evaluations(config: run_config.ExperimentConfig, first_round: int) -> int:
   )
 
 
-def estimate_planned(planned, timings: dict[str, Timing]) -> float:
-  """Seconds of one planned run (`plan.PlannedRun`, `planned.rounds` rounds up to its
-  config's total): start-up + rounds left x round + evaluations left x evaluation, 0 when
-  its metrics.csv already holds them."""
+def rounds_to_train(planned: PlannedRun) -> int:
+  """The rounds of `planned` its metrics.csv does not hold yet (all of them with
+  --overwrite, which trains the run afresh)."""
+  config = planned.run.config
+  done = 0 if config.overwrite else resumption.rounds_done(config)
+  return max(0, config.total_rounds - max(done, config.total_rounds - planned.rounds))
+
+
+def estimate_planned(planned: PlannedRun, timings: dict[str, Timing]) -> float:
+  """Seconds of one planned run (`planned.rounds` rounds up to its config's total):
+  start-up + rounds left x round + evaluations left x evaluation, 0 when its metrics.csv
+  already holds them."""
   config = planned.run.config
   timing = timings[kind_of(config)]
-  start = max(resumption.rounds_done(config), config.total_rounds - planned.rounds)
-  if start >= config.total_rounds:
+  rounds = rounds_to_train(planned)
+  if not rounds:
     return 0.0
-  return (timing.startup_s + (config.total_rounds - start) * timing.round_s
+  start = config.total_rounds - rounds
+  return (timing.startup_s + rounds * timing.round_s
           + evaluations(config, start + 1 if start else 0) * timing.evaluation_s)
 
 
@@ -158,7 +200,7 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
       continue
     copies = [_calibration_run(run, directory, kind if parallel == 1 else f'{kind}-{i}')
               for i in range(parallel)]
-    at_once = f', {parallel} at once as the plan runs them' if parallel > 1 else ''
+    at_once = f', {parallel} at once as the runs will go' if parallel > 1 else ''
     print(f'dry run: timing {CALIBRATION_ROUNDS} rounds of {run.config.task}'
           f' {run.config.algo} (cohort {run.config.clients_per_round}){at_once} ...',
           file=stream, flush=True)
@@ -175,3 +217,39 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
         os.path.join(directory, CALIBRATION_FILENAME),
         {k: dataclasses.asdict(t) for k, t in stored.items()})
   return timings
+
+
+def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], parallel: int,
+                  stream) -> None:
+  """One line per kind of the planned runs: its start-up, round and evaluation seconds."""
+  at_once = f', {parallel} at once' if parallel > 1 else ''
+  print('timings (start-up, training round, evaluation) of each kind of run, measured on'
+        f' this machine by {CALIBRATION_ROUNDS}-round runs of its settings{at_once}:',
+        file=stream)
+  kinds = {kind_of(p.run.config) for p in planned}
+  for kind, timing in timings.items():
+    if kind in kinds:
+      print(f'  {kind}: {timing.startup_s:.1f} s, {timing.round_s:.2f} s,'
+            f' {timing.evaluation_s:.2f} s ({timing.source})', file=stream)
+
+
+def estimate(planned: Sequence[PlannedRun], directory: str, parallel: int, stream) -> float:
+  """Wall seconds of `planned` at `parallel` at a time, each kind timed first if
+  `directory` has no timing of it (`calibrate`); prints the timings and the estimate."""
+  timings = calibrate([p.run for p in planned], directory, stream, parallel)
+  seconds = sum(estimate_planned(p, timings) for p in planned) / parallel
+  print_timings(timings, planned, parallel, stream)
+  print(f'estimated time: {runner.duration_text(seconds)} at {parallel} at a time',
+        file=stream, flush=True)
+  return seconds
+
+
+def estimate_runs(runs: Sequence[runner.Run], directory: str, parallel: int, stream) -> float:
+  """`estimate` of the runs still to train (finished and diverged ones skipped, unfinished
+  ones counted from where they stopped), after a line of their count and rounds."""
+  pending = [PlannedRun('comparison', run, run.config.total_rounds)
+             for run in runs if runner.status(run) == runner.PENDING]
+  resumed = sum(rounds_to_train(p) < p.rounds for p in pending)
+  print(f'dry run: {len(pending)} of {len(runs)} runs to train ({resumed} of them resumed),'
+        f' {sum(map(rounds_to_train, pending))} rounds', file=stream, flush=True)
+  return estimate(pending, directory, parallel, stream) if pending else 0.0
