@@ -68,6 +68,12 @@ class Search:
     """(cells, rounds) of each rung, at most: fewer cells go on if some fail."""
     return list(zip(halving.rung_sizes(num_cells, len(self.rung_rounds)), self.rung_rounds))
 
+  def rung_steps(self, num_cells: int) -> list[tuple[int, int, int]]:
+    """(cells, rounds, rounds beyond the rung before) of each rung, at most."""
+    rungs = self.rungs(num_cells)
+    before = [0] + [rounds for _, rounds in rungs[:-1]]
+    return [(cells, rounds, rounds - b) for (cells, rounds), b in zip(rungs, before)]
+
   def describe(self, num_cells: int) -> str:
     """'successive halving: 81 cells x 10 rounds, 27 x 20, 9 x 50' or 'exhaustive: ...'."""
     rungs = ', '.join(f'{c} x {r}' for c, r in self.rungs(num_cells))
@@ -183,13 +189,11 @@ def planned_runs(grids: Sequence[Grid], search: Search) -> list[calibration.Plan
     members.setdefault(grid.group, []).extend((grid, cell) for cell in grid.cells)
   planned = []
   for cells in members.values():
-    before = 0
-    for k, (count, rounds) in enumerate(search.rungs(len(cells))):
+    for k, (count, rounds, extra) in enumerate(search.rung_steps(len(cells))):
       note = '' if k == 0 else (f'rung {k + 1}: the best {count} of {len(cells)} cells'
                                 f' continue to {rounds} rounds')
-      planned += [calibration.PlannedRun('grid', grid.run(cell, rounds), rounds - before, note)
+      planned += [calibration.PlannedRun('grid', grid.run(cell, rounds), extra, note)
                   for grid, cell in cells[:count]]
-      before = rounds
     if search.stability_check:
       grid, cell = cells[0]
       planned.append(calibration.PlannedRun(
@@ -204,9 +208,8 @@ def later_work(group_sizes: Sequence[int], search: Search, rung: int) -> runner.
   the rung before, and the pick's stability re-run."""
   runs = rounds = 0
   for size in group_sizes:
-    rungs = search.rungs(size)
-    for (count, to), (_, before) in zip(rungs[rung:], rungs[rung - 1:]):
-      runs, rounds = runs + count, rounds + count * (to - before)
+    for count, _, extra in search.rung_steps(size)[rung:]:
+      runs, rounds = runs + count, rounds + count * extra
     if search.stability_check:
       runs, rounds = runs + 1, rounds + search.final_rounds
   return runner.LaterWork(runs=runs, rounds=rounds, whole='the whole search')
