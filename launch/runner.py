@@ -90,9 +90,11 @@ def status(run: Run) -> str:
 
 
 def duration_text(seconds: float) -> str:
-  """'2 h 05 min', or '4 min 09 s' under an hour."""
+  """'2 h 05 min', '4 min 09 s' under an hour, '33 s' under a minute."""
   hours, rest = divmod(int(round(seconds)), 3600)
-  return f'{hours} h {rest // 60:02d} min' if hours else f'{rest // 60} min {rest % 60:02d} s'
+  if hours:
+    return f'{hours} h {rest // 60:02d} min'
+  return f'{rest // 60} min {rest % 60:02d} s' if rest >= 60 else f'{rest} s'
 
 
 def time_left(elapsed_s: float, rounds_trained: int, rounds_left: int, parallel: int,

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from launch import calibration
 from launch import compare
 from launch import data_stats
 from launch import grid_search
@@ -300,7 +301,8 @@ def test_progress_gives_the_runs_to_go_and_their_time_at_the_pace_so_far(tmp_pat
       '  (2 to go, about 1 min 00 s; the whole search, about 3 min 00 s)')
   assert runner.time_left(3600.0, 18, 36, parallel=4, runs_left=9) == 7200.0
   assert runner.time_left(3600.0, 18, 36, parallel=4, runs_left=2) == 14400.0
-  assert (runner.duration_text(7500), runner.duration_text(249.4)) == ('2 h 05 min', '4 min 09 s')
+  assert [runner.duration_text(s) for s in (7500, 249.4, 33.4)] == [
+      '2 h 05 min', '4 min 09 s', '33 s']
 
 
 def test_later_work_counts_the_later_rungs_and_the_stability_re_run_at_most():
@@ -415,37 +417,43 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
 ):
   """A 3 x 3 halving grid (rungs of 1, 2 and 4 rounds) and a comparison of three seeds,
   one finished and one a round in: each dry run counts the runs and rounds it would
-  train, times its kind of run once (a real 3-round run, kept and reused, also by the
-  other program) and estimates each run at start-up + rounds x round + evaluations x
-  evaluation, here computed by hand from the kept timing. Nothing else trains."""
+  train and estimates each at start-up + rounds x round + evaluations x evaluation, from
+  the timing kept for its kind of run (the grid's, which the comparison's runs share;
+  the timing runs themselves are test_reproduce.py's). Nothing trains."""
   common = ['--task=emnist', f'--cache_dir={synthetic_cache_dir}', *_TINY, '--parallel=1']
   grid_args = [*common, '--algo=fedavg', f'--root_output_dir={tmp_path}', '--search=halving',
                '--rung_rounds=1,2,4', '--client_learning_rates=0.01,0.1,1',
                '--server_learning_rates=0.1,1,10', '--dry_run']
+  grid = tmp_path / 'grid_emnist_fedavg'
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['grid_search', *grid_args])
+    cell = grid_search.Grid(directory=str(grid), client_lrs=(0.1,), server_lrs=(1.0,))
+    kind = calibration.kind_of(cell.run((0.1, 1.0), 1).config)
+  finally:
+    flags.FLAGS.unparse_flags()
+  kept = grid / 'dry_run' / calibration.CALIBRATION_FILENAME
+  kept.parent.mkdir(parents=True)
+  (grid / 'logs').mkdir()
+  kept.write_text(json.dumps({kind: dict(startup_s=10.0, round_s=2.0, evaluation_s=0.5,
+                                         source='kept')}))
   rc, out, err = run_program(grid_search, *grid_args)
   assert rc == 0, err
-  assert 'dry run: timing 3 rounds of emnist fedavg (cohort 2) ...' in out
   assert 'dry run: 14 runs, 18 rounds at most' in out
   for line in ('  9 runs of 1 rounds: every cell',
                '  3 runs of +1 rounds: rung 2: the best 3 of 9 cells continue to 2 rounds',
                '  1 run of +2 rounds: rung 3: the best 1 of 9 cells continue to 4 rounds',
                '  1 run of 4 rounds: stability re-run: the pick, or its neighbours while'
-               ' re-runs diverge'):
+               ' re-runs diverge',
+               f'  {kind}: 10.0 s, 2.00 s, 0.50 s (kept)'):
     assert line + '\n' in out, out
-  grid = tmp_path / 'grid_emnist_fedavg'
-  assert sorted(os.listdir(grid)) == ['dry_run', 'logs']  # No cell trained.
-  kept = grid / 'dry_run' / 'calibration.json'
-  ((kind, timing),) = json.loads(kept.read_text()).items()
-  start_s, round_s, eval_s = timing['startup_s'], timing['round_s'], timing['evaluation_s']
+  assert 'dry run: timing' not in out
   # Each run: start-up, its rounds, its evaluations (round 0's only when it starts afresh).
-  run_s = lambda rounds, evaluations: start_s + rounds * round_s + evaluations * eval_s
+  run_s = lambda rounds, evaluations: 10.0 + rounds * 2.0 + evaluations * 0.5
   grid_s = (9 * run_s(1, 2) + 3 * run_s(1, 1) + run_s(2, 2)  # Rungs 1, 2 and 3.
             + run_s(4, 5))  # The stability re-run.
-  assert f'estimated time: {runner.duration_text(grid_s)} at 1 at a time' in out
-  assert f'  {kind}: {start_s:.1f} s, {round_s:.2f} s, {eval_s:.2f} s' in out
-  rc, again, err = run_program(grid_search, *grid_args)
-  assert rc == 0 and 'timing' not in again.split('dry run: 14 runs')[1].split('timings')[0]
-  assert 'dry run: timing' not in again and runner.duration_text(grid_s) in again
+  assert grid_s == 190.0 and 'estimated time: 3 min 10 s at 1 at a time' in out
+  assert sorted(os.listdir(grid)) == ['dry_run', 'logs']  # No cell trained.
 
   root = tmp_path / 'runs'
   compare_args = [*common, '--algos=fedavg', '--seeds=0,1,2', '--total_rounds=3',
@@ -467,11 +475,11 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   assert 'dry run: 2 of 3 runs to train (1 of them resumed), 5 rounds' in out
   assert 'dry run: timing' not in out  # The grid's cells are runs of the same kind.
   compare_s = run_s(2, 2) + run_s(3, 4)
-  assert f'estimated time: {runner.duration_text(compare_s)} at 1 at a time' in out
+  assert compare_s == 33.0 and 'estimated time: 33 s at 1 at a time' in out
   assert sorted(os.listdir(root)) == ['compare', 'emnist_fedavg_seed0', 'emnist_fedavg_seed1']
   rc, out, err = run_program(compare, *compare_args, '--dry_run', '--overwrite')  # Afresh.
   assert rc == 0 and 'dry run: 3 of 3 runs to train (0 of them resumed), 9 rounds' in out, err
-  assert f'estimated time: {runner.duration_text(3 * run_s(3, 4))} at 1 at a time' in out
+  assert 'estimated time: 54 s at 1 at a time' in out  # 3 x run_s(3, 4).
   rc, _, err = run_program(compare, *compare_args, '--dry_run', '--collect_only')
   assert rc == 2 and 'compare: error: --collect_only trains nothing: it has no --dry_run' in err
 
