@@ -75,8 +75,8 @@ def main(argv) -> int:
       worker.stub()
     except cpp_worker.WorkerStartError as e:
       keep_log = True  # The message names it: kept beyond this program's temporary folder.
-      log_path = worker.log_path
       worker.stop(keep_log=True)
+      log_path = worker.log_path
       kept = failures.keep_after_exit(log_path)
       raise cpp_worker.WorkerStartError(str(e).replace(log_path, kept)) from None
     print(
@@ -88,9 +88,8 @@ def main(argv) -> int:
     while worker.poll() is None:
       time.sleep(_POLL_S)
     status, keep_log = worker.poll(), True
-    log_path = worker.log_path
     worker.stop(keep_log=True)
-    log_path = failures.keep_after_exit(log_path)
+    log_path = failures.keep_after_exit(worker.log_path)
     last = _tail(log_path, 1).strip() or 'empty'
     print(
         f'worker: error: the TFF worker ended by itself (status {status}); its log'

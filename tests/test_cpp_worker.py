@@ -91,19 +91,24 @@ def test_no_worker_outlives_the_program(how, signum, tmp_path, monkeypatch):
     assert logs == []  # Each stopped worker's log went with it.
     return
   # SIGKILL runs no clean-up: the log stays, named after its dead owner, until the next
-  # worker started in that folder removes it; a live owner's log (the new worker's) and
-  # other files stay.
+  # worker started in that folder removes it; a live owner's log (the new worker's), a log
+  # kept for an error message to name, and other files stay.
   assert len(logs) == 1 and logs[0].startswith(f'tff_zmg-worker-{program.pid}-'), logs
   (temp / 'notes.log').write_text("a user's")
   monkeypatch.setattr('tempfile.tempdir', str(temp))
+  named = cpp_worker.LocalWorker()
+  named.stub()
+  named.stop(keep_log=True)
+  kept = os.path.basename(named.log_path)
+  assert kept.startswith('tff_zmg-worker-') and f'-{os.getpid()}-' not in kept, kept
   worker = cpp_worker.LocalWorker()
   worker.stub()
   try:
     started = os.path.basename(worker.log_path)
-    assert sorted(os.listdir(temp)) == sorted(['notes.log', started]), os.listdir(temp)
+    assert sorted(os.listdir(temp)) == sorted(['notes.log', kept, started]), os.listdir(temp)
   finally:
     worker.stop()
-  assert os.listdir(temp) == ['notes.log']
+  assert sorted(os.listdir(temp)) == sorted(['notes.log', kept])
 
 
 # Sets the managed default twice, as a notebook cell run twice does, the second time with

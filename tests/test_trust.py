@@ -15,6 +15,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 
+import psutil
 import pytest
 
 from launch import failures
@@ -31,6 +33,7 @@ from launch import train
 from launch.reproduce import run as reproduce
 from tasks import synthetic
 from tff_zmg import analysis
+from tff_zmg.runtime import cpp_worker
 import small_runs
 
 _REPO = small_runs.REPO
@@ -625,6 +628,34 @@ def test_a_killed_workers_log_is_removed_by_the_next_program(tmp_path):
   code, _, err = _run('worker', '--port=0', tmp_path=tmp_path)
   assert code == failures.EXIT_BAD_INPUT and '--port must be in' in err, err
   _assert_left_clean(tmp_path)
+
+
+def test_the_log_a_workers_error_names_outlives_the_next_program_and_worker(
+    tmp_path, monkeypatch):
+  """The log `launch.worker` names when its worker_binary ends by itself is moved out of
+  the program's temporary folder and no longer carries its owner's pid, so that neither
+  the next program nor the next worker started in that folder removes it."""
+  worker = _start('worker', f'--port={_free_port()}', tmp_path=tmp_path)
+  try:
+    assert 'serving on' in worker.stdout.readline()
+    (binary,) = [p for p in psutil.Process(worker.pid).children()
+                 if 'worker_binary' in ' '.join(p.cmdline())]
+    binary.kill()
+    code, _, err = _finish(worker)
+  finally:
+    if worker.poll() is None:
+      worker.kill()
+  assert code == failures.EXIT_WORKER_LOST, err
+  line = _one_error_line(err, 'worker')
+  log = re.search(r'its log (\S+) ends with', line).group(1)
+  assert os.path.dirname(log) == str(tmp_path / 'tmp') and os.path.isfile(log), line
+  code, _, err = _run('worker', '--port=0', tmp_path=tmp_path)  # The next program.
+  assert code == failures.EXIT_BAD_INPUT, err
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp'))
+  nextone = cpp_worker.LocalWorker()  # The next worker there, of a notebook say.
+  nextone.stub()
+  nextone.stop()
+  assert os.listdir(tmp_path / 'tmp') == [os.path.basename(log)]
 
 
 def test_an_abandoned_synthetic_data_file_is_removed_by_the_next_writer(tmp_path):

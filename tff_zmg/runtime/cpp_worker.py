@@ -211,11 +211,10 @@ class LocalWorker:
     deadline = time.monotonic() + _WORKER_START_TIMEOUT_S
     while not stub.is_ready:
       if self._process.poll() is not None or time.monotonic() > deadline:
-        log_path = self._log_path
         self.stop(keep_log=True)
         raise WorkerStartError(
             f'TFF worker on port {port} did not start (is the port in use?); its log is'
-            f' {log_path}'
+            f' {self._log_path}'
         )
       time.sleep(0.05)
     self._stub = stub
@@ -246,7 +245,11 @@ class LocalWorker:
     self.stop()
 
   def stop(self, keep_log: bool = False) -> None:
-    """Ends the worker: SIGTERM (it ignores SIGINT), then SIGKILL after a grace period."""
+    """Ends the worker: SIGTERM (it ignores SIGINT), then SIGKILL after a grace period.
+
+    Its log goes, unless `keep_log`: then it is renamed so that no later worker's start
+    removes it once this process is gone (`log_path` says where it is).
+    """
     process, self._process, self._stub = self._process, None, None
     with _lock:
       _live_workers.discard(self)
@@ -257,7 +260,9 @@ class LocalWorker:
       except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-    if self._log_path and not keep_log:
+    if self._log_path and keep_log:
+      self._log_path = leftovers.disown(self._log_path, _LOG_PREFIX)
+    elif self._log_path:
       with contextlib.suppress(OSError):
         os.remove(self._log_path)
       self._log_path = None

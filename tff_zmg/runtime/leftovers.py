@@ -4,7 +4,8 @@ A process killed with SIGKILL runs no clean-up, so what it kept in the temporary
 program's private folder, a TFF worker's log) stays there for ever. Each such name carries
 its owner's pid and start time, `<prefix><pid>-<start>...`; the next process that makes one
 removes those whose owner no longer runs. The start time tells a dead owner from a new
-process that got the same pid.
+process that got the same pid. A file meant to outlive its owner (a log an error message
+names) is renamed without the tag (`disown`).
 """
 
 import contextlib
@@ -29,10 +30,29 @@ def owner_tag() -> Optional[str]:
   return None if start is None else f'{os.getpid()}-{start}'
 
 
+def _owned(prefix: str) -> re.Pattern:
+  return re.compile(re.escape(prefix) + r'(\d+)-(\d+)(?:-|$)')
+
+
+def disown(path: str, prefix: str) -> str:
+  """Renames `<prefix><pid>-<start>-<rest>` to `<prefix><rest>`, which no later process
+  removes; returns its path then (`path` itself if not so named or not renamed)."""
+  folder, name = os.path.split(path)
+  match = _owned(prefix).match(name)
+  if not match:
+    return path
+  kept = os.path.join(folder, prefix + name[match.end():])
+  try:
+    os.replace(path, kept)
+  except OSError:
+    return path
+  return kept
+
+
 def remove_if_owner_gone(parent: str, prefix: str, remove: Callable[[str], None]) -> None:
   """Calls `remove(path)` on each entry of `parent` named `<prefix><pid>-<start>...` whose
   process has ended (or is another process with the same pid); never raises OSError."""
-  owned = re.compile(re.escape(prefix) + r'(\d+)-(\d+)(?:-|$)')
+  owned = _owned(prefix)
   with contextlib.suppress(OSError):
     for name in os.listdir(parent):
       match = owned.match(name)
