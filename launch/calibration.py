@@ -249,7 +249,8 @@ def estimate_runs(runs: Sequence[runner.Run], directory: str, parallel: int, str
   ones counted from where they stopped), after a line of their count and rounds."""
   pending = [PlannedRun('comparison', run, run.config.total_rounds)
              for run in runs if runner.status(run) == runner.PENDING]
-  resumed = sum(rounds_to_train(p) < p.rounds for p in pending)
+  left = [rounds_to_train(p) for p in pending]
+  resumed = sum(rounds < p.rounds for rounds, p in zip(left, pending))
   print(f'dry run: {len(pending)} of {len(runs)} runs to train ({resumed} of them resumed),'
-        f' {sum(map(rounds_to_train, pending))} rounds', file=stream, flush=True)
+        f' {sum(left)} rounds', file=stream, flush=True)
   return estimate(pending, directory, parallel, stream) if pending else 0.0

@@ -4,8 +4,6 @@ import os
 import sys
 import time
 
-from absl import flags
-
 from launch import calibration
 from launch import failures
 from launch import grid_search
@@ -15,6 +13,7 @@ from launch import train
 from launch.reproduce import estimate
 from launch.reproduce import plan as plan_lib
 from launch.reproduce import report
+
 
 def reproduce(plan: plan_lib.Plan, stream=None) -> str:
   """Grid search (if the paper tuned), comparison, report; returns report.md's path."""

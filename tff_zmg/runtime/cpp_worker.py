@@ -187,8 +187,9 @@ class LocalWorker:
     port = self._port or portpicker.pick_unused_port()
     # Named after this process, so that the next worker's start removes a killed one's log.
     leftovers.remove_if_owner_gone(tempfile.gettempdir(), _LOG_PREFIX, os.remove)
-    owner = leftovers.owner_tag() or str(os.getpid())
-    fd, self._log_path = tempfile.mkstemp(prefix=f'{_LOG_PREFIX}{owner}-{port}-', suffix='.log')
+    owner = leftovers.owner_tag()
+    prefix = f'{_LOG_PREFIX}{owner}-{port}-' if owner else f'{_LOG_PREFIX}{port}-'
+    fd, self._log_path = tempfile.mkstemp(prefix=prefix, suffix='.log')
     with os.fdopen(fd, 'wb') as log:
       self._process = subprocess.Popen(
           [

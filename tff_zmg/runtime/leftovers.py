@@ -51,7 +51,10 @@ def disown(path: str, prefix: str) -> str:
 
 def remove_if_owner_gone(parent: str, prefix: str, remove: Callable[[str], None]) -> None:
   """Calls `remove(path)` on each entry of `parent` named `<prefix><pid>-<start>...` whose
-  process has ended (or is another process with the same pid); never raises OSError."""
+  process has ended (or is another process with the same pid); never raises OSError.
+  Nothing where start times are unknown (not Linux): no owner could be told gone."""
+  if owner_tag() is None:
+    return
   owned = _owned(prefix)
   with contextlib.suppress(OSError):
     for name in os.listdir(parent):
