@@ -16,8 +16,9 @@ this process, on the run's devices:
   then finalizes: accuracy = correct / total, loss = example-weighted mean).
 
 The batches are cut into fixed groups (a client, or `_GROUP_BATCHES` batches) that run
-`parallel` at a time, each on a model of its own; the groups' metric sums are added in
-group order, so the result does not depend on `parallel` or timing.
+`parallel` at a time, each on a model of its own (from the second call: the first traces
+the models one after another); the groups' metric sums are added in group order, so the
+result does not depend on `parallel` or timing.
 """
 
 import collections
@@ -180,6 +181,7 @@ class Evaluator:
       self._finalizing = {m.name: m for m in model_fn().get_metrics()}
     self._pool = concurrent.futures.ThreadPoolExecutor(
         parallel, thread_name_prefix='tff_zmg-evaluation') if parallel > 1 else None
+    self._traced = False
 
   def _group_sums(self, slot: int, weights) -> list:
     """The unfinalized metric sums of groups slot, slot + parallel, ..., one model."""
@@ -205,8 +207,13 @@ class Evaluator:
 
   def __call__(self, weights) -> collections.OrderedDict:
     slots = range(len(self._models))
-    if self._pool is None:
-      per_slot = [self._group_sums(0, weights)]
+    if self._pool is None or not self._traced:
+      # The first call traces each model's tf.functions, one model after another: two
+      # threads tracing at once crashed TensorFlow 2.14 (SIGSEGV in op creation, once in
+      # ~600 runs). Each model sees the same groups every call, so later calls only run
+      # the traced graphs, which threads may do at once.
+      per_slot = [self._group_sums(s, weights) for s in slots]
+      self._traced = True
     else:
       per_slot = list(self._pool.map(lambda s: self._group_sums(s, weights), slots))
     # Back in group order: group g was the (g // parallel)-th of slot g % parallel.

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 from absl import flags
 import numpy as np
@@ -109,6 +110,37 @@ def test_results_do_not_depend_on_how_many_groups_run_at_once(small_task):
     one = evaluation.Evaluator(task.model_fn, held_out, parallel=1)(weights)
     three = evaluation.Evaluator(task.model_fn, held_out, parallel=3)(weights)
     assert one == three
+
+
+def test_threads_run_only_graphs_the_first_call_traced_in_its_own_thread(small_task):
+  """Tracing in two threads at once crashed TensorFlow (SIGSEGV) in one validation run."""
+  task = small_task('emnist')
+  tracing_threads = []
+
+  def record(x):  # Python in a tf.function's model runs only while it is traced.
+    tracing_threads.append(threading.current_thread().name)
+    return x
+
+  def model_fn():
+    inner = task.keras_model_fn()
+    keras_model = tf.keras.Sequential(
+        [tf.keras.Input(inner.input_shape[1:]), tf.keras.layers.Lambda(record), inner])
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=task.spec.loss_fn(), metrics=task.spec.metrics_fn(),
+        input_spec=task.datasets.element_type_structure)
+
+  held_out = evaluation.read_held_out(task, evaluation.PER_CLIENT)
+  assert len(held_out.groups) == 3  # Two models: one evaluates two clients, one one.
+  evaluator = evaluation.Evaluator(model_fn, held_out, parallel=2)
+  weights, _ = _weights(task)
+  tracing_threads.clear()
+  first = evaluator(weights)
+  assert tracing_threads and set(tracing_threads) == {threading.current_thread().name}
+  traced = len(tracing_threads)
+  second = evaluator(weights)
+  evaluator.close()
+  assert len(tracing_threads) == traced  # The pool's threads ran, and traced nothing.
+  assert first == second
 
 
 def test_a_subsample_is_fixed_and_drawn_from_the_test_examples(small_task):
