@@ -45,9 +45,9 @@ floor, `ratio_tff_fedavg` to TFF's FedAvg (ratios of medians); `paired_bound`,
 worker while it ran. Then how a round's time scales with the clients per round
 (`--scaling_clients`) and with the number of client computations TFF's worker runs at
 once (`--concurrency`); an empty list skips either table. The contenders' rounds are made in
-`launch.benchmark_contenders`; this program times them and reports.
+`launch.benchmarking.contenders`; this program times them and reports.
 
-Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
+Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
 data, 4 the TFF worker lost, 5 the machine refused (disk full, permissions), 130
 interrupted. Every failure is one line `benchmark: error: ...` on stderr; --verbose adds
 the traceback.
@@ -68,22 +68,22 @@ from absl import logging
 import tensorflow as tf
 
 import tasks
-from launch import benchmark_contenders
-from launch import failures
-from launch import resources
-from launch import run_directory
+from launch.benchmarking import contenders as benchmark_contenders
+from launch.cli import failures
+from launch.benchmarking import resources
+from launch.run import run_directory
 from tasks import evaluation
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
 from tff_zmg.runtime import tf_computation
 from tff_zmg.algorithms import registry
 # The contenders' names in the lines and the JSON.
-from launch.benchmark_contenders import EVALUATION
-from launch.benchmark_contenders import IN_PROCESS
-from launch.benchmark_contenders import PLAIN_TF
-from launch.benchmark_contenders import PLAIN_TF_FORWARD
-from launch.benchmark_contenders import TFF_FEDAVG
-from launch.benchmark_contenders import TFF_FED_EVAL
+from launch.benchmarking.contenders import EVALUATION
+from launch.benchmarking.contenders import IN_PROCESS
+from launch.benchmarking.contenders import PLAIN_TF
+from launch.benchmarking.contenders import PLAIN_TF_FORWARD
+from launch.benchmarking.contenders import TFF_FEDAVG
+from launch.benchmarking.contenders import TFF_FED_EVAL
 
 _TASK = flags.DEFINE_enum('task', 'emnist', list(tasks.TASK_NAMES), 'The task.')
 _ALGOS = flags.DEFINE_list(

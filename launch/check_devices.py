@@ -23,7 +23,7 @@ One labelled line each:
   two rounds' model weights, PASS within `--tolerance`, else FAIL.
 
 Exit status: 0 when the weights agree and every device of `--devices` ran model ops, 1 when
-they do not (or an unexpected failure); as every program (launch/failures.py): 2 bad flags, 5
+they do not (or an unexpected failure); as every program (launch/cli/failures.py): 2 bad flags, 5
 the machine refused, 130 interrupted, each a one-line `check_devices: error: ...` on stderr
 (--verbose adds the traceback).
 """
@@ -44,7 +44,7 @@ import tensorflow_federated as tff
 from tensorflow.python.eager import context as eager_context
 
 import tasks
-from launch import failures
+from launch.cli import failures
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import gpu_diagnosis

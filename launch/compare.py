@@ -27,7 +27,7 @@ report.md and <task>_accuracy.png; each run's training output to logs/ there.
 about how long they take here, timed by a 3-round run of each kind of run (kept in
 `<report_dir>/dry_run/calibration.json` and reused by the next dry run).
 
-Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
 settings or data, 4 a TFF worker lost, 5 the machine refused (disk full, permissions),
 130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to resume); a run failing
 otherwise passes on its own status. Every failure is one line `compare: error: ...` on stderr;
@@ -41,12 +41,12 @@ import sys
 from absl import flags
 
 import tasks
-from launch import accounting
-from launch import calibration
-from launch import errors
-from launch import failures
-from launch import run_identity
-from launch import runner
+from launch.run import accounting
+from launch.sweeps import calibration
+from launch.run import errors
+from launch.cli import failures
+from launch.run import run_identity
+from launch.sweeps import runner
 from launch import train
 from tff_zmg import analysis
 from tff_zmg.algorithms import registry

@@ -14,7 +14,7 @@ the sampled clients). Any data `launch.train` can train on, with the same flags:
 Writes <task>_clients.{csv,md} and <task>_summary.{csv,md} to --output_dir. Shakespeare's
 labels are characters (see `tasks.labels`).
 
-Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
+Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
 data (missing, corrupt), 5 the machine refused (--output_dir not a writable directory, disk
 full), 130 interrupted. Every failure is one line `data_stats: error: ...` on stderr;
 --verbose adds the traceback.
@@ -28,8 +28,8 @@ from absl import flags
 import numpy as np
 
 import tasks
-from launch import errors
-from launch import failures
+from launch.run import errors
+from launch.cli import failures
 from launch import train
 from tasks import labels
 from tff_zmg import analysis

@@ -21,7 +21,7 @@ each of its values (e.g. FedProx's mu over the FedProx paper's grid):
 Each value's grid goes to `<grid>/<name>=<value>/` with its own grid.csv, grid.md and
 heatmap; the cells of all values are one search, and `<grid>/best.json` is its pick.
 
-Successive halving (`launch/halving.py`) reaches the same rounds for a third of the
+Successive halving (`launch/sweeps/halving.py`) reaches the same rounds for a third of the
 cost: every cell trains a fifth of the rounds, the best third go on to two fifths, the
 best ninth to all (--rung_rounds sets other rungs); a promoted cell is its run continued:
 
@@ -43,7 +43,7 @@ Re-running the same command resumes an interrupted search: finished cells are no
 again, unfinished ones resume from their checkpoints. A diverging cell is recorded as
 diverged (score NaN); --overwrite retrains every cell from scratch. Outputs, next to the
 cells: grid.csv, grid.md, grid_heatmap.png and best.json (the pick). The grids as runs and
-their search are `launch.lr_grid`'s; this program reads the flags, makes the grids and
+their search are `launch.sweeps.lr_grid`'s; this program reads the flags, makes the grids and
 writes what the search found.
 
 --dry_run trains none of it: it says how many runs and rounds the search takes at most
@@ -52,7 +52,7 @@ and about how long here, timed by a 3-round run of the grid's settings (kept in
 
   python -m launch.grid_search --task=emnist --algo=fedzmg --search=halving --dry_run
 
-Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
 settings or data, 3 every cell diverged (or the pick and all its neighbours did with
 another seed), 4 a TFF worker lost, 5 the machine refused (disk
 full, permissions), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to
@@ -69,23 +69,23 @@ from typing import Optional
 from absl import flags
 import numpy as np
 
-from launch import calibration
-from launch import errors
-from launch import failures
-from launch import halving
-from launch import lr_grid
-from launch import run_directory
-from launch import runner
+from launch.sweeps import calibration
+from launch.run import errors
+from launch.cli import failures
+from launch.sweeps import halving
+from launch.sweeps import lr_grid
+from launch.run import run_directory
+from launch.sweeps import runner
 from launch import train
 from launch.papers import fedzmg as fedzmg_paper
 from tff_zmg import analysis
 from tff_zmg.algorithms import registry
 # pylint: disable=g-bad-import-order,unused-import
 # Re-exported: other programs and tests name them `grid_search.<name>`.
-from launch.lr_grid import cell_name
-from launch.lr_grid import Grid
-from launch.lr_grid import Search
-from launch.lr_grid import run_search
+from launch.sweeps.lr_grid import cell_name
+from launch.sweeps.lr_grid import Grid
+from launch.sweeps.lr_grid import Search
+from launch.sweeps.lr_grid import run_search
 # pylint: enable=g-bad-import-order,unused-import
 
 # The FedZMG paper's grid: 10^-3 ... 10^1 in half decades, 50 rounds per cell.

@@ -2,7 +2,7 @@ r"""Peak memory of FedRKMGC's client states as the population grows at a fixed c
 
   python -m launch.memory_benchmark --populations=30,300 --cohort=10 --rounds=30
 
-Each (store, population) pair is an ordinary `launch.experiment` run of `fedrkmgc` on
+Each (store, population) pair is an ordinary `launch.run.experiment` run of `fedrkmgc` on
 synthetic data in its own child process, so that its peak resident memory is its
 own. The peak is sampled over the child and its TFF worker together. With the disk
 store the peak must stay flat as the population grows (only the cohort's states are
@@ -14,7 +14,7 @@ store with the ratio of the largest population's peak to the smallest's:
   store=disk peak_rss_ratio=1.01 (population x10)
 
 Exit status: 0 done, 1 an unexpected failure, 2 bad flags, 5 the machine refused, 130
-interrupted (launch/failures.py); a run that fails passes on its own status, with its
+interrupted (launch/cli/failures.py); a run that fails passes on its own status, with its
 error line.
 """
 
@@ -28,7 +28,7 @@ import time
 from absl import flags
 
 import tasks
-from launch import failures
+from launch.cli import failures
 from tff_zmg import client_states
 
 _POPULATIONS = flags.DEFINE_list(
@@ -50,8 +50,8 @@ _CHILD = flags.DEFINE_string('child', None, 'Internal: run one benchmark (JSON).
 
 def _child(settings: dict) -> None:
   """One run; prints one JSON line with its peak memory."""
-  from launch import experiment  # pylint: disable=g-import-not-at-top
-  from launch import resources  # pylint: disable=g-import-not-at-top
+  from launch.run import experiment  # pylint: disable=g-import-not-at-top
+  from launch.benchmarking import resources  # pylint: disable=g-import-not-at-top
 
   sampler = resources.PeakMemorySampler()
   config = experiment.ExperimentConfig(

@@ -28,7 +28,7 @@ On several machines, each running `python -m launch.worker --port=8000`:
 Ctrl-C, SIGTERM or SIGHUP stops a run after saying which round's checkpoint it resumes
 from: `train: error: interrupted after round K; re-run the same command to resume`.
 
-Exit status (launch/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
+Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
 settings or data, or an unreachable worker, 3 divergence, 4 a worker lost mid-run, 5 the
 machine refused (disk full, permissions), 130 interrupted; for 4, 5 and 130, re-run the same
 command to resume from the last checkpoint. Every failure is one line on stderr;
@@ -45,11 +45,11 @@ from absl import logging
 import tensorflow as tf
 
 import tasks
-from launch import accounting
-from launch import experiment
-from launch import failures
+from launch.run import accounting
+from launch.run import experiment
+from launch.cli import failures
 from launch import papers
-from launch import run_config
+from launch.run import run_config
 from tasks import evaluation
 from tff_zmg import aggregation
 from tff_zmg.runtime import cpp_worker

@@ -9,7 +9,7 @@ Training programs on other machines then spread their rounds' clients over such 
 Every worker must run the same TFF version as the training program (this prints its
 own). The service has no authentication or encryption: run it on a trusted network only.
 
-Exit status (launch/failures.py): 0 when stopped (Ctrl-C, SIGTERM or SIGHUP: a server's
+Exit status (launch/cli/failures.py): 0 when stopped (Ctrl-C, SIGTERM or SIGHUP: a server's
 normal end), 1 an unexpected failure (a bug), 2 a bad flag or a port already in use, 4 the
 worker ended by itself, 5 the worker could not start. Every failure is one line
 `worker: error: ...` on stderr; --verbose adds the traceback.
@@ -24,7 +24,7 @@ from absl import logging
 import portpicker
 import tensorflow_federated as tff
 
-from launch import failures
+from launch.cli import failures
 from tff_zmg.runtime import cpp_worker
 
 _PORT = flags.DEFINE_integer('port', None, 'TCP port to serve on (all interfaces).')
@@ -97,7 +97,7 @@ def main(argv) -> int:
         file=sys.stderr,
     )
     return failures.EXIT_WORKER_LOST
-  except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (launch/failures.py).
+  except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (launch/cli/failures.py).
     print('worker: stopped', flush=True)
     return 0
   finally:

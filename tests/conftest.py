@@ -96,7 +96,7 @@ def pytest_configure(config):
 
   Importing `tff_zmg` leaves TFF's own default context in place, whose worker can outlive
   the tests and whose clean-up prints a traceback at exit; as in the programs
-  (`launch.failures.run_program`), a computation a test runs outside an explicit context
+  (`launch.cli.failures.run_program`), a computation a test runs outside an explicit context
   gets a managed worker, started when first needed.
   """
   del config

@@ -8,7 +8,7 @@ import signal
 import subprocess
 
 from launch import compare
-from launch import runner
+from launch.sweeps import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Six EMNIST-shaped clients of twelve examples, three a round, two for evaluation: a round

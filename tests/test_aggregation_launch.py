@@ -26,9 +26,9 @@ import pytest
 import tensorflow as tf
 
 from launch import compare
-from launch import rounds
-from launch import run_config
-from launch import runner
+from launch.run import rounds
+from launch.run import run_config
+from launch.sweeps import runner
 from launch import train
 from tff_zmg import aggregation
 from tff_zmg.templates import hparams as hparams_lib

@@ -18,7 +18,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from launch import papers
-from launch import runner
+from launch.sweeps import runner
 from launch import train
 import tasks
 from tff_zmg import client_states

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from launch import calibration
+from launch.sweeps import calibration
 from launch import compare
 from launch import data_stats
 from launch import grid_search
-from launch import runner
+from launch.sweeps import runner
 from small_runs import write_found_run
 from small_runs import write_run
 from tasks import labels

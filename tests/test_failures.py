@@ -1,6 +1,6 @@
 """Every failure a user causes ends in one line and a documented exit status (issue 21).
 
-Real subprocesses of the programs (launch/failures.py maps the failures); cheap cases that
+Real subprocesses of the programs (launch/cli/failures.py maps the failures); cheap cases that
 fail before the first round run side by side.
 """
 
@@ -23,7 +23,7 @@ import psutil
 import pytest
 import tensorflow as tf
 
-from launch import failures
+from launch.cli import failures
 from launch import train
 from tasks import synthetic
 from tff_zmg.runtime import cpp_worker

@@ -1,11 +1,11 @@
-"""Successive halving and the stability check (`launch.halving`), on scripted score curves."""
+"""Successive halving and the stability check (`launch.sweeps.halving`), on scripted score curves."""
 
 import math
 
 import numpy as np
 import pytest
 
-from launch import halving
+from launch.sweeps import halving
 
 _AXIS = tuple(10.0 ** (k / 2) for k in range(-6, 3))  # The paper's half decades.
 

@@ -1,7 +1,7 @@
 """Importing `tasks` or `tff_zmg` runs nothing, and `tasks` imports nothing of `tff_zmg`.
 
 The runtime is opt-in: a program installs a TFF context, signal handler or worker by a
-call (`tff_zmg.set_default_execution_context()`, `launch.failures.run_program`), never by
+call (`tff_zmg.set_default_execution_context()`, `launch.cli.failures.run_program`), never by
 an import. One fresh interpreter imports `tasks`, every module of `tasks`, then every module
 of `tff_zmg`, and reports what changed; it then makes the call that does install the runtime,
 so the same probes are seen to notice it.

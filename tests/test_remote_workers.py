@@ -23,7 +23,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
-from launch import experiment
+from launch.run import experiment
 from launch import train
 from launch import worker
 from tff_zmg import analysis

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from launch import calibration
+from launch.sweeps import calibration
 from launch import compare
 from launch import grid_search
 from launch import papers

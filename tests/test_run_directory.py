@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from launch import experiment
-from launch import run_directory
+from launch.run import experiment
+from launch.run import run_directory
 import small_runs
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,7 +108,7 @@ def test_unusable_folders_and_flags_files_end_in_one_line(run_main, tmp_path):
   before = _tree(tmp_path)
   for args, message in cases:
     rc, out, err = run_main(*_BASE, *args, root=tmp_path)
-    assert rc == 5 and not out, args  # The machine's fault: launch.failures' status 5.
+    assert rc == 5 and not out, args  # The machine's fault: launch.cli.failures' status 5.
     _one_line(err, message)
   for content, kind in (('[]', 'JSON list'), ('null', 'JSON null'), ('{"task": "em', 'unreadable')):
     (tmp_path / 'run').mkdir(exist_ok=True)

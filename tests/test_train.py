@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch import experiment
+from launch.run import experiment
 from launch import train
 from tff_zmg import analysis
 from tff_zmg.algorithms import registry

@@ -27,7 +27,7 @@ import time
 import psutil
 import pytest
 
-from launch import failures
+from launch.cli import failures
 from launch import grid_search
 from launch import train
 from launch.reproduce import run as reproduce
@@ -463,7 +463,7 @@ def test_the_grids_third_axis_takes_text_and_booleans(
 # 7. Every flag checked before any work; --help exits 0.
 
 
-# One path parses every program's flags (launch.failures.run_program); these cover a
+# One path parses every program's flags (launch.cli.failures.run_program); these cover a
 # module's own program, a package's (reproduce), and each way run_program is called.
 _HELP_PROGRAMS = ('train', 'reproduce', 'memory_benchmark', 'worker')
 

@@ -4,7 +4,7 @@
             (`planned_runs`: each with the rounds it trains, for the estimate)
   scales    how much of a protocol to run (full, small, ci, a fraction of the rounds)
   estimate  the dry run: every run, their count, the time per table and in total (each
-            kind of run timed by `launch.calibration`)
+            kind of run timed by `launch.sweeps.calibration`)
   report    the paper's tables with our numbers beside the published ones
   run       grid search, comparison, report; `main`
 """

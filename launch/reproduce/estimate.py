@@ -6,8 +6,8 @@ import os
 import sys
 
 import tasks
-from launch import calibration
-from launch import runner
+from launch.sweeps import calibration
+from launch.sweeps import runner
 from launch.reproduce import plan as plan_lib
 
 

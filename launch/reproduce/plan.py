@@ -13,12 +13,12 @@ from typing import Optional
 from absl import flags
 
 import tasks
-from launch import calibration
+from launch.sweeps import calibration
 from launch import compare
-from launch import halving
-from launch import lr_grid
+from launch.sweeps import halving
+from launch.sweeps import lr_grid
 from launch import papers
-from launch import runner
+from launch.sweeps import runner
 from launch import train
 from launch.reproduce import scales
 from tasks import sources

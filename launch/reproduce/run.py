@@ -4,11 +4,11 @@ import os
 import sys
 import time
 
-from launch import calibration
-from launch import failures
+from launch.sweeps import calibration
+from launch.cli import failures
 from launch import grid_search
-from launch import lr_grid
-from launch import runner
+from launch.sweeps import lr_grid
+from launch.sweeps import runner
 from launch import train
 from launch.reproduce import estimate
 from launch.reproduce import plan as plan_lib

@@ -7,7 +7,7 @@ over seeds, then the paper's metrics): `full` is the paper's, `small` a machine 
 Tuning is where shrinking can lie: a grid scored after a few rounds picks by noise (issue
 27: after 5 rounds every EMNIST cell scored below 0.12, and FedAvg's pick diverged in the
 comparison). So `small` keeps the paper's grid and its rounds and searches it by
-successive halving (`launch.halving`) instead; the scales that cut the grid or its
+successive halving (`launch.sweeps.halving`) instead; the scales that cut the grid or its
 rounds (`ci`, a fraction) say in their report that their rates were not tuned honestly.
 """
 
@@ -27,7 +27,7 @@ class Scale:
       (rounded up) ...
     min_rounds: ... but kept at least this (comparison, grid).
     halving: Search the paper's grid by successive halving up to the paper's grid rounds
-      (`launch.halving.default_rung_rounds`) instead of training every cell to the
+      (`launch.sweeps.halving.default_rung_rounds`) instead of training every cell to the
       scaled grid rounds.
     grid_rates: (client, server) learning rates that replace the grid's axes (a test's
       few safe values); None: the paper's.

@@ -31,7 +31,7 @@ explicitly, in one line::
   with tff_zmg.execution_context():         # For a block; its worker stops at the end.
     state = process.initialize()
 
-The programs of `launch` install the managed default at start (`launch.failures.run_program`),
+The programs of `launch` install the managed default at start (`launch.cli.failures.run_program`),
 the tests for their session (`tests/conftest.py`). A notebook or script that installs nothing
 runs on TFF's own default context, as with TFF alone: its computations work, but its worker
 may write into the program's output and outlive it if the program is killed (at a normal

@@ -1,6 +1,6 @@
 """A run's directory: where it may be, what it may delete, who may write it, what is left.
 
-`launch.experiment.run` calls these before and around training:
+`launch.run.experiment.run` calls these before and around training:
 
 - `check_name`: an experiment name is a relative path of ordinary names inside
   `<root_output_dir>` (no '.', '..', empty or over-long components), so nothing a run
@@ -15,7 +15,7 @@
 - `checkpoint_versions`, `newest_checkpoint_round`: the checkpoints TFF has completed.
 - `remove_interrupted_saves`, `repair_metrics_csv`: what a killed process leaves behind.
 
-What made the run, kept beside its checkpoints, is `launch.run_identity`'s business.
+What made the run, kept beside its checkpoints, is `launch.run.run_identity`'s business.
 
 The errors are `errors.ExperimentError`s (bad input) and `errors.RunEnvironmentError`s; each
 message is one line saying what is wrong and what to do.
@@ -29,7 +29,7 @@ import re
 import shutil
 from typing import Callable, Iterator, Optional
 
-from launch import errors
+from launch.run import errors
 
 LOCK_FILENAME = '.lock'
 UNREADABLE_PREFIX = 'unreadable_'

@@ -21,8 +21,8 @@ from typing import Callable, Optional
 
 import tensorflow_federated as tff
 
-from launch import run_config
-from launch import run_directory
+from launch.run import run_config
+from launch.run import run_directory
 from tff_zmg import aggregation
 from tff_zmg import analysis
 from tff_zmg.algorithms import registry

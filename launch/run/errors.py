@@ -1,6 +1,6 @@
 """The errors that stop the package's programs, each meaning one exit status.
 
-`launch.failures` turns each into one line on stderr and its status: an `ExperimentError`
+`launch.cli.failures` turns each into one line on stderr and its status: an `ExperimentError`
 is bad input (2), unless it is one of its kinds below: `DivergedError` (3),
 `WorkerLostError` (4), `RunEnvironmentError` (5); a `RunFailed` passes on the status of
 the run that failed. They live here, apart from the code that raises them, so that every
@@ -27,10 +27,10 @@ class RunEnvironmentError(ExperimentError):
 
 
 class RunFailed(Exception):
-  """A training run that a program started (`launch.runner`) ended with an error other
+  """A training run that a program started (`launch.sweeps.runner`) ended with an error other
   than divergence.
 
-  `exit_code` is the status this program passes on (launch/failures.py): the run's own
+  `exit_code` is the status this program passes on (launch/cli/failures.py): the run's own
   when it is one of the documented ones, else 1 (`failures.EXIT_UNEXPECTED`).
   """
 

@@ -20,11 +20,11 @@ import tasks
 from tasks import evaluation
 from tasks import sources
 from tasks import tfds_source
-from launch import errors
-from launch import event_loop
-from launch import run_config
-from launch import run_directory
-from launch import run_identity
+from launch.run import errors
+from launch.run import event_loop
+from launch.run import run_config
+from launch.run import run_directory
+from launch.run import run_identity
 from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
 

@@ -11,9 +11,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 
-from launch import errors
-from launch import failures
-from launch import run_directory
+from launch.run import errors
+from launch.cli import failures
+from launch.run import run_directory
 
 
 def thread_event_loop() -> asyncio.AbstractEventLoop:

@@ -2,9 +2,9 @@
 
 A `Grid` names each of its cells' runs (`cell_name`; a cell is one `launch.train` run,
 continued from rung to rung) and a `Search` says how its cells are searched: exhaustively
-(one rung) or by successive halving (`launch.halving`), with the pick re-run with another
+(one rung) or by successive halving (`launch.sweeps.halving`), with the pick re-run with another
 seed (the stability check). `run_search` searches grids side by side, `parallel` runs at a
-time (`launch.runner`), scores each cell at each rung (`rung_score`) and returns each
+time (`launch.sweeps.runner`), scores each cell at each rung (`rung_score`) and returns each
 group's `Outcome`, whose `best` is the pick's record (best.json) with the search's cost
 (`run_cost`); `planned_runs` lists a search's runs for a dry run's estimate.
 `launch.grid_search` (the program) and `launch.reproduce` build the grids and write the
@@ -17,10 +17,10 @@ import os
 import sys
 from typing import Hashable, Mapping, Optional, Sequence
 
-from launch import calibration
-from launch import halving
-from launch import resumption
-from launch import runner
+from launch.sweeps import calibration
+from launch.sweeps import halving
+from launch.run import resumption
+from launch.sweeps import runner
 from tff_zmg import analysis
 
 EXHAUSTIVE, HALVING = 'exhaustive', 'halving'
@@ -36,7 +36,7 @@ class Search:
   """How grids are searched.
 
   Attributes:
-    rung_rounds: The rounds of each rung of successive halving (`launch.halving`); one
+    rung_rounds: The rounds of each rung of successive halving (`launch.sweeps.halving`); one
       rung is the exhaustive search, every cell trained to it.
     score_rounds: A cell scores the mean accuracy of its last this many rounds of a rung
       (all of them, when the rung has fewer).

@@ -24,9 +24,9 @@ import grpc
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from launch import errors
-from launch import event_loop
-from launch import run_directory
+from launch.run import errors
+from launch.run import event_loop
+from launch.run import run_directory
 from tff_zmg import analysis
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker

@@ -29,10 +29,10 @@ from typing import Optional, Sequence
 
 from absl import flags
 
-from launch import resumption
-from launch import run_config
-from launch import run_directory
-from launch import runner
+from launch.run import resumption
+from launch.run import run_config
+from launch.run import run_directory
+from launch.sweeps import runner
 from tff_zmg.algorithms import registry
 
 CALIBRATION_ROUNDS = 3

@@ -21,9 +21,9 @@ import tensorflow_federated as tff
 import tree
 
 from tasks import evaluation
-from launch import errors
-from launch import run_config
-from launch import run_directory
+from launch.run import errors
+from launch.run import run_config
+from launch.run import run_directory
 from tff_zmg.algorithms import registry
 
 

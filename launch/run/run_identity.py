@@ -1,7 +1,7 @@
 """What made a run, kept beside its checkpoints: `checkpoints/run_identity.json`.
 
 A run's identity is the settings that change its results and the identity of its data
-(`data_identity`: its clients, counted and digested). `launch.experiment.run` checks it
+(`data_identity`: its clients, counted and digested). `launch.run.experiment.run` checks it
 before and again under the run's lock (`check_identity`), so that a lost or edited
 flags.json cannot let other settings or other data continue a run, and writes it before
 the first round (`write_identity`). Nothing in it is a path, so a copied or renamed run
@@ -13,8 +13,8 @@ import json
 import os
 from typing import Callable, Iterable, Optional
 
-from launch import errors
-from launch import run_directory
+from launch.run import errors
+from launch.run import run_directory
 
 IDENTITY_FILENAME = 'run_identity.json'
 

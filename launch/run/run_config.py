@@ -14,9 +14,9 @@ from typing import Optional
 
 import tasks
 from tasks import evaluation
-from launch import errors
-from launch import run_directory
-from launch import runtime_choice
+from launch.run import errors
+from launch.run import run_directory
+from launch.run import runtime_choice
 from tff_zmg import aggregation
 from tff_zmg import analysis
 from tff_zmg import client_states

@@ -25,10 +25,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
-from launch import errors
-from launch import failures
-from launch import resumption
-from launch import run_config
+from launch.run import errors
+from launch.cli import failures
+from launch.run import resumption
+from launch.run import run_config
 from launch import train
 
 PARALLEL = flags.DEFINE_integer(
@@ -42,7 +42,7 @@ _PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 30.0
 _POLL_S = 0.5
 _LOG_TAIL_LINES = 15
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +298,7 @@ def _deferred_stop_signals():
 
 
 def _check_stop(stop_requested) -> None:
-  """Leaves as the program's own handlers would (launch/failures.py): `Interrupted`."""
+  """Leaves as the program's own handlers would (launch/cli/failures.py): `Interrupted`."""
   if stop_requested:
     raise failures.Interrupted(
         f'interrupted by {signal.Signals(stop_requested[0]).name}; the runs still going'

@@ -49,7 +49,7 @@ from absl import flags
 
 import launch
 import tasks
-from launch import errors
+from launch.run import errors
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import leftovers
 
@@ -373,7 +373,7 @@ def _parse_flags(program: str, argv: list) -> list:
 def install_managed_tff_context() -> None:
   """Makes TFF's default context a managed local worker, started by its first computation.
 
-  A computation a program runs outside the context it chose (`launch.experiment` picks one
+  A computation a program runs outside the context it chose (`launch.run.experiment` picks one
   per run) then runs on a worker that is stopped when the program ends, not on TFF's own,
   which can outlive it; a program that runs none starts no worker.
   """

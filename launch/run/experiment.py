@@ -27,45 +27,45 @@ import numpy as np
 import tensorflow_federated as tff
 
 import tasks
-from launch import accounting
-from launch import event_loop
-from launch import resumption
-from launch import rounds
-from launch import run_config
-from launch import run_directory
-from launch import run_identity
-from launch import runtime_choice
+from launch.run import accounting
+from launch.run import event_loop
+from launch.run import resumption
+from launch.run import rounds
+from launch.run import run_config
+from launch.run import run_directory
+from launch.run import run_identity
+from launch.run import runtime_choice
 from tff_zmg import client_states
 from tff_zmg.algorithms import registry
 from tff_zmg.templates import stateful_clients
 # pylint: disable=g-bad-import-order,unused-import
 # Re-exported: programs, notebooks and tests name them `experiment.<name>`.
-from launch.errors import DivergedError
-from launch.errors import ExperimentError
-from launch.errors import RunEnvironmentError
-from launch.errors import WorkerLostError
-from launch.resumption import is_finished
-from launch.resumption import read_metric
-from launch.rounds import divergence
-from launch.rounds import diverged_error
-from launch.rounds import LossLimit
-from launch.rounds import non_finite_leaf
-from launch.run_config import CHECKPOINT_DIRNAME
-from launch.run_config import CLIENT_STATES_DIRNAME
-from launch.run_config import DIVERGENCE_FACTOR
-from launch.run_config import ExperimentConfig
-from launch.run_config import FLAGS_FILENAME
-from launch.run_config import METRICS_FILENAME
-from launch.run_config import resolve_evaluation
-from launch.run_config import RUNTIME_FILENAME
-from launch.run_config import TENSORBOARD_DIRNAME
-from launch.runtime_choice import CPU_RUNTIME
-from launch.runtime_choice import execution_context as _execution_context
-from launch.runtime_choice import IN_PROCESS
-from launch.runtime_choice import local_intra_op_threads
-from launch.runtime_choice import resolved_runtime
-from launch.runtime_choice import RUNTIMES
-from launch.runtime_choice import TFF_WORKER
+from launch.run.errors import DivergedError
+from launch.run.errors import ExperimentError
+from launch.run.errors import RunEnvironmentError
+from launch.run.errors import WorkerLostError
+from launch.run.resumption import is_finished
+from launch.run.resumption import read_metric
+from launch.run.rounds import divergence
+from launch.run.rounds import diverged_error
+from launch.run.rounds import LossLimit
+from launch.run.rounds import non_finite_leaf
+from launch.run.run_config import CHECKPOINT_DIRNAME
+from launch.run.run_config import CLIENT_STATES_DIRNAME
+from launch.run.run_config import DIVERGENCE_FACTOR
+from launch.run.run_config import ExperimentConfig
+from launch.run.run_config import FLAGS_FILENAME
+from launch.run.run_config import METRICS_FILENAME
+from launch.run.run_config import resolve_evaluation
+from launch.run.run_config import RUNTIME_FILENAME
+from launch.run.run_config import TENSORBOARD_DIRNAME
+from launch.run.runtime_choice import CPU_RUNTIME
+from launch.run.runtime_choice import execution_context as _execution_context
+from launch.run.runtime_choice import IN_PROCESS
+from launch.run.runtime_choice import local_intra_op_threads
+from launch.run.runtime_choice import resolved_runtime
+from launch.run.runtime_choice import RUNTIMES
+from launch.run.runtime_choice import TFF_WORKER
 # pylint: enable=g-bad-import-order,unused-import
 
 
