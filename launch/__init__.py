@@ -1,4 +1,17 @@
-"""The package's programs (`python -m launch.<program>`).
+"""The package's programs (`python -m launch.<program>`), and the machinery they run on.
+
+Here, one file each, the programs: `train`, `grid_search`, `compare`, `data_stats`,
+`benchmark`, `memory_benchmark`, `worker`, `check_devices`, and `reproduce/` (a program in
+a folder of its own: plan, estimate, report). Each is its flags and a short `main`; no
+module imports a program. Their machinery, by job:
+
+  run/           one training run: its settings and flags, its folder, identity and
+                 resumption, its rounds, who runs them, what it spends, its errors
+  sweeps/        many runs: running them some at a time, learning-rate grids and their
+                 halving search, comparisons over seeds, the dry run's estimates
+  cli/           how every program starts and ends: exit statuses, one-line failures
+  benchmarking/  what the benchmarks time and measure
+  papers/        one file per paper: its protocol, tables and published numbers
 
 TensorFlow's C++ start-up lines would bury every program's output, and `--verbosity`
 does not reach them: importing `tasks` here, before any program imports TensorFlow, hides

@@ -14,10 +14,7 @@ the sampled clients). Any data `launch.train` can train on, with the same flags:
 Writes <task>_clients.{csv,md} and <task>_summary.{csv,md} to --output_dir. Shakespeare's
 labels are characters (see `tasks.labels`).
 
-Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
-data (missing, corrupt), 5 the machine refused (--output_dir not a writable directory, disk
-full), 130 interrupted. Every failure is one line `data_stats: error: ...` on stderr;
---verbose adds the traceback.
+Exit status: as every program's (docs/operations.md, "Exit statuses").
 """
 
 import os
@@ -27,10 +24,11 @@ import time
 from absl import flags
 import numpy as np
 
-import tasks
-from launch.run import errors
 from launch.cli import failures
-from launch import train
+from launch.cli import quiet
+from launch.run import errors
+from launch.run import settings as run_settings
+import tasks
 from tasks import labels
 from tff_zmg import analysis
 
@@ -115,16 +113,16 @@ def _check_output_dir(path: str) -> None:
 @failures.one_line_errors('data_stats')
 def main(argv) -> int:
   del argv
-  train.quiet_libraries()
+  quiet.quiet_libraries()
   task_name = flags.FLAGS.task
   if task_name is None:
     raise ValueError('--task is required')
   _check_output_dir(_OUTPUT_DIR.value)
-  settings = train.settings_from_flags()
+  settings = run_settings.settings_from_flags()
   task = tasks.get(
       task_name, data_source=flags.FLAGS.data_source, cache_dir=flags.FLAGS.cache_dir,
-      synthetic_settings=train.synthetic_settings(settings),
-      **train.partition_settings(settings),
+      synthetic_settings=run_settings.synthetic_settings(settings),
+      **run_settings.partition_settings(settings),
   )
   client_data = (
       task.datasets.train_data if _SPLIT.value == 'train' else task.datasets.test_data

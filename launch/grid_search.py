@@ -52,46 +52,35 @@ and about how long here, timed by a 3-round run of the grid's settings (kept in
 
   python -m launch.grid_search --task=emnist --algo=fedzmg --search=halving --dry_run
 
-Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
-settings or data, 3 every cell diverged (or the pick and all its neighbours did with
-another seed), 4 a TFF worker lost, 5 the machine refused (disk
-full, permissions), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to
-resume); a cell failing otherwise passes on its own status.
-Every failure is one line `grid_search: error: ...` on stderr; --verbose adds the traceback.
+Exit status: as every program's (docs/operations.md, "Exit statuses"); 3 here means
+that every cell diverged, or the pick and all its neighbours did with another seed; a cell
+failing otherwise passes on its own status.
 """
 
-import json
 import math
 import os
 import sys
 from typing import Optional
 
 from absl import flags
-import numpy as np
 
-from launch.sweeps import calibration
-from launch.run import errors
+from launch.cli import exit_status
 from launch.cli import failures
+from launch.cli import quiet
+from launch.papers import fedzmg as fedzmg_paper
+from launch.run import settings as run_settings
+from launch.sweeps import calibration
+from launch.sweeps import grid_outputs
 from launch.sweeps import halving
 from launch.sweeps import lr_grid
-from launch.run import run_directory
 from launch.sweeps import runner
-from launch import train
-from launch.papers import fedzmg as fedzmg_paper
-from tff_zmg import analysis
 from tff_zmg.algorithms import registry
-# pylint: disable=g-bad-import-order,unused-import
-# Re-exported: other programs and tests name them `grid_search.<name>`.
-from launch.sweeps.lr_grid import cell_name
-from launch.sweeps.lr_grid import Grid
-from launch.sweeps.lr_grid import Search
-from launch.sweeps.lr_grid import run_search
-# pylint: enable=g-bad-import-order,unused-import
+from tff_zmg import analysis
+from tff_zmg import run_files
 
 # The FedZMG paper's grid: 10^-3 ... 10^1 in half decades, 50 rounds per cell.
 HALF_DECADES = fedzmg_paper.HALF_DECADES
 DEFAULT_TOTAL_ROUNDS = fedzmg_paper.GRID.total_rounds
-LOGS_DIRNAME = 'logs'
 
 _CLIENT_LRS = flags.DEFINE_list(
     'client_learning_rates', None,
@@ -183,91 +172,6 @@ def parse_hparam_grid(text, algo: str) -> tuple[Optional[str], tuple]:
   return name, values
 
 
-def axis_value_text(value) -> str:
-  """A third axis' value in names and lines: numbers as %g, text and booleans as they are."""
-  if isinstance(value, float):
-    return f'{value:g}'
-  return str(value)
-
-
-def axis_dir(grid_dir: str, name: Optional[str], value) -> str:
-  """The directory of the grid at one value of the third axis (`grid_dir` without one)."""
-  if name is None:
-    return grid_dir
-  return os.path.join(grid_dir, f'{name}={axis_value_text(value)}')
-
-
-def write_results(
-    grid: lr_grid.Grid, index: int, search: lr_grid.Search, outcome: lr_grid.Outcome
-) -> str:
-  """Writes grid.csv, grid.md and grid_heatmap.png of `grid` (`run_search`'s `index`-th)
-  from its group's outcome; returns the heatmap's path.
-
-  A row per cell: the rounds of the last rung it trained at, its score there (NaN:
-  failed: diverged before) and the rounds that score averages; with halving, its score
-  at each rung too.
-  """
-  last = halving.last_scores(outcome.rungs)
-  rows = []
-  scores = np.full((len(grid.server_lrs), len(grid.client_lrs)), np.nan)
-  for c, s in grid.cells:
-    rounds, score = last[(index, c, s)]
-    scores[grid.server_lrs.index(s), grid.client_lrs.index(c)] = score
-    row = dict(client_learning_rate=c, server_learning_rate=s,
-               status=runner.DIVERGED if halving.failed(score) else runner.FINISHED,
-               rounds=rounds, score=score, score_rounds=search.scored_rounds(rounds))
-    if search.kind == lr_grid.HALVING:
-      row.update({f'score_at_{rung.rounds}': rung.scores.get((index, c, s), math.nan)
-                  for rung in outcome.rungs})
-    rows.append(dict(row, output_dir=grid.run((c, s), rounds).config.output_dir))
-  analysis.write_csv(os.path.join(grid.directory, 'grid.csv'), rows)
-  with open(os.path.join(grid.directory, 'grid.md'), 'w') as f:
-    f.write(analysis.markdown_table(rows, [
-        'client_learning_rate', 'server_learning_rate', 'status', 'rounds', 'score']))
-  best = outcome.best
-  highlight = None
-  if best is not None and all(best.get(k) == v for k, v in grid.label.items()):
-    highlight = (grid.server_lrs.index(best['server_learning_rate']),
-                 grid.client_lrs.index(best['client_learning_rate']))
-  config = grid.run(grid.cells[0], search.final_rounds).config
-  path = os.path.join(grid.directory, 'grid_heatmap.png')
-  where = ('each cell at the last rung it reached (grid.csv)' if search.kind == lr_grid.HALVING
-           else f'{search.final_rounds} rounds')
-  analysis.heatmap(
-      scores, [f'{s:.3g}' for s in grid.server_lrs], [f'{c:.3g}' for c in grid.client_lrs],
-      path, xlabel='client learning rate', ylabel='server learning rate',
-      title=f'{config.algo} on {config.task}, {search.kind} search\nmean validation'
-      f' accuracy of the last {search.score_rounds} rounds, {where}',
-      colorbar_label='validation accuracy', highlight=highlight,
-  )
-  return path
-
-
-def write_best(path: str, best: dict) -> None:
-  """Writes the pick's record, its run directory relative to the file's folder."""
-  record = dict(best, run_dir=os.path.relpath(best['run_dir'], os.path.dirname(path)))
-  with open(path, 'w') as f:
-    json.dump(record, f, indent=2)
-
-
-def describe_pick(best: dict) -> str:
-  """One line: the pick, its score and rounds, and a stability replacement if any."""
-  text = (f'client {best["client_learning_rate"]:.3g}, server'
-          f' {best["server_learning_rate"]:.3g}'
-          + ''.join(f', {k} {axis_value_text(v)}'
-                    for k, v in analysis.tuning.hparams_of(best).items()
-                    if not k.endswith('learning_rate'))
-          + f' (score {best["score"]:.4f}: mean of rounds'
-          f' {best["total_rounds"] - best["score_rounds"] + 1}-{best["total_rounds"]})')
-  stability = best.get('stability')
-  if stability and stability['replaced']:
-    old = stability['diverged_best']
-    text += (f'; the best cell, client {old["client_learning_rate"]:.3g}, server'
-             f' {old["server_learning_rate"]:.3g}, diverged with seed {stability["seed"]}'
-             ' and was replaced by its best stable neighbour')
-  return text
-
-
 def search_from_flags() -> lr_grid.Search:
   """The search --search, --rung_rounds, --total_rounds, --score_rounds and
   --stability_check describe (--total_rounds defaults to the paper's 50 here)."""
@@ -295,50 +199,6 @@ def search_from_flags() -> lr_grid.Search:
                 stability_check=_STABILITY_CHECK.value)
 
 
-def grid_directory(root_output_dir: str, name: str) -> str:
-  """`<root_output_dir>/<name>`, a grid's folder: the name checked as `launch.train` checks
-  a run's, inside the root once links are followed, and new, empty or a grid's own.
-
-  A grid replaces its grid.csv, grid.md, heatmap and best.json on every pass; a folder
-  without the `logs/` folder a grid makes first is not one, and its files are not
-  replaced.
-
-  Raises:
-    errors.ExperimentError: (one line) a bad name, or a folder that is not a grid's.
-  """
-  run_directory.check_name(name)
-  path = os.path.join(root_output_dir, name)
-  run_directory.check_inside(root_output_dir, path, 'a grid search writes only inside it')
-  if os.path.isdir(path) and not os.path.isdir(os.path.join(path, LOGS_DIRNAME)):
-    entries = sorted(os.listdir(path))
-    if entries:
-      raise errors.ExperimentError(
-          f'{path} holds files no grid search wrote ({entries[0]!r}'
-          f'{f" and {len(entries) - 1} more" if len(entries) > 1 else ""}); a grid'
-          ' replaces only its own: choose another --experiment_name'
-      )
-  return path
-
-
-def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str) -> float:
-  """Prints the search's runs and rounds at most and their time here; returns the seconds."""
-  planned = lr_grid.planned_runs(grids, search)
-  print(f'dry run: {len(planned)} runs, {sum(p.rounds for p in planned)} rounds at most'
-        ' (fewer cells go on when some diverge; a pick that diverges with another seed'
-        ' adds a re-run of a neighbour):', flush=True)
-  lines = {}  # What each run of a stage stands for -> its count and rounds.
-  for p in planned:
-    what = (p.note or 'every cell') if p.stage == 'grid' else f'{p.stage} re-run: {p.note}'
-    lines.setdefault((p.stage, what), [0, p.rounds])[0] += 1
-  for (stage, what), (runs, rounds) in lines.items():
-    more = '+' if stage == 'grid' and what != 'every cell' else ''
-    print(f'  {runs} run{"s" * (runs != 1)} of {more}{rounds} rounds: {what}')
-  # The dry run's folder makes the grid's folder: `logs/` marks it as a grid's.
-  os.makedirs(os.path.join(grid_dir, LOGS_DIRNAME), exist_ok=True)
-  return calibration.estimate(planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME),
-                              runner.PARALLEL.value, sys.stdout)
-
-
 def _check_flags() -> None:
   for name in ('task', 'algo'):
     if flags.FLAGS[name].value is None:
@@ -356,15 +216,13 @@ def _check_flags() -> None:
     )
 
 
-@failures.one_line_errors('grid_search')
-def main(argv) -> int:
-  del argv
-  train.quiet_libraries()
-  _check_flags()
-  search = search_from_flags()
+def _grids(search: lr_grid.Search) -> tuple[str, Optional[str], list[lr_grid.Grid]]:
+  """The grid folder, the third axis' name (None without one) and a grid per value of it,
+  each checked by making its first cell's run (bad settings are refused before any run);
+  says in one line what the search is."""
   client_lrs = parse_learning_rates('client_learning_rates', _CLIENT_LRS.value)
   server_lrs = parse_learning_rates('server_learning_rates', _SERVER_LRS.value)
-  grid_dir = grid_directory(
+  grid_dir = grid_outputs.grid_directory(
       flags.FLAGS.root_output_dir,
       flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
   )
@@ -372,13 +230,15 @@ def main(argv) -> int:
   if axis is not None and flags.FLAGS[axis].present:
     raise ValueError(f'the grid sets --{axis}; give its values with --hparam_grid')
   grids = [
-      lr_grid.Grid(directory=axis_dir(grid_dir, axis, value), client_lrs=client_lrs,
-                   server_lrs=server_lrs, **({} if axis is None else dict(
+      lr_grid.Grid(directory=grid_outputs.axis_dir(grid_dir, axis, value),
+                   client_lrs=client_lrs, server_lrs=server_lrs,
+                   **({} if axis is None else dict(
                        overrides={axis: value}, label={axis: value},
-                       prefix=f'{axis}{axis_value_text(value)}_')))  # Unique names (and logs).
+                       # Unique names (and logs).
+                       prefix=f'{axis}{grid_outputs.axis_value_text(value)}_')))
       for value in values
   ]
-  for grid in grids:  # Refuses bad settings before anything trains.
+  for grid in grids:
     grid.run(grid.cells[0], search.final_rounds)
   third = '' if axis is None else f' x {len(values)} {axis} values'
   cells = len(client_lrs) * len(server_lrs) * len(values)
@@ -387,32 +247,46 @@ def main(argv) -> int:
       f' {len(server_lrs)} server learning rates{third}, {search.describe(cells)},'
       f' {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
   )
+  return grid_dir, axis, grids
+
+
+def _write_pick(grid_dir: str, axis: Optional[str], best: dict) -> None:
+  """best.json, and the lines that say the search's cost, its pick and the pick's flags."""
+  grid_outputs.write_best(os.path.join(grid_dir, run_files.BEST), best)
+  print(f'search: {best["cost"]["rounds"]} rounds trained,'
+        f' {best["cost"]["seconds"]:.0f} s in rounds', flush=True)
+  print(f'picked: {grid_outputs.describe_pick(best)}', flush=True)
+  print(
+      f'best: --client_learning_rate={best["client_learning_rate"]!r}'
+      f' --server_learning_rate={best["server_learning_rate"]!r}'
+      + ('' if axis is None else f' {run_settings.flag_argument(axis, best[axis])}')
+      + f' (score {best["score"]:.4f})', flush=True,
+  )
+
+
+@failures.one_line_errors('grid_search')
+def main(argv) -> int:
+  del argv
+  quiet.quiet_libraries()
+  _check_flags()
+  search = search_from_flags()
+  grid_dir, axis, grids = _grids(search)
   if calibration.DRY_RUN.value:
-    dry_run(grids, search, grid_dir)
+    grid_outputs.dry_run(grids, search, grid_dir, runner.PARALLEL.value)
     return 0
   (outcome,) = lr_grid.run_search(grids, search, parallel=runner.PARALLEL.value,
-                                  log_dir=os.path.join(grid_dir, LOGS_DIRNAME)).values()
+                                  log_dir=os.path.join(grid_dir, lr_grid.LOGS_DIRNAME)).values()
   for index, grid in enumerate(grids):
-    heatmap_path = write_results(grid, index, search, outcome)
+    heatmap_path = grid_outputs.write_results(grid, index, search, outcome)
     print(f'table: {os.path.join(grid.directory, "grid.csv")}\nheatmap: {heatmap_path}')
-  best = outcome.best
-  if best is None:
+  if outcome.best is None:
     why = ('every cell diverged' if outcome.stability is None or not outcome.stability.checked
            else 'the best cell and each of its neighbours diverged with another seed')
     print(f'best: none ({why})', flush=True)
     print(f'grid_search: error: {why}; try smaller learning rates', file=sys.stderr,
           flush=True)
-    return failures.EXIT_DIVERGED
-  write_best(os.path.join(grid_dir, 'best.json'), best)
-  print(f'search: {best["cost"]["rounds"]} rounds trained,'
-        f' {best["cost"]["seconds"]:.0f} s in rounds', flush=True)
-  print(f'picked: {describe_pick(best)}', flush=True)
-  print(
-      f'best: --client_learning_rate={best["client_learning_rate"]!r}'
-      f' --server_learning_rate={best["server_learning_rate"]!r}'
-      + ('' if axis is None else f' {train.flag_argument(axis, best[axis])}')
-      + f' (score {best["score"]:.4f})', flush=True,
-  )
+    return exit_status.DIVERGED
+  _write_pick(grid_dir, axis, outcome.best)
   return 0
 
 

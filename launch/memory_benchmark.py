@@ -27,9 +27,11 @@ import time
 
 from absl import flags
 
-import tasks
+from launch.cli import exit_status
 from launch.cli import failures
+import tasks
 from tff_zmg import client_states
+from tff_zmg import run_files
 
 _POPULATIONS = flags.DEFINE_list(
     'populations', ['30', '300'], 'Numbers of training clients to compare.'
@@ -51,10 +53,11 @@ _CHILD = flags.DEFINE_string('child', None, 'Internal: run one benchmark (JSON).
 def _child(settings: dict) -> None:
   """One run; prints one JSON line with its peak memory."""
   from launch.run import experiment  # pylint: disable=g-import-not-at-top
+  from launch.run import run_config  # pylint: disable=g-import-not-at-top
   from launch.benchmarking import resources  # pylint: disable=g-import-not-at-top
 
   sampler = resources.PeakMemorySampler()
-  config = experiment.ExperimentConfig(
+  config = run_config.ExperimentConfig(
       task=settings['task'],
       algo='fedrkmgc',
       root_output_dir=settings['root'],
@@ -78,7 +81,7 @@ def _child(settings: dict) -> None:
   peak = sampler.stop()
   store = client_states.create_store(
       settings['store'],
-      os.path.join(summary['output_dir'], experiment.CLIENT_STATES_DIRNAME),
+      os.path.join(summary['output_dir'], run_files.CLIENT_STATES),
   )
   store.restore(settings['rounds'])
   print(
@@ -151,7 +154,7 @@ def main(argv) -> int:
         kept = f' (its log: {log_path})' if _OUTPUT_DIR.value else ''
         print(f'memory_benchmark: error: store={store} population={population} failed'
               f' (exit {rc}): {_last_error_line(log_path)}{kept}', file=sys.stderr, flush=True)
-        return rc if rc in failures.DOCUMENTED_EXIT_CODES else failures.EXIT_UNEXPECTED
+        return rc if rc in exit_status.DOCUMENTED else exit_status.UNEXPECTED
       result = json.loads(lines[-1])
       peaks[store, population] = result['peak_rss_mib']
       print(

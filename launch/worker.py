@@ -9,10 +9,9 @@ Training programs on other machines then spread their rounds' clients over such 
 Every worker must run the same TFF version as the training program (this prints its
 own). The service has no authentication or encryption: run it on a trusted network only.
 
-Exit status (launch/cli/failures.py): 0 when stopped (Ctrl-C, SIGTERM or SIGHUP: a server's
-normal end), 1 an unexpected failure (a bug), 2 a bad flag or a port already in use, 4 the
-worker ended by itself, 5 the worker could not start. Every failure is one line
-`worker: error: ...` on stderr; --verbose adds the traceback.
+Exit status: as every program's (docs/operations.md, "Exit statuses"); here 0 also
+when stopped (Ctrl-C, SIGTERM or SIGHUP: a server's normal end), 2 a port already in use,
+4 the worker ended by itself, 5 the worker could not start.
 """
 
 import socket
@@ -24,6 +23,7 @@ from absl import logging
 import portpicker
 import tensorflow_federated as tff
 
+from launch.cli import exit_status
 from launch.cli import failures
 from tff_zmg.runtime import cpp_worker
 
@@ -96,7 +96,7 @@ def main(argv) -> int:
         f' {log_path} ends with: {last}',
         file=sys.stderr,
     )
-    return failures.EXIT_WORKER_LOST
+    return exit_status.WORKER_LOST
   except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (launch/cli/failures.py).
     print('worker: stopped', flush=True)
     return 0

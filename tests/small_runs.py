@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 
-from launch import compare
-from launch.sweeps import runner
+from launch.sweeps import comparison
+from tff_zmg import run_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Six EMNIST-shaped clients of twelve examples, three a round, two for evaluation: a round
@@ -72,7 +72,7 @@ def write_found_run(root, task, algo, seed, accuracies, diverged=False, **record
                   data_source='synthetic', synthetic_settings={'seed': 0}, partition=None,
                   num_eval_clients=2)
   settings.update(recorded)
-  _write_run_files(os.path.join(root, compare.run_name(task, algo, seed)), settings,
+  _write_run_files(os.path.join(root, comparison.run_name(task, algo, seed)), settings,
                    accuracies, diverged)
 
 
@@ -86,5 +86,5 @@ def _write_run_files(run_dir, recorded, accuracies, diverged):
     for r, a in enumerate(accuracies, start=1):
       f.write(f'{r},{a},1.0,{5.0 if r == 1 else 0.5},0.25\n')
   if diverged:
-    with open(os.path.join(run_dir, runner.DIVERGED_FILENAME), 'w') as f:
+    with open(os.path.join(run_dir, run_files.DIVERGED), 'w') as f:
       f.write('diverged\n')

@@ -28,8 +28,8 @@ import tensorflow as tf
 from launch import compare
 from launch.run import rounds
 from launch.run import run_config
+from launch.run import settings as run_settings
 from launch.sweeps import runner
-from launch import train
 from tff_zmg import aggregation
 from tff_zmg.templates import hparams as hparams_lib
 import small_runs
@@ -124,11 +124,11 @@ def test_each_aggregator_setting_has_a_flag_with_its_range_and_default():
   defaults = aggregation.AggregatorSettings()
   expected = {run_config.aggregator_flag(f): f for f in fields
               if f not in ('clients_per_round', 'noise_seed')}
-  assert expected == train._AGGREGATOR_FLAGS  # pylint: disable=protected-access
+  assert expected == run_settings._AGGREGATOR_FLAGS  # pylint: disable=protected-access
   assert set(expected) == {
       'aggregator', 'noise_multiplier', 'clip', 'target_unclipped_quantile',
       'clip_learning_rate', 'target_delta', 'compression_bits', 'compression_threshold'}
-  assert not set(expected) & set(train._HPARAMS)  # pylint: disable=protected-access
+  assert not set(expected) & set(run_settings._HPARAMS)  # pylint: disable=protected-access
   for flag, field in expected.items():
     kind, valid, text = fields[field]
     assert flags.FLAGS[flag].default is None, flag  # Unset: the field's default.

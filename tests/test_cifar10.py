@@ -18,11 +18,12 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from launch import papers
+from launch.run import settings as run_settings
 from launch.sweeps import runner
 from launch import train
 import tasks
-from tff_zmg import client_states
 from tff_zmg.algorithms import registry
+from tff_zmg import client_states
 
 _NUM_TRAIN, _NUM_TEST = 60, 20
 
@@ -142,8 +143,8 @@ def test_protocol_fills_only_unset_flags():
   try:
     flags.FLAGS(['train', '--task=cifar10', '--algo=gcfed', '--protocol=fedrkmgc',
                  '--client_batch_size=7'])
-    settings, applied = train.apply_protocol(train.settings_from_flags())
-    config = train.experiment_config(settings)
+    settings, applied = run_settings.apply_protocol(run_settings.settings_from_flags())
+    config = run_settings.experiment_config(settings)
   finally:
     flags.FLAGS.unparse_flags()
   # gcfed takes no beta/gamma/rho: the FedRKMGC protocol's are skipped, not refused.
@@ -163,7 +164,7 @@ def test_cifar10_from_the_command_line_is_always_partitioned():
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['train', '--task=cifar10', '--algo=gcfed', '--dirichlet_alpha=0.05'])
-    config = train.config_from_flags()
+    config = run_settings.config_from_flags()
   finally:
     flags.FLAGS.unparse_flags()
   assert (config.partition, config.dirichlet_alpha, config.num_clients) == (
@@ -182,7 +183,7 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
     # The run's command line, parsed as launch.train parses it, is the same run.
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', *other.args])
-    assert train.config_from_flags() == other.config
+    assert run_settings.config_from_flags() == other.config
     assert '--overwrite' in other.args
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', '--task=cifar10', '--algo=fedavg', '--protocol=fedrkmgc'])

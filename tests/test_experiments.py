@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from launch.sweeps import calibration
 from launch import compare
 from launch import data_stats
 from launch import grid_search
+from launch.sweeps import calibration
+from launch.sweeps import comparison
+from launch.sweeps import lr_grid
 from launch.sweeps import runner
 from small_runs import write_found_run
 from small_runs import write_run
@@ -54,12 +56,12 @@ def _write_cells(args, cells, rounds):
     directory = os.path.join(
         flags.FLAGS.root_output_dir,
         flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}')
-    grid = grid_search.Grid(directory=directory,
+    grid = lr_grid.Grid(directory=directory,
                             client_lrs=tuple(dict.fromkeys(c for c, _ in cells)),
                             server_lrs=tuple(dict.fromkeys(s for _, s in cells)))
     for cell, accuracies in cells.items():
       write_run(grid.run(cell, rounds), accuracies or [], diverged=accuracies is None)
-    os.makedirs(os.path.join(directory, grid_search.LOGS_DIRNAME))
+    os.makedirs(os.path.join(directory, lr_grid.LOGS_DIRNAME))
   finally:
     flags.FLAGS.unparse_flags()
 
@@ -119,7 +121,7 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
           for r in _rows(grid / 'grid.csv')}
   assert sorted(rows) == [('0.05', '0.5'), ('0.05', '1.0'), ('1e+30', '0.5'), ('1e+30', '1.0')]
   for (c, s), row in rows.items():
-    cell = grid / grid_search.cell_name(float(c), float(s))
+    cell = grid / lr_grid.cell_name(float(c), float(s))
     recorded = json.loads((cell / 'flags.json').read_text())
     assert recorded['hparams'] == {'client_learning_rate': float(c),
                                    'server_learning_rate': float(s)}
@@ -306,14 +308,14 @@ def test_progress_gives_the_runs_to_go_and_their_time_at_the_pace_so_far(tmp_pat
 
 
 def test_later_work_counts_the_later_rungs_and_the_stability_re_run_at_most():
-  search = grid_search.Search(rung_rounds=(10, 20, 50), score_rounds=10)
+  search = lr_grid.Search(rung_rounds=(10, 20, 50), score_rounds=10)
   # Two grids of 81 cells: after rung 1, 27 x 10 + 9 x 30 rounds and a 50-round re-run each.
-  assert grid_search.lr_grid.later_work([81, 81], search, 1) == runner.LaterWork(
+  assert lr_grid.later_work([81, 81], search, 1) == runner.LaterWork(
       runs=2 * 37, rounds=2 * 590, whole='the whole search')
-  assert grid_search.lr_grid.later_work([81], search, 3) == runner.LaterWork(
+  assert lr_grid.later_work([81], search, 3) == runner.LaterWork(
       runs=1, rounds=50, whole='the whole search')
-  exhaustive = grid_search.Search(rung_rounds=(50,), score_rounds=10, stability_check=False)
-  assert grid_search.lr_grid.later_work([81], exhaustive, 1).runs == 0
+  exhaustive = lr_grid.Search(rung_rounds=(50,), score_rounds=10, stability_check=False)
+  assert lr_grid.later_work([81], exhaustive, 1).runs == 0
 
 
 # --- comparison -------------------------------------------------------------------------
@@ -384,8 +386,8 @@ def test_compare_builds_one_training_run_per_algorithm_and_seed(tmp_path):
     _, algos, seeds, hparams, _ = compare._parse_settings()  # pylint: disable=protected-access
     assert hparams == {'fedzmg': {'client_learning_rate': 0.03, 'weight_decay': 0.001}}
     runs = {
-        (a, s): runner.train_run(compare.run_name('emnist', a, s), {
-            'algo': a, 'seed': s, 'experiment_name': compare.run_name('emnist', a, s),
+        (a, s): runner.train_run(comparison.run_name('emnist', a, s), {
+            'algo': a, 'seed': s, 'experiment_name': comparison.run_name('emnist', a, s),
             **hparams.get(a, {})})
         for a in algos for s in seeds
     }
@@ -404,7 +406,7 @@ def test_compare_builds_one_training_run_per_algorithm_and_seed(tmp_path):
         ('fedzmg:client_learning_rate=abc', 'abc'),
     ]:
       with pytest.raises(ValueError, match=message):
-        compare.parse_algo_hparams(bad, algos)
+        comparison.parse_algo_hparams(bad, algos)
   finally:
     flags.FLAGS.unparse_flags()
 
@@ -428,7 +430,7 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['grid_search', *grid_args])
-    cell = grid_search.Grid(directory=str(grid), client_lrs=(0.1,), server_lrs=(1.0,))
+    cell = lr_grid.Grid(directory=str(grid), client_lrs=(0.1,), server_lrs=(1.0,))
     kind = calibration.kind_of(cell.run((0.1, 1.0), 1).config)
   finally:
     flags.FLAGS.unparse_flags()
@@ -461,9 +463,9 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['compare', *compare_args])
-    made = {seed: runner.train_run(compare.run_name('emnist', 'fedavg', seed), dict(
+    made = {seed: runner.train_run(comparison.run_name('emnist', 'fedavg', seed), dict(
         task='emnist', algo='fedavg', seed=seed,
-        experiment_name=compare.run_name('emnist', 'fedavg', seed))) for seed in (0, 1)}
+        experiment_name=comparison.run_name('emnist', 'fedavg', seed))) for seed in (0, 1)}
   finally:
     flags.FLAGS.unparse_flags()
   write_run(made[0], [0.1, 0.2, 0.3])  # Finished.

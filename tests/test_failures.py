@@ -23,7 +23,9 @@ import psutil
 import pytest
 import tensorflow as tf
 
+from launch.cli import exit_status
 from launch.cli import failures
+from launch.run import errors
 from launch import train
 from tasks import synthetic
 from tff_zmg.runtime import cpp_worker
@@ -207,7 +209,7 @@ def test_a_stop_signal_mid_run_says_which_round_resumes_and_it_does(
   finally:
     if proc.poll() is None:
       proc.kill()
-  assert proc.returncode == failures.EXIT_INTERRUPTED, err
+  assert proc.returncode == exit_status.INTERRUPTED, err
   assert not _workers_of(proc.pid)
   run_dir = tmp_path / 'runs' / f'emnist_{algo}_seed0'
   kept = _checkpoints(run_dir) or [None]
@@ -262,7 +264,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_kept_checkpoint_resumes(
       ['unshare', '-rm', 'sh', '-c', script], cwd=_REPO, text=True, capture_output=True,
       env=_environment(tmp_path / 'tmp'), timeout=300,
   )
-  assert proc.returncode == failures.EXIT_ENVIRONMENT, proc.stderr
+  assert proc.returncode == exit_status.ENVIRONMENT, proc.stderr
   line = _one_error_line(proc.stderr, 'train')
   assert 'No space left on device' in line and 'the checkpoint of round 0 is kept' in line
   assert 'round 0/2' in proc.stdout and 'round 2/2' not in proc.stdout
@@ -301,17 +303,17 @@ def test_environment_causes_are_recognised_in_oserrors_tf_and_grpc_messages():
   import errno
 
   code, message = failures.classify(OSError(errno.ENOSPC, 'No space left on device', '/x'))
-  assert code == failures.EXIT_ENVIRONMENT and '/x' in message
+  assert code == exit_status.ENVIRONMENT and '/x' in message
   error = tf.errors.ResourceExhaustedError(
       None, None, '{{function_node __wrapped__SaveV2}} /r/c/variables.data; No space left on'
       ' device [Op:SaveV2]')
   code, message = failures.classify(error)
-  assert code == failures.EXIT_ENVIRONMENT
+  assert code == exit_status.ENVIRONMENT
   assert '/r/c/variables.data; No space left on device' in message and 'Op:' not in message
-  assert failures.classify(KeyboardInterrupt())[0] == failures.EXIT_INTERRUPTED
+  assert failures.classify(KeyboardInterrupt())[0] == exit_status.INTERRUPTED
   assert failures.classify(ValueError('bad\nvalue'))[1] == 'bad; value'
   code, message = failures.classify(ZeroDivisionError('x'))
-  assert code == failures.EXIT_UNEXPECTED and 'ZeroDivisionError' in message
+  assert code == exit_status.UNEXPECTED and 'ZeroDivisionError' in message
 
 
 def test_a_coroutine_a_stop_signal_left_unawaited_prints_nothing():
@@ -326,7 +328,7 @@ def test_a_coroutine_a_stop_signal_left_unawaited_prints_nothing():
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
     made_not_run = save()
-    with pytest.raises(failures.Interrupted, match='SIGHUP'):
+    with pytest.raises(errors.Interrupted, match='SIGHUP'):
       failures._raise_interrupted(signal.SIGHUP, None)  # What the handler does.
     del made_not_run
     gc.collect()
@@ -365,7 +367,7 @@ def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
   with _stop_signals_installed():
     referent = Referent()
     reference = weakref.ref(referent, callback)
-    with pytest.raises(failures.Interrupted, match='SIGTERM'):
+    with pytest.raises(errors.Interrupted, match='SIGTERM'):
       del referent
       deadline = time.monotonic() + 10
       while time.monotonic() < deadline:  # Signalled again: raised here, in ordinary code.
@@ -396,7 +398,7 @@ def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done(
   try:
     with _stop_signals_installed():
       sys.settrace(signal_lands_in_registration)
-      with pytest.raises(failures.Interrupted, match='SIGTERM'):
+      with pytest.raises(errors.Interrupted, match='SIGTERM'):
         loop.run_until_complete(checkpoint_save())
       sys.settrace(None)
     assert landed

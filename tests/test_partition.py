@@ -4,8 +4,8 @@ from absl import flags
 import numpy as np
 import pytest
 
+from launch.run import settings as run_settings
 import tasks
-from launch import train
 from tasks import partition
 from tff_zmg import analysis
 
@@ -127,7 +127,7 @@ def parse_train_flags():
   def parse(*args):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', '--task=emnist', '--algo=fedavg', *args])
-    return train.config_from_flags()
+    return run_settings.config_from_flags()
 
   yield parse
   flags.FLAGS.unparse_flags()

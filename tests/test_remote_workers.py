@@ -22,13 +22,16 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tasks
+from launch.run import errors
 from launch.run import experiment
+from launch.run import run_config
+from launch.run import runtime_choice
 from launch import train
 from launch import worker
+import tasks
+from tff_zmg.algorithms import registry
 from tff_zmg import analysis
 from tff_zmg import client_states
-from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
 from tff_zmg.runtime import remote_clients
@@ -167,17 +170,17 @@ def test_worker_addresses_are_checked():
       cpp_worker.parse_worker_address(bad)
   with pytest.raises(ValueError, match='twice'):
     cpp_worker.connect_workers(['hostA:8000', 'hostA:8000'])
-  config = experiment.ExperimentConfig(
+  config = run_config.ExperimentConfig(
       task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
       workers='hostA:8000',
   )
-  with pytest.raises(experiment.ExperimentError, match='sequence'):
+  with pytest.raises(errors.ExperimentError, match='sequence'):
     experiment.run(config)
   config = dataclasses.replace(config, workers=('hostA:8000',), max_concurrent_clients=2)
-  with pytest.raises(experiment.ExperimentError, match='max_concurrent_computation_calls'):
+  with pytest.raises(errors.ExperimentError, match='max_concurrent_computation_calls'):
     experiment.run(config)
   config = dataclasses.replace(config, max_concurrent_clients=-1, intra_op_threads=1)
-  with pytest.raises(experiment.ExperimentError, match='--intra_op_parallelism_threads=N'):
+  with pytest.raises(errors.ExperimentError, match='--intra_op_parallelism_threads=N'):
     experiment.run(config)
 
 
@@ -237,15 +240,15 @@ def test_remote_context_sums_over_workers_and_keeps_computation_errors(workers):
     assert not isinstance(error.value, cpp_worker.WorkerUnavailableError)
     assert 'assert' in str(error.value).lower()
   # launch.train says so in one line, with the usual causes (a missing data file there).
-  config = experiment.ExperimentConfig(
+  config = run_config.ExperimentConfig(
       task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
       workers=tuple(addresses),
   )
-  with pytest.raises(experiment.ExperimentError) as error:
-    with experiment._execution_context(config, progress=None):
+  with pytest.raises(errors.ExperimentError) as error:
+    with runtime_choice.execution_context(config, progress=None):
       total([1.0, -2.0, 3.0])
   message = str(error.value)
-  assert not isinstance(error.value, experiment.WorkerLostError)
+  assert not isinstance(error.value, errors.WorkerLostError)
   assert 'failed on a TFF worker' in message and 'same absolute path' in message
   assert len(message.splitlines()) == 1
 

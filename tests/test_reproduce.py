@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from launch.sweeps import calibration
-from launch import compare
-from launch import grid_search
 from launch import papers
 from launch import reproduce
 from launch.reproduce import scales
+from launch.sweeps import calibration
+from launch.sweeps import comparison
+from launch.sweeps import lr_grid
 from small_runs import write_run as _write_run
 from tasks import sources
 
@@ -81,7 +81,7 @@ def _check_report(plan, path, thresholds, seeds):
   series = {}
   for a in _ALGOS:
     for s in seeds:
-      run_dir = os.path.join(directory, 'runs', 'emnist', compare.run_name('emnist', a, s))
+      run_dir = os.path.join(directory, 'runs', 'emnist', comparison.run_name('emnist', a, s))
       if not os.path.exists(os.path.join(run_dir, 'diverged.txt')):
         series[(a, s)] = _accuracy(run_dir)
   reached = {k: [_rounds_to(r, acc, t) for t in thresholds] for k, (r, acc) in series.items()}
@@ -194,7 +194,7 @@ def designed(tmp_path_factory, synthetic_cache_dir):
 def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
   _, plan, path, out, best = designed
   real_algo, real_c, real_s = _REAL_CELL
-  real_name = f'grid-emnist-{real_algo}-{grid_search.cell_name(real_c, real_s)}'
+  real_name = f'grid-emnist-{real_algo}-{lr_grid.cell_name(real_c, real_s)}'
   assert re.findall(r'\] (\S+): started', out) == [real_name]  # Only the missing run.
   assert 'grid search, 243 runs (3 grids of 9 x 9)' in out and 'comparison, 15 runs' in out
   for algo in _ALGOS:
@@ -216,7 +216,7 @@ def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
     assert best[('emnist', algo)] == dict(client_learning_rate=top[0], server_learning_rate=top[1])
   # The real cell: trained once, for 1 round, at its rates, on the protocol's cohort.
   real_dir = os.path.join(plan.directory, 'grid', 'emnist', real_algo,
-                          grid_search.cell_name(real_c, real_s))
+                          lr_grid.cell_name(real_c, real_s))
   recorded = json.load(open(os.path.join(real_dir, 'flags.json')))
   assert (recorded['total_rounds'], recorded['clients_per_round']) == (1, 10)
   assert recorded['hparams'] == dict(client_learning_rate=real_c, server_learning_rate=real_s)
@@ -267,7 +267,7 @@ def test_ci_scale_trains_the_whole_protocol_and_then_reuses_it(tmp_path, synthet
   for algo in _ALGOS:
     chosen = json.load(open(os.path.join(plan.directory, 'grid', 'emnist', algo, 'best.json')))
     for seed in (0, 1):
-      run_dir = os.path.join(plan.directory, 'runs', 'emnist', compare.run_name('emnist', algo, seed))
+      run_dir = os.path.join(plan.directory, 'runs', 'emnist', comparison.run_name('emnist', algo, seed))
       recorded = json.load(open(os.path.join(run_dir, 'flags.json')))
       assert recorded['hparams']['client_learning_rate'] == chosen['client_learning_rate']
   _check_report(plan, path, (0.0, 0.05), (0, 1))
@@ -303,20 +303,20 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   per grid, then 3 x 5 x 3 runs, at timings kept from an earlier dry run."""
   root, plan = designed[:2]
   timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept')
-  for table, grids, comparison in (([], 3 * 3, 3 * 5 * 3), (['--table=5'], 3, 15)):
+  for table, grids, comparisons in (([], 3 * 3, 3 * 5 * 3), (['--table=5'], 3, 15)):
     counts, out = _dry_run(root, *table, timing={1: timing})
     grid = 81 * grids
     assert (counts['grid'], counts['stability'], counts['comparison']) == (
-        grid, grids, comparison)
-    assert f'total: {grid + grids + comparison} runs' in out
-    assert out.count('\n  grid-') == grid and out.count(' seed=') == comparison + grids
+        grid, grids, comparisons)
+    assert f'total: {grid + grids + comparisons} runs' in out
+    assert out.count('\n  grid-') == grid and out.count(' seed=') == comparisons + grids
     assert 'timing 3 rounds' not in out  # Nothing trained.
   assert '  grid-emnist-fedadam-clr10_slr10: emnist fedadam clr=10 slr=10 rounds=50 cohort=10\n' in out
   assert '  emnist-emnist_fedzmg_seed4: emnist fedzmg seed=4 rounds=1000 cohort=10\n' in out
   # 50-round cells and stability re-runs, 1000-round comparison runs, each evaluated at
   # round 0 and after every round, each its own process.
   run_s = lambda rounds: 10.0 + rounds * 2.0 + (rounds + 1) * 0.5
-  expected = (grid + grids) * run_s(50) + comparison * run_s(1000)
+  expected = (grid + grids) * run_s(50) + comparisons * run_s(1000)
   assert counts['seconds'] == pytest.approx(expected)
   assert counts['tables'] == {5: pytest.approx(expected)}
   assert 'table 5: ' in out and 'estimated time: ' in out

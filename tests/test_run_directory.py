@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from launch.run import experiment
+from launch.run import errors
 from launch.run import run_directory
 import small_runs
 
@@ -124,7 +124,7 @@ def test_free_space_below_one_checkpoint_is_refused(tmp_path):
   free = shutil.disk_usage(tmp_path).free
   parameters = free // run_directory.BYTES_PER_PARAMETER + 1
   needed = run_directory.checkpoint_bytes(parameters)
-  with pytest.raises(experiment.RunEnvironmentError) as e:
+  with pytest.raises(errors.RunEnvironmentError) as e:
     run_directory.check_free_space(str(tmp_path / 'run'), needed, parameters)
   assert '\n' not in str(e.value)
   assert f'{parameters:,} parameters x 4 bytes =' in str(e.value) and 'MiB free' in str(e.value)

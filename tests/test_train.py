@@ -15,14 +15,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch.run import experiment
-from launch import train
-from tff_zmg import analysis
+from launch.run import rounds
+from launch.run import run_config
+from launch.run import runtime_choice
+from launch.run import settings as run_settings
 from tff_zmg.algorithms import registry
-from tff_zmg.templates import hparams as hparams_lib
+from tff_zmg import analysis
+from tff_zmg.client_states import state_file
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import gpu_diagnosis
-from tff_zmg.client_states import state_file
+from tff_zmg.templates import hparams as hparams_lib
 import small_runs
 import worker_processes
 
@@ -314,29 +316,29 @@ def test_absurd_learning_rate_stops_in_the_round_it_diverges_and_saves_nothing_o
 
 def test_divergence_is_judged_on_everything_a_round_reports():
   finite = {'client_work/train/loss': 2.3, 'evaluation/loss': 2.4}
-  assert experiment.divergence(finite) is None
-  assert experiment.divergence({**finite, 'client_work/train/loss': float('inf')}) == (
+  assert rounds.divergence(finite) is None
+  assert rounds.divergence({**finite, 'client_work/train/loss': float('inf')}) == (
       'training loss inf'
   )
-  assert experiment.divergence({**finite, 'evaluation/loss': float('nan')}) == (
+  assert rounds.divergence({**finite, 'evaluation/loss': float('nan')}) == (
       'evaluation loss nan'
   )
-  assert 'aggregated update' in experiment.divergence(
+  assert 'aggregated update' in rounds.divergence(
       {**finite, 'finalizer/update_non_finite': 1}
   )
   # Client works that drop non-finite updates: half dropped is a round, more is divergence.
   half = {**finite, 'client_work/clients': 4, 'client_work/non_finite_clients': 2}
-  assert experiment.divergence(half) is None
-  assert experiment.divergence({**half, 'client_work/non_finite_clients': 3}) == (
+  assert rounds.divergence(half) is None
+  assert rounds.divergence({**half, 'client_work/non_finite_clients': 3}) == (
       "3 of 4 clients' updates were not finite"
   )
   state = collections.OrderedDict(
       global_model_weights=[np.ones(3, np.float32), np.array([1.0, np.inf])],
       round_num=np.int32(1),
   )
-  assert experiment.non_finite_leaf(state) == 'global_model_weights/1'
+  assert rounds.non_finite_leaf(state) == 'global_model_weights/1'
   state['global_model_weights'][1][1] = 0.0
-  assert experiment.non_finite_leaf(state) is None
+  assert rounds.non_finite_leaf(state) is None
 
 
 @pytest.mark.parametrize(
@@ -385,7 +387,7 @@ def test_every_hyperparameter_has_a_flag_whose_help_says_its_range_and_defaults(
   for name, spec in registry.ALGORITHMS.items():
     for field, info in hparams_lib.field_info(spec.hparams_class).items():
       fields.setdefault(field, {})[name] = (info, spec.defaults[field])
-  assert set(train._HPARAMS) == set(fields)  # pylint: disable=protected-access
+  assert set(run_settings._HPARAMS) == set(fields)  # pylint: disable=protected-access
   parsers = {float: 'FloatParser', int: 'IntegerParser', bool: 'BooleanParser',
              str: 'ArgumentParser'}
   for field, per_algo in fields.items():
@@ -483,8 +485,8 @@ def test_gpu_executor_without_a_gpu_is_a_clear_error(run_main, tmp_path):
     ],
 )
 def test_the_local_worker_shares_the_cores_among_the_clients_it_runs_at_once(settings, threads):
-  config = experiment.ExperimentConfig(
+  config = run_config.ExperimentConfig(
       task='emnist', algo='fedavg', root_output_dir='/nonexistent', experiment_name='x',
       **settings,
   )
-  assert experiment.local_intra_op_threads(config) == threads
+  assert runtime_choice.local_intra_op_threads(config) == threads

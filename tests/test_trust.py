@@ -27,10 +27,10 @@ import time
 import psutil
 import pytest
 
-from launch.cli import failures
+from launch.cli import exit_status
 from launch import grid_search
-from launch import train
 from launch.reproduce import run as reproduce
+from launch import train
 from tasks import synthetic
 from tff_zmg import analysis
 from tff_zmg.runtime import cpp_worker
@@ -212,7 +212,7 @@ def test_grid_search_refuses_names_and_folders_outside_its_root_or_not_its_own(
   results = [_run(*grid, f'--experiment_name={names[0]}', tmp_path=tmp_path)] + [
       run_program(grid_search, *grid[1:], f'--experiment_name={name}') for name in names[1:]]
   for (name, message), (code, out, err) in zip(cases.items(), results):
-    assert code == failures.EXIT_BAD_INPUT, (name, err)
+    assert code == exit_status.BAD_INPUT, (name, err)
     assert message in _one_error_line(err, 'grid_search'), (name, err)
     assert out == '', out
   assert (_tree(root), _tree(outside)) == before
@@ -276,7 +276,7 @@ def test_resume_and_overwrite_keep_a_users_tmp_file(resumed_run, run_program):
   # the real process whose leftovers are checked).
   code, out, err = run_program(train, *args, '--total_rounds=2', '--overwrite')
   line = _one_error_line(err, 'train')
-  assert code == failures.EXIT_BAD_INPUT and "('.notes.tmp')" in line, err
+  assert code == exit_status.BAD_INPUT and "('.notes.tmp')" in line, err
   assert _tree(tmp_path / 'runs') == before
   assert analysis.runs.completed_rounds(str(run_dir)) == 2
   _assert_left_clean(tmp_path)
@@ -318,7 +318,7 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
   results = [_run('train', *args[first], tmp_path=tmp_path)] + [
       run_program(train, *args[algo]) for algo in others]
   for algo, (code, out, err) in zip(diverging, results):
-    assert code == failures.EXIT_DIVERGED, (algo, code, out[-300:], err)
+    assert code == exit_status.DIVERGED, (algo, code, out[-300:], err)
     line = _one_error_line(err, 'train')
     assert line.startswith('train: error: training diverged in round 1: '), line
     assert "x round 0's evaluation loss" in line and '(--divergence_factor)' in line, line
@@ -361,7 +361,7 @@ def test_a_folder_with_someone_elses_metrics_csv_is_refused_untouched(cache_dir,
       cache_dir, tmp_path / 'runs', '--algo=fedavg', '--experiment_name=theirs'),
       tmp_path=tmp_path)
   line = _one_error_line(err, 'train')
-  assert code == failures.EXIT_BAD_INPUT and 'holds a metrics.csv but no flags.json' in line
+  assert code == exit_status.BAD_INPUT and 'holds a metrics.csv but no flags.json' in line
   assert _tree(tmp_path / 'runs') == before
   _assert_left_clean(tmp_path, refused=True)
 
@@ -379,7 +379,7 @@ def test_an_immutable_metrics_csv_is_the_machines_refusal(finished_run, tmp_path
   finally:
     subprocess.run(['chattr', '-i', str(metrics)], check=True)
   line = _one_error_line(err, 'train')
-  assert code == failures.EXIT_ENVIRONMENT and 'Operation not permitted' in line, err
+  assert code == exit_status.ENVIRONMENT and 'Operation not permitted' in line, err
   assert 'the checkpoint of round 1 is kept' in line, line
   assert metrics.read_bytes() == before
   assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
@@ -405,7 +405,7 @@ def test_a_full_disk_while_client_states_are_written_says_so_in_one_line(cache_d
         f' "mount -t tmpfs -o size=30m tmpfs {root} && exec {train}"]).returncode)')))
   for runtime, (code, out, err) in zip(runtimes, _run_side_by_side(commands, tmp_path)):
     line = _one_error_line(err, 'train')
-    assert code == failures.EXIT_ENVIRONMENT, (runtime, err)
+    assert code == exit_status.ENVIRONMENT, (runtime, err)
     assert 'No space left on device' in line and 'File "' not in line, line
     assert len(line) < 400 and 'the checkpoint of round 0 is kept' in line, line
     assert 'round 0/2' in out and 'round 1/2' not in out, out
@@ -454,7 +454,7 @@ def test_the_grids_third_axis_takes_text_and_booleans(
   assert f' --local_gc_layers={best["local_gc_layers"]} ' in text_out.splitlines()[-1]
   assert ' --center_vectors ' in bool_out.splitlines()[-1]
   code, out, err = refused
-  assert code == failures.EXIT_BAD_INPUT and out == '', err
+  assert code == exit_status.BAD_INPUT and out == '', err
   assert '--algo=fedrkmgc has no server learning rate' in _one_error_line(err, 'grid_search')
   assert sorted(os.listdir(root)) == ['grid_emnist_fedzmg', 'grid_emnist_local_gc']
   _assert_left_clean(tmp_path)
@@ -487,7 +487,7 @@ def test_bad_flags_are_refused_before_any_work_and_help_exits_0(tmp_path):
   ]
   results = _run_side_by_side([command for command, _ in cases], tmp_path)
   for (command, message), (code, out, err) in zip(cases, results):
-    assert code == failures.EXIT_BAD_INPUT, (command, err)
+    assert code == exit_status.BAD_INPUT, (command, err)
     assert message in _one_error_line(err, command[0]), (command, err)
     assert out == '', (command, out)
   helps = _run_side_by_side([(program, '--help') for program in _HELP_PROGRAMS], tmp_path)
@@ -626,7 +626,7 @@ def test_a_killed_workers_log_is_removed_by_the_next_program(tmp_path):
     worker.send_signal(signal.SIGKILL)
     worker.communicate()
   code, _, err = _run('worker', '--port=0', tmp_path=tmp_path)
-  assert code == failures.EXIT_BAD_INPUT and '--port must be in' in err, err
+  assert code == exit_status.BAD_INPUT and '--port must be in' in err, err
   _assert_left_clean(tmp_path)
 
 
@@ -645,12 +645,12 @@ def test_the_log_a_workers_error_names_outlives_the_next_program_and_worker(
   finally:
     if worker.poll() is None:
       worker.kill()
-  assert code == failures.EXIT_WORKER_LOST, err
+  assert code == exit_status.WORKER_LOST, err
   line = _one_error_line(err, 'worker')
   log = re.search(r'its log (\S+) ends with', line).group(1)
   assert os.path.dirname(log) == str(tmp_path / 'tmp') and os.path.isfile(log), line
   code, _, err = _run('worker', '--port=0', tmp_path=tmp_path)  # The next program.
-  assert code == failures.EXIT_BAD_INPUT, err
+  assert code == exit_status.BAD_INPUT, err
   monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp'))
   nextone = cpp_worker.LocalWorker()  # The next worker there, of a notebook say.
   nextone.stub()

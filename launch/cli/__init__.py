@@ -1,1 +1,2 @@
-"""How every program starts and ends: its flags read, libraries quieted, failures turned into one line and an exit status."""
+"""How every program starts and ends: libraries quieted, exit statuses, failures turned
+into one line."""

@@ -31,7 +31,6 @@ which sets `TF_CPP_MIN_LOG_LEVEL` before anything imports TensorFlow.
 import _weakrefset
 import asyncio
 import contextlib
-import errno
 import functools
 import os
 import re
@@ -48,51 +47,16 @@ from absl import app
 from absl import flags
 
 import launch
-import tasks
+from launch.cli import exit_status
 from launch.run import errors
+import tasks
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import leftovers
-
-EXIT_OK = 0
-EXIT_UNEXPECTED = 1
-EXIT_BAD_INPUT = 2
-EXIT_DIVERGED = 3
-EXIT_WORKER_LOST = 4
-EXIT_ENVIRONMENT = 5
-EXIT_INTERRUPTED = 130
-# A program that runs others passes on their status when it is one of these.
-DOCUMENTED_EXIT_CODES = frozenset({
-    EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_WORKER_LOST, EXIT_ENVIRONMENT,
-    EXIT_INTERRUPTED,
-})
-
-EXIT_CODES_HELP = (
-    'Exit status: 0 done, 1 an unexpected failure (a bug; --verbose shows the traceback),'
-    ' 2 bad input (flags, settings, data), 3 divergence, 4 a TFF worker lost mid-run,'
-    ' 5 the machine refused (disk full, permissions, a file where a folder belongs),'
-    ' 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). Every failure ends in one line'
-    ' "<program>: error: <message>" on stderr.'
-)
 
 VERBOSE = flags.DEFINE_bool(
     'verbose', False, 'On failure, print the traceback before the one-line error.'
 )
 
-# errno values that mean the machine, not the user's settings, refused an operation.
-_ENVIRONMENT_ERRNOS = frozenset(
-    {
-        errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
-        errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EIO, errno.EMFILE, errno.ENFILE,
-        errno.ENOTEMPTY, errno.EXDEV,
-    }
-)
-# The same causes as TensorFlow's and gRPC's messages spell them (strerror texts): those
-# errors carry a status code, not the errno.
-_ENVIRONMENT_TEXTS = tuple(
-    os.strerror(e)
-    for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM,
-              errno.EROFS, errno.ENOTDIR, errno.EISDIR)
-)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TMP_PREFIX = 'tff_zmg-tmp-'
 _SIGNAL_AGAIN_AFTER_S = 0.01
@@ -101,55 +65,8 @@ _SIGNAL_AGAIN_AFTER_S = 0.01
 _ASYNCIO_BOOKKEEPING = (os.path.dirname(asyncio.__file__) + os.sep, _weakrefset.__file__)
 
 
-class Interrupted(KeyboardInterrupt):
-  """A stop signal (Ctrl-C, SIGTERM, SIGHUP); the message says what is kept, if known."""
-
-
-def environment_cause(error: BaseException) -> Optional[str]:
-  """The machine's refusal carried by `error` ('No space left on device: <path>'), else None.
-
-  Looks at `OSError.errno` and, for TensorFlow and gRPC errors (which carry a status code,
-  not the errno), at the strerror text in their message; follows `__cause__` chains.
-  """
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
-      where = error.filename or ''
-      return f'{error.strerror or os.strerror(error.errno)}{": " + str(where) if where else ""}'
-    text = _error_text(error)
-    for cause in _ENVIRONMENT_TEXTS:
-      if cause in text:
-        return _cause_line(text, cause)
-    error = error.__cause__ or error.__context__
-  return None
-
-
-def _cause_line(text: str, cause: str) -> str:
-  """The line of an error's message that names `cause`, cut after it: TensorFlow's and
-  TFF's messages wrap it in node names, traceback lines and hints ('/x/y.tmp; No space
-  left on device' of dozens of lines)."""
-  line = next(l for l in _lines(text) if cause in l)
-  return line[:line.index(cause) + len(cause)]
-
-
-def _lines(text: str) -> list[str]:
-  # TensorFlow wraps an op's error in "{{function_node ...}} ... [Op:SaveV2]": only noise.
-  text = re.sub(r'\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]( name: \S*)?', '', str(text))
-  return [l.strip() for l in text.strip().splitlines() if l.strip()]
-
-
-def _error_text(error: BaseException) -> str:
-  details = getattr(error, 'details', None)  # grpc.RpcError
-  if callable(details):
-    with contextlib.suppress(Exception):
-      return str(details() or '')
-  message = getattr(error, 'message', None)  # tf.errors.OpError
-  return str(message if isinstance(message, str) else error)
-
-
 def _one_line(text: str) -> str:
-  lines = _lines(text)
+  lines = errors.message_lines(text)
   # TensorFlow appends op and node lines ("[[{{node SaveV2}}]]"); the cause is first.
   lines = [l for l in lines if not l.startswith(('[[', '{{'))] or lines
   return re.sub(r'\s+', ' ', '; '.join(lines[:3]))
@@ -158,39 +75,39 @@ def _one_line(text: str) -> str:
 def classify(error: BaseException) -> tuple[int, str]:
   """(exit status, one-line message) for an exception that ended a program."""
   if isinstance(error, KeyboardInterrupt):
-    message = str(error) if isinstance(error, Interrupted) and str(error) else ''
-    return EXIT_INTERRUPTED, message or 'interrupted; re-run the same command to resume'
+    message = str(error) if isinstance(error, errors.Interrupted) and str(error) else ''
+    return exit_status.INTERRUPTED, message or 'interrupted; re-run the same command to resume'
   if isinstance(error, flags.Error):
-    return EXIT_BAD_INPUT, _one_line(error)
+    return exit_status.BAD_INPUT, _one_line(error)
   if isinstance(error, errors.DivergedError):
-    return EXIT_DIVERGED, _one_line(error)
+    return exit_status.DIVERGED, _one_line(error)
   if isinstance(error, errors.WorkerLostError):
-    return EXIT_WORKER_LOST, _one_line(error)
+    return exit_status.WORKER_LOST, _one_line(error)
   if isinstance(error, errors.RunEnvironmentError):
-    return EXIT_ENVIRONMENT, _one_line(error)
+    return exit_status.ENVIRONMENT, _one_line(error)
   if isinstance(error, (tasks.MissingDataError, tasks.CorruptDataError)):
-    return EXIT_BAD_INPUT, _one_line(error)
+    return exit_status.BAD_INPUT, _one_line(error)
   if type(error).__name__ == 'DataLossError':  # tf.errors: a damaged data file, read late.
-    return EXIT_BAD_INPUT, (
+    return exit_status.BAD_INPUT, (
         f'a data file is damaged ({_one_line(error)}); delete it and fetch it again'
     )
-  cause = environment_cause(error)
+  cause = errors.environment_cause(error)
   if cause is not None:
-    return EXIT_ENVIRONMENT, (
+    return exit_status.ENVIRONMENT, (
         f'the machine refused: {cause}. Free some space or fix the permissions, then re-run'
         ' the same command'
     )
   if isinstance(error, (errors.ExperimentError, ValueError)):
-    return EXIT_BAD_INPUT, _one_line(error)
+    return exit_status.BAD_INPUT, _one_line(error)
   if isinstance(error, FileNotFoundError):
-    return EXIT_BAD_INPUT, _one_line(error)
+    return exit_status.BAD_INPUT, _one_line(error)
   if isinstance(error, cpp_worker.WorkerStartError):
-    return EXIT_ENVIRONMENT, _one_line(error)
+    return exit_status.ENVIRONMENT, _one_line(error)
   if isinstance(error, errors.RunFailed):
     return error.exit_code, _one_line(error)
   if isinstance(error, OSError):
-    return EXIT_ENVIRONMENT, _one_line(error)
-  return EXIT_UNEXPECTED, (
+    return exit_status.ENVIRONMENT, _one_line(error)
+  return exit_status.UNEXPECTED, (
       f'unexpected {type(error).__name__}: {_one_line(error)} (a bug: --verbose shows the'
       ' traceback)'
   )
@@ -215,7 +132,7 @@ def _raise_interrupted(signum, frame) -> None:
   # the one line.
   warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
                           category=RuntimeWarning)
-  stop = Interrupted(f'interrupted by {signal.Signals(signum).name}')
+  stop = errors.Interrupted(f'interrupted by {signal.Signals(signum).name}')
   stop.signum = signum
   raise stop
 
@@ -234,7 +151,7 @@ def _signal_swallowed_stops_again(unraisable) -> None:
   again, to be raised in the code that runs after; without this the run went on to exit 0.
   """
   signum = getattr(unraisable.exc_value, 'signum', None)
-  if isinstance(unraisable.exc_value, Interrupted) and signum is not None:
+  if isinstance(unraisable.exc_value, errors.Interrupted) and signum is not None:
     _signal_again(signum)
     return
   _python_unraisablehook(unraisable)
@@ -320,7 +237,7 @@ def guarded_main(program: str, main: Callable[[list], Optional[int]], argv: list
   try:
     if len(argv) > 1:
       raise ValueError(f'unexpected arguments {argv[1:]}')
-    return main(argv) or EXIT_OK
+    return main(argv) or exit_status.OK
   except SystemExit:
     raise
   except BaseException as e:  # pylint: disable=broad-except
@@ -362,11 +279,11 @@ def _parse_flags(program: str, argv: list) -> list:
     launch.remove_new_keras_config()
     print(f'{program}: error: {_one_line(e)} (--helpfull lists the flags)', file=sys.stderr,
           flush=True)
-    sys.exit(EXIT_BAD_INPUT)
+    sys.exit(exit_status.BAD_INPUT)
   except SystemExit as e:
     launch.remove_new_keras_config()
     if e.code == 1 and _asks_for_help(argv):
-      sys.exit(EXIT_OK)
+      sys.exit(exit_status.OK)
     raise
 
 
@@ -402,7 +319,7 @@ def run_program(
   def run(argv):
     with private_tempdir() if own_tempdir else contextlib.nullcontext():
       code = guarded_main(program, main, argv)
-    if code == EXIT_BAD_INPUT:  # Refused what it was given: it leaves no Keras config.
+    if code == exit_status.BAD_INPUT:  # Refused what it was given: it leaves no Keras config.
       launch.remove_new_keras_config()
     sys.exit(code)
 

@@ -30,11 +30,8 @@ the ones the protocol sets cannot be given. With --data_source=synthetic the tfd
 (CIFAR-10, the tfds CIFAR-100) are stood in for by synthetic data in TFF's CIFAR-100
 format, split by the same Dirichlet protocol.
 
-Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags,
-settings or data, 4 a TFF worker lost, 5 the machine refused (disk full, permissions),
-130 interrupted (Ctrl-C, SIGTERM, SIGHUP; re-run the same command to resume); a run failing
-otherwise passes on its own status. Every failure is one line `reproduce: error: ...` on
-stderr; --verbose adds the traceback.
+Exit status: as every program's (docs/operations.md, "Exit statuses"); a run
+failing otherwise passes on its own status.
 """
 
 from launch.cli import failures

@@ -5,10 +5,10 @@ import dataclasses
 import os
 import sys
 
-import tasks
+from launch.reproduce import plan as plan_lib
 from launch.sweeps import calibration
 from launch.sweeps import runner
-from launch.reproduce import plan as plan_lib
+import tasks
 
 
 def _setting_key(plan: plan_lib.Plan, planned: calibration.PlannedRun) -> str:

@@ -12,15 +12,15 @@ from typing import Optional
 
 from absl import flags
 
-import tasks
+from launch import papers
+from launch.reproduce import scales
+from launch.run import settings as run_settings
 from launch.sweeps import calibration
-from launch import compare
+from launch.sweeps import comparison
 from launch.sweeps import halving
 from launch.sweeps import lr_grid
-from launch import papers
 from launch.sweeps import runner
-from launch import train
-from launch.reproduce import scales
+import tasks
 from tasks import sources
 from tasks import tfds_source
 
@@ -123,7 +123,7 @@ class Plan:
     # them (its hyperparameters are left to launch.train, which skips the ones an
     # algorithm does not take).
     base = {} if protocol is None else papers.values_for_unset(
-        protocol, train.settings_from_flags().given, algo_hparams=()
+        protocol, run_settings.settings_from_flags().given, algo_hparams=()
     )
     values = {**base, **self.paper.flags, **setting.flags, 'task': self.task(setting)}
     if 'clients_per_round' in values:
@@ -195,7 +195,7 @@ def comparison_runs(plan: Plan, best: Optional[dict] = None) -> list[runner.Run]
         rates = {k: best[(setting.key, algo)][k]
                  for k in ('client_learning_rate', 'server_learning_rate')}
       for seed in plan.seeds:
-        name = compare.run_name(task, algo, seed)
+        name = comparison.run_name(task, algo, seed)
         runs.append(_rename(runner.train_run(name, {
             **plan.overrides(setting), 'algo': algo, 'seed': seed, **rates,
             'total_rounds': plan.total_rounds, 'experiment_name': name,

@@ -11,9 +11,9 @@ from absl import flags
 import numpy as np
 import scipy.stats
 
-import tasks
-from launch import compare
 from launch.reproduce import plan as plan_lib
+from launch.sweeps import comparison
+import tasks
 from tff_zmg import analysis
 
 REPORT_FILENAME = 'report.md'
@@ -237,8 +237,8 @@ def tuning_section(plan: plan_lib.Plan, best: dict) -> list[str]:
 
 def communication_section(communication: dict) -> list[str]:
   """Each setting's algorithms, their aggregator and bytes per client and round, as
-  `compare.communication_by_algo` read them from the runs (none: no section)."""
-  rows = [{'setting': key, 'algorithm': algo, **compare.communication_cells(values)}
+  `comparison.communication_by_algo` read them from the runs (none: no section)."""
+  rows = [{'setting': key, 'algorithm': algo, **comparison.communication_cells(values)}
           for key, by_algo in communication.items() for algo, values in by_algo.items()]
   if not rows:
     return []
@@ -265,11 +265,11 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
     task = plan.task(setting)
     root = os.path.join(plan.directory, 'runs', setting.key)
     report_dir = os.path.join(plan.directory, 'compare', setting.key)
-    compare.report(root, report_dir, [task], plan.paper.algos, plan.seeds,
+    comparison.report(root, report_dir, [task], plan.paper.algos, plan.seeds,
                    thresholds_of(setting), stream=stream)
-    series, status_rows = compare.collect(root, task, plan.paper.algos, plan.seeds,
+    series, status_rows = comparison.collect(root, task, plan.paper.algos, plan.seeds,
                                           io.StringIO())
-    communication[setting.key] = compare.communication_by_algo(status_rows)
+    communication[setting.key] = comparison.communication_by_algo(status_rows)
     figures[setting.key] = os.path.join(report_dir, f'{task}_accuracy.png')
     if not series:
       setting_tables[setting.key] = None

@@ -4,15 +4,16 @@ import os
 import sys
 import time
 
-from launch.sweeps import calibration
 from launch.cli import failures
-from launch import grid_search
-from launch.sweeps import lr_grid
-from launch.sweeps import runner
-from launch import train
+from launch.cli import quiet
 from launch.reproduce import estimate
 from launch.reproduce import plan as plan_lib
 from launch.reproduce import report
+from launch.sweeps import calibration
+from launch.sweeps import grid_outputs
+from launch.sweeps import lr_grid
+from launch.sweeps import runner
+from tff_zmg import run_files
 
 
 def reproduce(plan: plan_lib.Plan, stream=None) -> str:
@@ -35,14 +36,15 @@ def reproduce(plan: plan_lib.Plan, stream=None) -> str:
         stream=stream)
     for index, ((key, algo), grid) in enumerate(grids.items()):
       outcome = outcomes[grid.group]
-      heatmaps[(key, algo)] = grid_search.write_results(grid, index, search, outcome)
+      heatmaps[(key, algo)] = grid_outputs.write_results(grid, index, search, outcome)
       if outcome.best is None:
         raise ValueError(
             f'no stable learning rates for {algo} on {key} ({grid.directory}): every cell'
             ' diverged, or the best and each of its neighbours diverged with another seed')
-      grid_search.write_best(os.path.join(grid.directory, 'best.json'), outcome.best)
+      grid_outputs.write_best(os.path.join(grid.directory, run_files.BEST),
+                              outcome.best)
       best[(key, algo)] = outcome.best
-      print(f'reproduce: {key} {algo}: picked {grid_search.describe_pick(outcome.best)}',
+      print(f'reproduce: {key} {algo}: picked {grid_outputs.describe_pick(outcome.best)}',
             file=stream, flush=True)
   runs = plan_lib.comparison_runs(plan, best if grids else None)
   print(f'reproduce {plan.paper.name}: comparison, {len(runs)} runs', file=stream, flush=True)
@@ -56,7 +58,7 @@ def reproduce(plan: plan_lib.Plan, stream=None) -> str:
 @failures.one_line_errors('reproduce')
 def main(argv) -> int:
   del argv
-  train.quiet_libraries()
+  quiet.quiet_libraries()
   plan = plan_lib.make_plan()
   if calibration.DRY_RUN.value:
     estimate.dry_run(plan)

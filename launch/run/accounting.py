@@ -24,8 +24,9 @@ import tensorflow_federated as tff
 from launch.run import run_config
 from launch.run import run_directory
 from tff_zmg import aggregation
-from tff_zmg import analysis
 from tff_zmg.algorithms import registry
+from tff_zmg import analysis
+from tff_zmg import run_files
 
 # Each round's clients are drawn uniformly without replacement (`experiment._selection_fn`).
 SAMPLING = 'fixed_size'
@@ -89,7 +90,7 @@ def client_bytes(output_dir: str, process) -> dict:
       return recorded
   values = aggregation.client_bytes(process).as_dict()
   run_directory.write_json_atomically(
-      os.path.join(output_dir, analysis.runs.COMMUNICATION_FILENAME), values
+      os.path.join(output_dir, run_files.COMMUNICATION), values
   )
   return values
 

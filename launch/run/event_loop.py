@@ -12,7 +12,6 @@ import concurrent.futures
 import contextlib
 
 from launch.run import errors
-from launch.cli import failures
 from launch.run import run_directory
 
 
@@ -38,7 +37,7 @@ def stops_say_what_is_kept(checkpoint_dir: str):
   """A stop signal, or the machine refusing a write, ends a run saying what it resumes from.
 
   Raises:
-    failures.Interrupted: Ctrl-C, SIGTERM or SIGHUP (a `KeyboardInterrupt`).
+    errors.Interrupted: Ctrl-C, SIGTERM or SIGHUP (a `KeyboardInterrupt`).
     errors.RunEnvironmentError: a write failed for want of space or permission (an `OSError`,
       TensorFlow's error from saving a checkpoint, or the TFF worker's gRPC error).
   """
@@ -58,11 +57,11 @@ def stops_say_what_is_kept(checkpoint_dir: str):
       message = 'interrupted before the first checkpoint; re-run the same command to start'
     else:
       message = f'interrupted after round {kept}; re-run the same command to resume'
-    raise failures.Interrupted(message) from e
+    raise errors.Interrupted(message) from e
   except errors.ExperimentError:
     raise
   except Exception as e:  # pylint: disable=broad-except
-    cause = failures.environment_cause(e)
+    cause = errors.environment_cause(e)
     if cause is None:
       raise
     writes.shutdown(wait=True, cancel_futures=True)

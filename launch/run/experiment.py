@@ -13,7 +13,7 @@ The parts live beside it: the settings in `run_config`, who runs the rounds in
 `runtime_choice`, the folder's policy in `resumption`, `run_directory` and `run_identity`,
 what becomes of each round in `rounds`, what the run spends in privacy and bytes in
 `accounting`, the asyncio loop and a stopped run's message in `event_loop`, the errors in
-`errors`. The names programs, notebooks and tests use are re-exported here.
+`errors`.
 """
 
 import collections
@@ -26,7 +26,6 @@ import warnings
 import numpy as np
 import tensorflow_federated as tff
 
-import tasks
 from launch.run import accounting
 from launch.run import event_loop
 from launch.run import resumption
@@ -35,50 +34,23 @@ from launch.run import run_config
 from launch.run import run_directory
 from launch.run import run_identity
 from launch.run import runtime_choice
-from tff_zmg import client_states
+import tasks
 from tff_zmg.algorithms import registry
+from tff_zmg import client_states
+from tff_zmg import run_files
 from tff_zmg.templates import stateful_clients
-# pylint: disable=g-bad-import-order,unused-import
-# Re-exported: programs, notebooks and tests name them `experiment.<name>`.
-from launch.run.errors import DivergedError
-from launch.run.errors import ExperimentError
-from launch.run.errors import RunEnvironmentError
-from launch.run.errors import WorkerLostError
-from launch.run.resumption import is_finished
-from launch.run.resumption import read_metric
-from launch.run.rounds import divergence
-from launch.run.rounds import diverged_error
-from launch.run.rounds import LossLimit
-from launch.run.rounds import non_finite_leaf
-from launch.run.run_config import CHECKPOINT_DIRNAME
-from launch.run.run_config import CLIENT_STATES_DIRNAME
-from launch.run.run_config import DIVERGENCE_FACTOR
-from launch.run.run_config import ExperimentConfig
-from launch.run.run_config import FLAGS_FILENAME
-from launch.run.run_config import METRICS_FILENAME
-from launch.run.run_config import resolve_evaluation
-from launch.run.run_config import RUNTIME_FILENAME
-from launch.run.run_config import TENSORBOARD_DIRNAME
-from launch.run.runtime_choice import CPU_RUNTIME
-from launch.run.runtime_choice import execution_context as _execution_context
-from launch.run.runtime_choice import IN_PROCESS
-from launch.run.runtime_choice import local_intra_op_threads
-from launch.run.runtime_choice import resolved_runtime
-from launch.run.runtime_choice import RUNTIMES
-from launch.run.runtime_choice import TFF_WORKER
-# pylint: enable=g-bad-import-order,unused-import
 
 
-def run(config: ExperimentConfig) -> dict:
+def run(config: run_config.ExperimentConfig) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
   Raises:
-    ExperimentError: bad settings, an existing run with other settings, an unreadable
+    errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
       checkpoint, an unreachable remote worker, or divergence (then the last good
       checkpoint is kept).
-    WorkerLostError: a remote worker stopped answering mid-run (an ExperimentError; the
+    errors.WorkerLostError: a remote worker stopped answering mid-run (an ExperimentError; the
       failed round wrote nothing and re-running resumes from the last checkpoint).
-    RunEnvironmentError: an output or cache folder that is a file or not writable, or too
+    errors.RunEnvironmentError: an output or cache folder that is a file or not writable, or too
       little free space for a checkpoint (an ExperimentError; checked before any
       computation, `run_directory.check_environment`).
     tasks.MissingDataError, tasks.CorruptDataError: the data is not usable.
@@ -110,7 +82,7 @@ def run(config: ExperimentConfig) -> dict:
       _say_if_capped(config, task.datasets.train_data)
       run_identity.write_identity(config.checkpoint_dir, identity)
       run_directory.write_json_atomically(
-          os.path.join(config.output_dir, run_config.FLAGS_FILENAME), config.recorded()
+          os.path.join(config.output_dir, run_files.FLAGS), config.recorded()
       )
       client_bytes = accounting.client_bytes(config.output_dir, process)
       print(accounting.communication_line(client_bytes), flush=True)
@@ -126,7 +98,7 @@ def run(config: ExperimentConfig) -> dict:
   return summary
 
 
-def _check(config: ExperimentConfig) -> tuple[Optional[int], bool]:
+def _check(config: run_config.ExperimentConfig) -> tuple[Optional[int], bool]:
   """Everything that can be refused before the data is read: the settings, the runtime and
   its devices, the run's folder and a run already in it, the remote workers.
 
@@ -145,7 +117,7 @@ def _check(config: ExperimentConfig) -> tuple[Optional[int], bool]:
   return in_process_threads, flags_agree
 
 
-def _build(config: ExperimentConfig, flags_agree: bool):
+def _build(config: run_config.ExperimentConfig, flags_agree: bool):
   """The task (its data read, or made) and the algorithm's process; the run they make
   (`resumption.identity`) is checked against the one in the folder before the process is
   built.
@@ -195,7 +167,7 @@ def _keeps_client_states(process) -> bool:
   return isinstance(process, stateful_clients.StatefulClientsLearningProcess)
 
 
-def _selection_fn(config: ExperimentConfig, task, stateful: bool) -> Callable:
+def _selection_fn(config: run_config.ExperimentConfig, task, stateful: bool) -> Callable:
   """TFF's `training_selection_fn`: a round's clients, sampled uniformly without
   replacement (all of them when the data has fewer), each client's data shuffled by its
   own seed (`_client_seed`); with their ids where clients keep state."""
@@ -225,7 +197,7 @@ def _client_seed(seed: int, round_num: int, client_index: int) -> int:
   return int(np.random.SeedSequence([seed, round_num, client_index]).generate_state(1)[0])
 
 
-def _prepare_folder(config: ExperimentConfig, identity: dict) -> None:
+def _prepare_folder(config: run_config.ExperimentConfig, identity: dict) -> None:
   """Under the run's lock: clears the folder for --overwrite, or checks again that it holds
   this run; then removes what interrupted saves left."""
   if config.overwrite:
@@ -239,17 +211,17 @@ def _prepare_folder(config: ExperimentConfig, identity: dict) -> None:
     print(f'removed what interrupted saves left: {", ".join(removed)}', flush=True)
 
 
-def _client_state_store(config: ExperimentConfig, process):
+def _client_state_store(config: run_config.ExperimentConfig, process):
   """Where a process whose clients keep state keeps them (None: its clients keep none)."""
   if not _keeps_client_states(process):
     return None
   return client_states.create_store(
       config.client_state_store,
-      os.path.join(config.output_dir, run_config.CLIENT_STATES_DIRNAME),
+      os.path.join(config.output_dir, run_files.CLIENT_STATES),
   )
 
 
-def _resume(config: ExperimentConfig, process, store, progress) -> None:
+def _resume(config: run_config.ExperimentConfig, process, store, progress) -> None:
   """Readies the folder for TFF's training loop, which resumes from its newest checkpoint:
   that one made sound (`resumption.check_checkpoint`), metrics.csv repaired up to it, and
   round 0's evaluation loss, if recorded, made the divergence limit's reference."""
@@ -260,7 +232,7 @@ def _resume(config: ExperimentConfig, process, store, progress) -> None:
   progress.set_reference(resumption.read_metric(config.metrics_csv, 'evaluation/loss').get(0))
 
 
-def _say_if_capped(config: ExperimentConfig, train_data) -> None:
+def _say_if_capped(config: run_config.ExperimentConfig, train_data) -> None:
   """One line when --clients_per_round asks for more clients than the data has."""
   population = len(train_data.client_ids)
   if config.clients_per_round > population:
@@ -269,7 +241,8 @@ def _say_if_capped(config: ExperimentConfig, train_data) -> None:
 
 
 def _train(
-    config: ExperimentConfig, process, store, select: Callable, evaluate: rounds.Evaluation,
+    config: run_config.ExperimentConfig, process, store, select: Callable,
+    evaluate: rounds.Evaluation,
     progress: rounds.RoundReleaseManager, record_session: Callable[[], Optional[dict]],
 ) -> Optional[dict]:
   """TFF's training loop over the rounds left, each judged and released by `progress`;
@@ -285,7 +258,7 @@ def _train(
   progress.managers = [
       tff.program.CSVFileReleaseManager(config.metrics_csv),
       tff.program.TensorBoardReleaseManager(
-          os.path.join(config.output_dir, run_config.TENSORBOARD_DIRNAME)
+          os.path.join(config.output_dir, run_files.TENSORBOARD)
       ),
   ]
   event_loop.thread_event_loop()  # run_training_process asks for it.
@@ -309,12 +282,12 @@ def _train(
   return record_session()
 
 
-def _summary(config: ExperimentConfig, wall: float, session: Optional[dict],
+def _summary(config: run_config.ExperimentConfig, wall: float, session: Optional[dict],
              held_out) -> dict:
   """What `run` returns: the rounds and accuracies its metrics.csv holds, its time, where
   its outputs are, and what ran it."""
-  eval_acc = read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
-  train_loss = read_metric(config.metrics_csv, 'client_work/train/loss')
+  eval_acc = resumption.read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
+  train_loss = resumption.read_metric(config.metrics_csv, 'client_work/train/loss')
   return collections.OrderedDict(
       rounds_completed=max(train_loss, default=0),
       final_eval_accuracy=eval_acc[max(eval_acc)] if eval_acc else None,
@@ -322,8 +295,8 @@ def _summary(config: ExperimentConfig, wall: float, session: Optional[dict],
       wall_time_s=wall,
       output_dir=config.output_dir,
       metrics_csv=config.metrics_csv,
-      tensorboard_dir=os.path.join(config.output_dir, TENSORBOARD_DIRNAME),
-      runtime=resolved_runtime(config),
+      tensorboard_dir=os.path.join(config.output_dir, run_files.TENSORBOARD),
+      runtime=runtime_choice.resolved_runtime(config),
       client_devices=session['client_devices'] if session else {},
       evaluation=held_out.description,
   )

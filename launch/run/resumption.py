@@ -16,17 +16,18 @@ from typing import Optional
 
 import tensorflow_federated as tff
 
-import tasks
-from tasks import evaluation
-from tasks import sources
-from tasks import tfds_source
 from launch.run import errors
 from launch.run import event_loop
 from launch.run import run_config
 from launch.run import run_directory
 from launch.run import run_identity
+import tasks
+from tasks import evaluation
+from tasks import sources
+from tasks import tfds_source
 from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
+from tff_zmg import run_files
 
 # Settings that may change between a run and its resumption without changing its results.
 _RESUMABLE_CHANGES = frozenset(
@@ -39,7 +40,7 @@ _RESUMABLE_CHANGES = frozenset(
 # Where a run and its data are, not what they are: a run folder may be copied or renamed
 # and the data moved (the data's identity is checked instead, `identity`).
 _LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
-_IDENTITY_PATH = f'{run_config.CHECKPOINT_DIRNAME}/{run_identity.IDENTITY_FILENAME}'
+_IDENTITY_PATH = f'{run_files.CHECKPOINTS}/{run_files.IDENTITY}'
 
 
 def read_metric(csv_path: str, name: str) -> dict[int, float]:
@@ -74,7 +75,7 @@ def check_resumable(config: run_config.ExperimentConfig) -> bool:
   Returns:
     Whether flags.json exists (and agrees).
   """
-  path = os.path.join(config.output_dir, run_config.FLAGS_FILENAME)
+  path = os.path.join(config.output_dir, run_files.FLAGS)
   if not os.path.exists(path):
     return False
   try:
@@ -166,7 +167,7 @@ def check_total_rounds(config: run_config.ExperimentConfig) -> None:
     raise errors.ExperimentError(
         f'{config.output_dir} already trained {versions[-1]} rounds, more than'
         f' --total_rounds={config.total_rounds}, and a run is never cut back (its'
-        f' {run_config.METRICS_FILENAME} holds every round): pass'
+        f' {run_files.METRICS} holds every round): pass'
         f' --total_rounds={versions[-1]} or more to continue it, or --overwrite to train'
         ' afresh'
     )
@@ -238,6 +239,6 @@ def check_checkpoint(
     print(
         f'checkpoint of round {newer} cannot be read ({type(e).__name__}); resuming from'
         f' round {version}, the newest intact one (kept as'
-        f' {run_config.CHECKPOINT_DIRNAME}/{aside})', flush=True,
+        f' {run_files.CHECKPOINTS}/{aside})', flush=True,
     )
   return version

@@ -20,10 +20,10 @@ import numpy as np
 import tensorflow_federated as tff
 import tree
 
-from tasks import evaluation
 from launch.run import errors
 from launch.run import run_config
 from launch.run import run_directory
+from tasks import evaluation
 from tff_zmg.algorithms import registry
 
 

@@ -12,25 +12,20 @@ import functools
 import os
 from typing import Optional
 
-import tasks
-from tasks import evaluation
 from launch.run import errors
 from launch.run import run_directory
 from launch.run import runtime_choice
+import tasks
+from tasks import evaluation
 from tff_zmg import aggregation
+from tff_zmg.algorithms import registry
 from tff_zmg import analysis
 from tff_zmg import client_states
-from tff_zmg import validation
-from tff_zmg.algorithms import registry
+from tff_zmg import run_files
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.templates import hparams as hparams_lib
+from tff_zmg import validation
 
-FLAGS_FILENAME = 'flags.json'
-METRICS_FILENAME = 'metrics.csv'
-CHECKPOINT_DIRNAME = 'checkpoints'
-TENSORBOARD_DIRNAME = 'tensorboard'
-CLIENT_STATES_DIRNAME = 'client_states'
-RUNTIME_FILENAME = analysis.runs.RUNTIME_FILENAME
 # A round whose training or evaluation loss is above this multiple of round 0's evaluation
 # loss (an untrained model's, about the uniform prediction's log(classes): 4.1 on EMNIST's
 # 62) diverged, as one whose loss is not finite did (`rounds.divergence`); --divergence_factor.
@@ -107,11 +102,11 @@ class ExperimentConfig:
 
   @property
   def checkpoint_dir(self) -> str:
-    return os.path.join(self.output_dir, CHECKPOINT_DIRNAME)
+    return os.path.join(self.output_dir, run_files.CHECKPOINTS)
 
   @property
   def metrics_csv(self) -> str:
-    return os.path.join(self.output_dir, METRICS_FILENAME)
+    return os.path.join(self.output_dir, run_files.METRICS)
 
   def recorded(self) -> dict:
     """The settings as saved in flags.json (what a resumed run must agree with), with

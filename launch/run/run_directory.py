@@ -30,21 +30,15 @@ import shutil
 from typing import Callable, Iterator, Optional
 
 from launch.run import errors
+from tff_zmg import run_files
 
-LOCK_FILENAME = '.lock'
 UNREADABLE_PREFIX = 'unreadable_'
-# What `launch.train` and the programs around it write at the top of a run's folder; a
-# folder holding anything else is not deleted by --overwrite.
-RUN_ENTRIES = frozenset({
-    'flags.json', 'metrics.csv', 'checkpoints', 'tensorboard', 'client_states',
-    'runtime.json', 'communication.json', 'diverged.txt', LOCK_FILENAME,
-})
 # Temporary files of interrupted writes: TFF's CSV manager (`metrics.csv_temp1234`) and
 # ours (`.flags.json.tmp`, `write_json_atomically`), named after the files they replace;
 # any other `.*.tmp` is a user's and stays.
 _TEMP_ENTRY = re.compile(
     r'^(metrics\.csv_temp\d+|\.('
-    + '|'.join(re.escape(n) for n in sorted(RUN_ENTRIES) if '.' in n.strip('.'))
+    + '|'.join(re.escape(n) for n in sorted(run_files.RUN_ENTRIES) if '.' in n.strip('.'))
     + r')\.tmp)$'
 )
 _CHECKPOINT_TEMP = re.compile(r'^program_state_\d+_temp\d+$')
@@ -168,7 +162,7 @@ def check_environment(
   # A run folder that exists is written, not created: its root may then be read-only.
   _check_folder(root_output_dir, '--root_output_dir', must_write=not os.path.isdir(output_dir))
   _check_folder(output_dir, 'the run folder')
-  for sub in ('checkpoints', 'tensorboard', 'client_states'):
+  for sub in (run_files.CHECKPOINTS, run_files.TENSORBOARD, run_files.CLIENT_STATES):
     path = os.path.join(output_dir, sub)
     if os.path.lexists(path):
       _check_folder(path, 'the run folder')
@@ -186,9 +180,10 @@ def check_environment(
 def check_holds_a_run(output_dir: str) -> None:
   """Refuses a folder whose metrics.csv no run wrote: a run writes flags.json (and its
   checkpoints) before its first row, and appends to that file."""
-  if not os.path.isfile(os.path.join(output_dir, 'metrics.csv')):
+  if not os.path.isfile(os.path.join(output_dir, run_files.METRICS)):
     return
-  if any(os.path.lexists(os.path.join(output_dir, n)) for n in ('flags.json', 'checkpoints')):
+  if any(os.path.lexists(os.path.join(output_dir, n))
+         for n in (run_files.FLAGS, run_files.CHECKPOINTS)):
     return
   raise errors.ExperimentError(
       f'{output_dir} holds a metrics.csv but no flags.json or checkpoints/ of the run that'
@@ -201,7 +196,7 @@ def foreign_entries(output_dir: str) -> list[str]:
   """The entries at the top of `output_dir` that no run writes (sorted)."""
   return sorted(
       n for n in os.listdir(output_dir)
-      if n not in RUN_ENTRIES and not _TEMP_ENTRY.match(n)
+      if n not in run_files.RUN_ENTRIES and not _TEMP_ENTRY.match(n)
   )
 
 
@@ -241,7 +236,7 @@ def clear(root_output_dir: str, output_dir: str) -> None:
   """Deletes a run's files for --overwrite (checked again), keeping the lock file."""
   check_deletable(root_output_dir, output_dir)
   for name in os.listdir(output_dir):
-    if name == LOCK_FILENAME:  # Held by this process: a new file would not be locked.
+    if name == run_files.LOCK:  # Held by this process: a new file would not be locked.
       continue
     _remove(os.path.join(output_dir, name))
 
@@ -261,7 +256,7 @@ def _busy_error(output_dir: str, lock_path: str):
 
 def check_not_locked(output_dir: str) -> None:
   """Fails early, writing nothing, if another process holds the run's lock."""
-  lock_path = os.path.join(output_dir, LOCK_FILENAME)
+  lock_path = os.path.join(output_dir, run_files.LOCK)
   try:
     fd = os.open(lock_path, os.O_RDONLY)
   except OSError:
@@ -282,7 +277,7 @@ def locked(output_dir: str) -> Iterator[None]:
   message other processes print. The kernel drops it when the process ends, however it
   ends. The descriptor is not inherited by child processes (TFF's workers).
   """
-  lock_path = os.path.join(output_dir, LOCK_FILENAME)
+  lock_path = os.path.join(output_dir, run_files.LOCK)
   try:
     os.makedirs(output_dir, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -15,8 +15,8 @@ from typing import Callable, Iterable, Optional
 
 from launch.run import errors
 from launch.run import run_directory
+from tff_zmg import run_files
 
-IDENTITY_FILENAME = 'run_identity.json'
 
 
 def data_identity(train_client_ids: Iterable[str], test_client_ids: Iterable[str]) -> dict:
@@ -27,7 +27,7 @@ def data_identity(train_client_ids: Iterable[str], test_client_ids: Iterable[str
 
 
 def _identity_path(checkpoint_dir: str) -> str:
-  return os.path.join(checkpoint_dir, IDENTITY_FILENAME)
+  return os.path.join(checkpoint_dir, run_files.IDENTITY)
 
 
 def read_identity(checkpoint_dir: str) -> Optional[dict]:
@@ -79,7 +79,7 @@ def check_identity(
   if recorded is None:
     if run_directory.has_checkpoints(checkpoint_dir) and not legacy_flags_ok:
       raise errors.ExperimentError(
-          f'{checkpoint_dir} holds checkpoints, but neither {IDENTITY_FILENAME} there nor'
+          f'{checkpoint_dir} holds checkpoints, but neither {run_files.IDENTITY} there nor'
           f' flags.json in {output_dir} says which settings made them; pass --overwrite to'
           ' start afresh'
       )
@@ -88,7 +88,7 @@ def check_identity(
   if changed:
     raise errors.ExperimentError(
         f'{output_dir} holds a run with other settings ({changed}; recorded in'
-        f' {os.path.join(os.path.basename(checkpoint_dir), IDENTITY_FILENAME)}); pass'
+        f' {os.path.join(os.path.basename(checkpoint_dir), run_files.IDENTITY)}); pass'
         ' --overwrite to replace it or choose another --experiment_name'
     )
   changed = differences(recorded.get('data') or {}, identity['data'])

@@ -27,8 +27,9 @@ import tensorflow_federated as tff
 from launch.run import errors
 from launch.run import event_loop
 from launch.run import run_directory
-from tff_zmg import analysis
 from tff_zmg.algorithms import registry
+from tff_zmg import analysis
+from tff_zmg import run_files
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import gpu_diagnosis
 from tff_zmg.runtime import in_process
@@ -267,6 +268,6 @@ def record_session(
   )
   sessions = analysis.runs.read_runtime(config.output_dir)
   run_directory.write_json_atomically(  # Each session's keys in the order above.
-      os.path.join(config.output_dir, analysis.runs.RUNTIME_FILENAME),
+      os.path.join(config.output_dir, run_files.RUNTIME),
       {'sessions': [*sessions, session]}, sort_keys=False)
   return session

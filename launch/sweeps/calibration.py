@@ -34,6 +34,7 @@ from launch.run import run_config
 from launch.run import run_directory
 from launch.sweeps import runner
 from tff_zmg.algorithms import registry
+from tff_zmg import run_files
 
 CALIBRATION_ROUNDS = 3
 CALIBRATION_FILENAME = 'calibration.json'
@@ -125,7 +126,7 @@ def estimate_planned(planned: PlannedRun, timings: dict[str, Timing]) -> float:
 
 def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
   """The timing of a finished calibration run (None without its rounds)."""
-  csv_path = os.path.join(run_dir, run_config.METRICS_FILENAME)
+  csv_path = os.path.join(run_dir, run_files.METRICS)
   train = resumption.read_metric(csv_path, 'training_time_in_seconds')
   evaluation = resumption.read_metric(csv_path, 'evaluation/evaluation_time_in_seconds')
   steady = [train[r] for r in sorted(train) if r >= 2]

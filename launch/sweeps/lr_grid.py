@@ -17,14 +17,17 @@ import os
 import sys
 from typing import Hashable, Mapping, Optional, Sequence
 
+from launch.run import resumption
 from launch.sweeps import calibration
 from launch.sweeps import halving
-from launch.run import resumption
 from launch.sweeps import runner
 from tff_zmg import analysis
+from tff_zmg import run_files
 
 EXHAUSTIVE, HALVING = 'exhaustive', 'halving'
 STABILITY_DIRNAME = 'stability'
+# A grid's folder holds its cells and this folder of their logs, which marks it as a grid's.
+LOGS_DIRNAME = 'logs'
 
 
 def cell_name(client_lr: float, server_lr: float) -> str:
@@ -157,7 +160,7 @@ def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
 
   From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
   """
-  path = os.path.join(run_dir, analysis.runs.METRICS_FILENAME)
+  path = os.path.join(run_dir, run_files.METRICS)
   trained = {r: t for r, t in resumption.read_metric(
       path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
   evaluated = resumption.read_metric(path, 'evaluation/evaluation_time_in_seconds')

@@ -25,19 +25,18 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
+from launch.cli import exit_status
 from launch.run import errors
-from launch.cli import failures
 from launch.run import resumption
 from launch.run import run_config
-from launch import train
+from launch.run import settings as run_settings
+from tff_zmg import run_files
 
 PARALLEL = flags.DEFINE_integer(
     'parallel', 1, 'How many training runs go at once, each in its own process.',
     lower_bound=1,
 )
-DIVERGED_FILENAME = 'diverged.txt'
 FINISHED, DIVERGED, PENDING = 'finished', 'diverged', 'pending'
-_DIVERGED_EXIT_CODE = 3
 _PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 30.0
 _POLL_S = 0.5
@@ -62,16 +61,16 @@ def train_run(name: str, overrides: Mapping[str, object]) -> Run:
   """The run `launch.train` would make of this program's flags with `overrides` set.
 
   The flags the user gave and the overridden ones make the run's command line; its
-  config is computed from the same settings by `launch.train`'s own code, so it is
-  exactly what the subprocess will record (and it fails here, early, on settings it
-  would refuse). This program's global flags are left as they are.
+  config is computed from the same settings by the code `launch.train` uses
+  (`launch.run.settings`), so it is exactly what the subprocess will record (and it fails
+  here, early, on settings it would refuse). This program's global flags are left as they are.
 
   Raises:
     ValueError: If an override is not a flag of `launch.train`, or the run's settings
       are invalid.
   """
-  settings = train.settings_from_flags().replace(overrides)
-  config = train.experiment_config(train.apply_protocol(settings)[0])
+  settings = run_settings.settings_from_flags().replace(overrides)
+  config = run_settings.experiment_config(run_settings.apply_protocol(settings)[0])
   return Run(name=name, config=config, args=settings.command_line())
 
 
@@ -84,7 +83,7 @@ def status(run: Run) -> str:
   if run.config.overwrite:
     return PENDING
   finished = resumption.is_finished(run.config)  # Checks the recorded settings first.
-  if os.path.exists(os.path.join(run.config.output_dir, DIVERGED_FILENAME)):
+  if os.path.exists(os.path.join(run.config.output_dir, run_files.DIVERGED)):
     return DIVERGED
   return FINISHED if finished else PENDING
 
@@ -262,15 +261,15 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
   """FINISHED or DIVERGED (recorded in the run's directory); else `errors.RunFailed`."""
   if returncode == 0:
     return FINISHED
-  if returncode == _DIVERGED_EXIT_CODE:
+  if returncode == exit_status.DIVERGED:
     os.makedirs(run.config.output_dir, exist_ok=True)
-    with open(os.path.join(run.config.output_dir, DIVERGED_FILENAME), 'w') as f:
+    with open(os.path.join(run.config.output_dir, run_files.DIVERGED), 'w') as f:
       f.write(_last_error_line(log_path) + '\n')
     return DIVERGED
   raise errors.RunFailed(
       f'{run.name} failed (exit {returncode}) after {seconds:.0f} s:'
       f' {_last_error_line(log_path, "no error line")} (its log: {log_path})',
-      returncode if returncode in failures.DOCUMENTED_EXIT_CODES else failures.EXIT_UNEXPECTED,
+      returncode if returncode in exit_status.DOCUMENTED else exit_status.UNEXPECTED,
   )
 
 
@@ -298,9 +297,9 @@ def _deferred_stop_signals():
 
 
 def _check_stop(stop_requested) -> None:
-  """Leaves as the program's own handlers would (launch/cli/failures.py): `Interrupted`."""
+  """Leaves as the program's own handlers would (launch/cli/failures.py): `errors.Interrupted`."""
   if stop_requested:
-    raise failures.Interrupted(
+    raise errors.Interrupted(
         f'interrupted by {signal.Signals(stop_requested[0]).name}; the runs still going'
         ' were stopped; re-run the same command to resume'
     )

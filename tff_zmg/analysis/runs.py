@@ -14,12 +14,10 @@ from typing import Optional
 
 import numpy as np
 
+from tff_zmg import run_files
+
 EVAL_ACCURACY = 'evaluation/sparse_categorical_accuracy'
 TRAIN_LOSS = 'client_work/train/loss'
-METRICS_FILENAME = 'metrics.csv'
-FLAGS_FILENAME = 'flags.json'
-RUNTIME_FILENAME = 'runtime.json'
-COMMUNICATION_FILENAME = 'communication.json'
 
 
 def metric_series(
@@ -51,13 +49,13 @@ def accuracy_series(
     run: str, *, include_initial: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
   """(rounds, validation accuracy) of a run directory or of its metrics.csv."""
-  path = os.path.join(run, METRICS_FILENAME) if os.path.isdir(run) else run
+  path = os.path.join(run, run_files.METRICS) if os.path.isdir(run) else run
   return metric_series(path, EVAL_ACCURACY, include_initial=include_initial)
 
 
 def completed_rounds(run: str) -> int:
   """The last round with a training loss in a run's metrics.csv (0 if none or no file)."""
-  path = os.path.join(run, METRICS_FILENAME) if os.path.isdir(run) else run
+  path = os.path.join(run, run_files.METRICS) if os.path.isdir(run) else run
   if not os.path.exists(path):
     return 0
   try:
@@ -69,7 +67,7 @@ def completed_rounds(run: str) -> int:
 
 def read_flags(run_dir: str) -> Optional[dict]:
   """The settings a run recorded in flags.json, or None when it has none."""
-  path = os.path.join(run_dir, FLAGS_FILENAME)
+  path = os.path.join(run_dir, run_files.FLAGS)
   if not os.path.exists(path):
     return None
   with open(path) as f:
@@ -85,7 +83,7 @@ def read_runtime(run_dir: str) -> list[dict]:
   which device) and `started` (UTC). A runtime.json from before sessions holds one such
   record, of the newest process only: it reads as one session whose `rounds` is None.
   """
-  path = os.path.join(run_dir, RUNTIME_FILENAME)
+  path = os.path.join(run_dir, run_files.RUNTIME)
   if not os.path.exists(path):
     return []
   with open(path) as f:
@@ -99,7 +97,7 @@ def read_communication(run_dir: str) -> Optional[dict]:
   """The bytes one client of a run receives and sends per round, or None when it has no
   record: `broadcast_bytes_per_client`, `upload_bytes_per_client` and their tensor
   parts (`tff_zmg.aggregation.client_bytes`, written once per run by `launch.train`)."""
-  path = os.path.join(run_dir, COMMUNICATION_FILENAME)
+  path = os.path.join(run_dir, run_files.COMMUNICATION)
   if not os.path.exists(path):
     return None
   with open(path) as f:

@@ -16,7 +16,8 @@ import json
 import os
 from typing import Mapping, Optional
 
-BEST_FILENAME = 'best.json'
+from tff_zmg import run_files
+
 # Fields of best.json that describe the search, not a hyperparameter of its pick.
 RECORD_FIELDS = frozenset({
     'task', 'algo', 'score', 'score_rounds', 'total_rounds', 'search', 'rungs',
@@ -71,7 +72,7 @@ def read_best(path: str) -> TunedRates:
       best = json.load(f)
     task, algo = best['task'], best['algo']
   except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ValueError(f'{path} is not a grid search\'s {BEST_FILENAME}: {e}') from None
+    raise ValueError(f'{path} is not a grid search\'s {run_files.BEST}: {e}') from None
   run_dir = best.get('run_dir')
   return TunedRates(
       task=task, algo=algo,
@@ -98,12 +99,12 @@ def find_tuned(path: str) -> dict[tuple[str, str], TunedRates]:
     raise ValueError(f'{path} is not a directory (a grid search\'s or launch.reproduce\'s)')
   found = {}
   for folder, subfolders, files in os.walk(path):
-    if 'flags.json' in files:
+    if run_files.FLAGS in files:
       subfolders.clear()
       continue
     subfolders.sort()
-    if BEST_FILENAME in files:
-      pick = read_best(os.path.join(folder, BEST_FILENAME))
+    if run_files.BEST in files:
+      pick = read_best(os.path.join(folder, run_files.BEST))
       key = (pick.task, pick.algo)
       if key in found:
         raise ValueError(
@@ -112,7 +113,7 @@ def find_tuned(path: str) -> dict[tuple[str, str], TunedRates]:
         )
       found[key] = pick
   if not found:
-    raise ValueError(f'no grid search result ({BEST_FILENAME}) under {path}')
+    raise ValueError(f'no grid search result ({run_files.BEST}) under {path}')
   return found
 
 

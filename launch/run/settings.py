@@ -1,0 +1,409 @@
+"""A training run's settings as flags: every flag of `launch.train`, read into `Settings`.
+
+`launch.train` reads its command line into `Settings`; the programs that start many runs
+(grid search, comparison, reproduction) define the same flags by importing this module,
+derive one `Settings` per run with their own values, and get each run's `ExperimentConfig`
+(`experiment_config`) and command line (`Settings.command_line`) from it, so a run's config
+is computed by one code path wherever it is computed. Only `launch.train` marks --task and
+--algo required: the others set them per run.
+"""
+
+import dataclasses
+import sys
+from typing import Any, Mapping
+
+from absl import flags
+
+from launch import papers
+from launch.run import accounting
+from launch.run import run_config
+from launch.run import runtime_choice
+import tasks
+from tasks import evaluation
+from tff_zmg import aggregation
+from tff_zmg.algorithms import registry
+from tff_zmg.runtime import cpp_worker
+from tff_zmg.templates import hparams as hparams_lib
+
+
+_TASK = flags.DEFINE_enum('task', None, list(tasks.TASK_NAMES), 'The federated task.')
+_ALGO = flags.DEFINE_enum(
+    'algo', None, sorted(registry.ALGORITHMS),
+    'The algorithm (docs/algorithms.md) and how the server weights client updates: '
+    + ' '.join(f'{name} ({accounting.WEIGHTS[spec.client_weighting]}): {spec.description}'
+               for name, spec in registry.ALGORITHMS.items()),
+)
+_DATA_SOURCE = flags.DEFINE_enum(
+    'data_source', 'tff', ['tff', 'synthetic'],
+    "'tff': TFF's published SQLite files in --cache_dir; 'synthetic': generated data in"
+    " the same format (offline; for trying things out and tests).",
+)
+_CACHE_DIR = flags.DEFINE_string(
+    'cache_dir', None,
+    'Directory with the <name>.sqlite files (default ~/.tff); for cifar10 and'
+    ' cifar100_tfds the tensorflow_datasets data_dir (default ~/tensorflow_datasets).',
+)
+_SYNTHETIC_TRAIN_CLIENTS = flags.DEFINE_integer(
+    'synthetic_train_clients', None, 'Synthetic data: number of training clients.'
+)
+_SYNTHETIC_TEST_CLIENTS = flags.DEFINE_integer(
+    'synthetic_test_clients', None, 'Synthetic data: number of test clients.'
+)
+_SYNTHETIC_EXAMPLES = flags.DEFINE_integer(
+    'synthetic_examples_per_client', None, 'Synthetic data: mean examples per client.'
+)
+_SYNTHETIC_ALPHA = flags.DEFINE_float(
+    'synthetic_dirichlet_alpha', 0.5, 'Synthetic data: Dirichlet label-skew parameter.'
+)
+_SYNTHETIC_SEED = flags.DEFINE_integer(
+    'synthetic_seed', 0,
+    'Synthetic data: generator seed (separate from --seed, so that runs with different'
+    ' seeds see the same data).',
+)
+_TOTAL_ROUNDS = flags.DEFINE_integer(
+    'total_rounds', 10,
+    'Number of training rounds. Raising it continues a finished run; a value below the'
+    ' rounds a run already trained is refused (a run is never cut back: read the earlier'
+    ' rounds in its metrics.csv).',
+)
+_CLIENTS_PER_ROUND = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
+_EPOCHS = flags.DEFINE_integer('client_epochs_per_round', 1, 'Local epochs per round.')
+_BATCH_SIZE = flags.DEFINE_integer(
+    'client_batch_size', None,
+    'Client batch size. Default per task: '
+    + ', '.join(f'{n}={s.batch_size}' for n, s in tasks.SPECS.items()) + '.',
+)
+_MAX_ELEMENTS = flags.DEFINE_integer(
+    'max_elements_per_client', None, 'Optional cap on examples per client and round.'
+)
+
+
+def _define_flag(name: str, kind: type, valid, text: str, default_text: str):
+  """A flag unset by default (None: the dataclass field's default applies), whose help
+  is the field's with its range and default."""
+  define = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool,
+            str: flags.DEFINE_string}
+  return define[kind](name, None, f'{text.rstrip(".")}; {valid.text}. {default_text}')
+
+
+def _define_hparam_flags() -> dict:
+  """One flag per hyperparameter of the registry's `Hparams` dataclasses, unset (None):
+  an unset flag leaves the algorithm's default. The help is the field's, with its range
+  and each algorithm's default."""
+  fields = {}  # name -> (type, valid, help, {algo: default})
+  for algo, spec in registry.ALGORITHMS.items():
+    defaults = spec.defaults
+    for name, (kind, valid, text) in hparams_lib.field_info(spec.hparams_class).items():
+      fields.setdefault(name, (kind, valid, text, {}))[3][algo] = defaults[name]
+  defined = {}
+  for name, (kind, valid, text, defaults) in fields.items():
+    if len(set(map(repr, defaults.values()))) == 1:
+      default_text = f'Default: {next(iter(defaults.values()))!r} ({", ".join(defaults)}).'
+    else:
+      default_text = 'Defaults: ' + ', '.join(f'{a}={v!r}' for a, v in defaults.items()) + '.'
+    defined[name] = _define_flag(name, kind, valid, text, default_text)
+  return defined
+
+
+def _define_aggregator_flags() -> dict[str, str]:
+  """One flag per field of `aggregation.AggregatorSettings` but those the run sets
+  (`run_config.RUN_AGGREGATOR_SETTINGS`): `--aggregator` (its kind), the DP and the
+  compression settings, unset (None: the field's default).
+
+  Returns:
+    flag name -> field name.
+  """
+  defaults = aggregation.AggregatorSettings()
+  defined = {}
+  for field, (kind, valid, text) in hparams_lib.field_info(type(defaults)).items():
+    if field in run_config.RUN_AGGREGATOR_SETTINGS:
+      continue
+    name = run_config.aggregator_flag(field)
+    _define_flag(name, kind, valid, text, f'Default: {getattr(defaults, field)!r}.')
+    defined[name] = field
+  return defined
+
+
+_HPARAMS = _define_hparam_flags()
+# docs/privacy_and_communication.md; --clients_per_round and --seed are the DP aggregator's.
+_AGGREGATOR_FLAGS = _define_aggregator_flags()
+_SEED = flags.DEFINE_integer(
+    'seed', 0,
+    'Seed of the model initialization, client sampling and shuffling, and of a DP'
+    ' aggregator\'s noise.'
+)
+_ROUNDS_PER_EVAL = flags.DEFINE_integer(
+    'rounds_per_eval', 1,
+    'Evaluate on the test clients every this many rounds, and after the last round.'
+)
+_EVALUATION = flags.DEFINE_enum(
+    'evaluation', None, list(evaluation.KINDS),
+    'How the model is evaluated on the held-out test set. global (the default, the'
+    " papers'): the accuracy over every test example, pooled; per_client: each test"
+    " client apart, reporting the mean and standard deviation of the clients' own"
+    ' accuracies beside the pooled ones. A run started before this setting existed'
+    ' resumes with its per-client evaluation.',
+)
+_EVAL_EXAMPLES = flags.DEFINE_integer(
+    'eval_examples', None,
+    'global evaluation only: a fixed subsample (the same for every algorithm and seed)'
+    ' of this many test examples, for quick runs (default: every test example).',
+)
+_NUM_EVAL_CLIENTS = flags.DEFINE_integer(
+    'num_eval_clients', None,
+    'per_client evaluation only: the first this many test clients (sorted ids;'
+    ' default: all).',
+)
+_ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
+    'rounds_per_checkpoint', 1, 'Save a checkpoint every this many rounds.'
+)
+_DIVERGENCE_FACTOR = flags.DEFINE_float(
+    'divergence_factor', run_config.DIVERGENCE_FACTOR,
+    'A round whose training or evaluation loss is above this multiple of round 0\'s'
+    ' evaluation loss (the untrained model\'s, about log(classes)) has diverged, as one'
+    ' with a non-finite loss: the run stops (exit status 3) before anything of the round'
+    ' is saved. inf: only non-finite losses count.',
+)
+_ROOT_OUTPUT_DIR = flags.DEFINE_string(
+    'root_output_dir', 'runs', 'Directory under which each experiment gets its own.'
+)
+_EXPERIMENT_NAME = flags.DEFINE_string(
+    'experiment_name', None,
+    'Experiment directory name inside --root_output_dir (default'
+    ' <task>_<algo>_seed<seed>); names may nest (a/b), but no component may be empty,'
+    ' "." or "..", or longer than 255 bytes.',
+)
+_EXECUTOR = flags.DEFINE_enum(
+    'executor', 'cpu', ['cpu', 'gpu'],
+    'Run client computations on the CPU or on every GPU TensorFlow sees in this process'
+    ' (gpu: in-process runtime; refused when no GPU is visible or with --workers).',
+)
+_RUNTIME = flags.DEFINE_enum(
+    'runtime', 'auto', list(runtime_choice.RUNTIMES),
+    'Who runs the rounds: in_process (this process\'s TensorFlow), tff_worker (TFF\'s C++'
+    f' worker_binary, CPU only: its pip build has no CUDA), or auto: in_process for'
+    f' --executor=gpu, tff_worker with --workers, and {runtime_choice.CPU_RUNTIME} for'
+    ' --executor=cpu, the faster of the two on the CPU in launch.benchmark (docs/'
+    'performance.md). The devices each client ran on are written to runtime.json.',
+)
+_MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
+    'max_concurrent_clients', -1,
+    'How many client computations the TFF worker runs at once (<= 0: no limit); in'
+    ' process, how many each device runs at once (<= 0: one per core on the CPU, one per'
+    ' GPU).',
+)
+_INTRA_OP_THREADS = flags.DEFINE_integer(
+    'intra_op_threads', 0,
+    'Threads each TF op may use where clients run on this machine\'s CPU (TFF\'s local'
+    ' worker, or this process with --runtime=in_process); 0: cores // clients run at once'
+    ' (at least 1), the fast choice when a round\'s clients already keep every core busy.',
+)
+_CLIENT_STATE_STORE = flags.DEFINE_enum(
+    'client_state_store', 'disk', ['disk', 'memory'],
+    'Where clients that keep state (FedRKMGC, FedGPS, SCAFFOLD) keep it between rounds: on'
+    ' disk, one file per client under <experiment>/client_states (memory flat in the'
+    ' population), or in memory (faster; snapshots at each checkpoint).',
+)
+_WORKERS = flags.DEFINE_list(
+    'workers', [],
+    'host:port of remote TFF workers (`python -m launch.worker --port=PORT` on each'
+    ' machine, same TFF version) that share every round\'s clients; empty: one local'
+    ' worker. Results equal a local run\'s up to float32 summation order.',
+)
+_WORKER_TIMEOUT = flags.DEFINE_float(
+    'worker_timeout_s', cpp_worker.REMOTE_CONNECT_TIMEOUT_S,
+    'With --workers: how long a worker may not answer, at start or during a round, before'
+    ' the run stops (it resumes from its last checkpoint when re-run).',
+)
+_OVERWRITE = flags.DEFINE_bool(
+    'overwrite', False,
+    'Delete an existing experiment of the same name and start afresh; a folder holding'
+    ' files a run does not write, or a symbolic link, is refused, never deleted.',
+)
+_PARTITION = flags.DEFINE_enum(
+    'partition', None, ['dirichlet'],
+    'Re-partition the training examples of an image task: pool them and deal them out to'
+    ' --num_clients new clients with Dirichlet(--dirichlet_alpha) label distributions'
+    " (tasks/partition.py; the test split is kept). Unset: the dataset's own clients;"
+    ' implied for the centralized cifar10 and cifar100_tfds.',
+)
+_DIRICHLET_ALPHA = flags.DEFINE_float(
+    'dirichlet_alpha', 0.1, 'With --partition=dirichlet: the concentration (smaller is more'
+    ' skewed).'
+)
+_NUM_CLIENTS = flags.DEFINE_integer(
+    'num_clients', 100, 'With --partition=dirichlet: the number of training clients.'
+)
+_PARTITION_SEED = flags.DEFINE_integer(
+    'partition_seed', 0,
+    'With --partition=dirichlet: the partition seed (separate from --seed, so that runs'
+    ' with different seeds share one split).',
+)
+
+
+_MODEL = flags.DEFINE_enum(
+    'model', None, list(tasks.MODEL_NAMES),
+    'The model, per task: '
+    + '; '.join(f'{n}: {", ".join(m)}' for n, m in tasks.MODELS.items())
+    + ' (unset: the first, the task\'s own).',
+)
+_PROTOCOL = flags.DEFINE_enum(
+    'protocol', None, list(papers.PROTOCOL_NAMES),
+    "A paper's training protocol (launch/papers/): sets --partition=dirichlet,"
+    ' --num_clients, --dirichlet_alpha, --clients_per_round, --client_epochs_per_round,'
+    " --client_batch_size and the algorithm's client hyperparameters, each only where"
+    ' not given on the command line.',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """A run as `launch.train`'s flags describe it, apart from absl's global FLAGS.
+
+  The training program reads its own command line into one; the programs that start
+  many runs (grid search, comparison, reproduction) derive one per run with their own
+  values, and both get the run's `ExperimentConfig` and command line from it, so a
+  run's config is computed by one code path wherever it is computed.
+
+  Attributes:
+    values: Every flag of this program -> its value (None: unset).
+    given: The flags set on the command line or by a program; the ones a run's
+      command line passes on, and that `--protocol` leaves alone.
+  """
+
+  values: Mapping[str, Any]
+  given: frozenset[str]
+
+  def replace(self, values: Mapping[str, Any]) -> 'Settings':
+    """These settings with `values` set (and given).
+
+    Raises:
+      ValueError: If a name is not a flag of `launch.train`.
+    """
+    unknown = sorted(set(values) - set(self.values))
+    if unknown:
+      raise ValueError(f'not flags of launch.train: {unknown}')
+    return Settings({**self.values, **values}, self.given | set(values))
+
+  def command_line(self) -> tuple[str, ...]:
+    """The `launch.train` arguments that describe this run: its given flags."""
+    return tuple(
+        flag_argument(name, value)
+        for name, value in self.values.items()
+        if name in self.given and value is not None
+    )
+
+
+def flag_argument(name: str, value) -> str:
+  """The command-line argument that sets flag `name` to `value` (`--noname` for False)."""
+  flag = flags.FLAGS[name]
+  if isinstance(value, bool):
+    return f'--{"" if value else "no"}{flag.name}'
+  return f'--{flag.name}={flag.serializer.serialize(value)}'
+
+
+def settings_from_flags(flag_values=flags.FLAGS) -> Settings:
+  """The settings of this program's parsed command line."""
+  names = [f.name for f in flag_values.get_flags_for_module(sys.modules[__name__])]
+  return Settings(
+      {n: flag_values[n].value for n in names},
+      frozenset(n for n in names if flag_values[n].present),
+  )
+
+
+def apply_protocol(settings: Settings) -> tuple[Settings, dict]:
+  """`settings` with `--protocol`'s values on the flags they leave unset.
+
+  Returns:
+    The settings, and the values the protocol set (name -> value; empty without one).
+    The protocol's values are not marked given: the command line passes `--protocol`.
+  """
+  name = settings.values['protocol']
+  if name is None:
+    return settings, {}
+  applied = papers.values_for_unset(
+      name, settings.given, registry.get(settings.values['algo']).defaults
+  )
+  return Settings({**settings.values, **applied}, settings.given), applied
+
+
+def synthetic_settings(settings: Settings):
+  """The synthetic generator's settings (None unless --data_source=synthetic)."""
+  v = settings.values
+  if v['data_source'] != 'synthetic':
+    return None
+  return {
+      'num_train_clients': v['synthetic_train_clients'],
+      'num_test_clients': v['synthetic_test_clients'],
+      'mean_examples_per_client': v['synthetic_examples_per_client'],
+      'dirichlet_alpha': v['synthetic_dirichlet_alpha'],
+      'seed': v['synthetic_seed'],
+  }
+
+
+def partition_settings(settings: Settings) -> dict:
+  """`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed` (all None unless set)."""
+  names = ('dirichlet_alpha', 'num_clients', 'partition_seed')
+  v = settings.values
+  partition = v['partition']
+  if partition is None and v['task'] in tasks.CENTRALIZED_TASK_NAMES:
+    partition = 'dirichlet'  # A centralized dataset has no clients of its own.
+  if partition is None:
+    given = [n for n in names if n in settings.given]
+    if given:
+      raise ValueError(f'--{given[0]} only applies with --partition=dirichlet')
+    return dict(partition=None, **{n: None for n in names})
+  return dict(partition=partition, **{n: v[n] for n in names})
+
+
+def experiment_config(settings: Settings) -> run_config.ExperimentConfig:
+  """The experiment `settings` describe; hyperparameters not set take the algorithm's
+  defaults (which its record, flags.json, lists with the others)."""
+  v = settings.values
+  spec = registry.get(v['algo'])
+  given = {n: v[n] for n in _HPARAMS if v[n] is not None}
+  unknown = [n for n in given if n not in spec.hparams_class.names()]
+  if unknown:
+    raise ValueError(
+        f'--{unknown[0]} does not apply to --algo={v["algo"]}; its hyperparameters are'
+        f' {sorted(spec.hparams_class.names())}'
+    )
+  return run_config.ExperimentConfig(
+      task=v['task'],
+      algo=v['algo'],
+      root_output_dir=v['root_output_dir'],
+      experiment_name=v['experiment_name'] or f'{v["task"]}_{v["algo"]}_seed{v["seed"]}',
+      hparams=given,
+      data_source=v['data_source'],
+      cache_dir=v['cache_dir'],
+      synthetic_settings=synthetic_settings(settings),
+      total_rounds=v['total_rounds'],
+      clients_per_round=v['clients_per_round'],
+      client_epochs_per_round=v['client_epochs_per_round'],
+      client_batch_size=v['client_batch_size'],
+      max_elements_per_client=v['max_elements_per_client'],
+      seed=v['seed'],
+      rounds_per_eval=v['rounds_per_eval'],
+      evaluation=v['evaluation'],
+      eval_examples=v['eval_examples'],
+      num_eval_clients=v['num_eval_clients'],
+      rounds_per_checkpoint=v['rounds_per_checkpoint'],
+      executor=v['executor'],
+      runtime=v['runtime'],
+      max_concurrent_clients=v['max_concurrent_clients'],
+      intra_op_threads=v['intra_op_threads'],
+      overwrite=v['overwrite'],
+      client_state_store=v['client_state_store'],
+      **partition_settings(settings),
+      workers=tuple(v['workers']),
+      worker_timeout_s=v['worker_timeout_s'],
+      model=v['model'],
+      divergence_factor=v['divergence_factor'],
+      aggregator={field: v[flag] for flag, field in _AGGREGATOR_FLAGS.items()
+                  if v[flag] is not None},
+  )
+
+
+def config_from_flags() -> run_config.ExperimentConfig:
+  """The experiment of this program's command line, `--protocol` applied."""
+  return experiment_config(apply_protocol(settings_from_flags())[0])
