@@ -112,8 +112,11 @@ class Setting:
     return self.synthetic_task if data_source == 'synthetic' and self.synthetic_task else self.task
 
 
-def dirichlet_setting(key, task, num_clients, alpha, **flags) -> Setting:
-  """A column trained on a Dirichlet split of a tfds task (synthetic: TFF's CIFAR-100)."""
+def dirichlet_setting(*, key, task, num_clients, alpha, **flags) -> Setting:
+  """A column trained on a Dirichlet split of a tfds task (synthetic: TFF's CIFAR-100).
+
+  `num_clients` and `alpha` are the split's; `flags` are further `launch.train` flags.
+  """
   return Setting(
       key=key, task=task, synthetic_task='cifar100',
       flags=dict(partition='dirichlet', num_clients=num_clients, dirichlet_alpha=alpha, **flags),
@@ -133,6 +136,19 @@ class TableSpec:
   number: int
   layout: str
   settings: tuple[Setting, ...]
+
+
+def by_number(*entries) -> dict:
+  """{entry.number: entry} in the given order: a paper's `tables` or `published`.
+
+  Each entry carries its table's number once; a number given twice is an error.
+  """
+  numbered = {}
+  for entry in entries:
+    if entry.number in numbered:
+      raise ValueError(f'table {entry.number} is given twice')
+    numbered[entry.number] = entry
+  return numbered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +180,8 @@ class Paper:
     seeds: Training seeds of each algorithm and setting.
     total_rounds: Rounds of a comparison run.
     flags: `launch.train` flags of every run (clients per round, protocol, model, ...).
-    tables: Table number -> its spec.
-    published: Table number -> the numbers the paper printed in it.
+    tables: Table number -> its spec (`by_number(TableSpec(...), ...)`).
+    published: Table number -> the numbers the paper printed in it (`by_number`).
     grid: The learning-rate search before the comparison; None where the paper fixed the
       learning rates.
     accuracy: How the 'accuracy' layout scores a run: ('last', n) the mean of the last n

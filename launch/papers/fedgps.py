@@ -33,8 +33,8 @@ PROTOCOL = base.Protocol(
 
 _GPS_COLUMNS = {f'scenario{i}': f'Heterogeneous scenario {i} ACC' for i in range(1, 6)}
 
-PUBLISHED = {
-    1: base.PublishedTable(
+PUBLISHED = base.by_number(
+    base.PublishedTable(
         paper='fedgps', number=1, source='FedGPS, Table 1 (section 5, Experiments)',
         caption='Best top-1 accuracy (%) during training, CIFAR-10, α=0.1, 10 clients,'
         ' 50% sampling, T = 500, E = 1; five Dirichlet draws ("heterogeneous scenarios")',
@@ -48,7 +48,7 @@ PUBLISHED = {
             ' the seed, Figure 2); the paper\'s ROUND and SpeedUp columns are left out.',
         ),
     ),
-}
+)
 
 PAPER = base.Paper(
     name='fedgps',
@@ -57,12 +57,15 @@ PAPER = base.Paper(
     seeds=(0,),
     total_rounds=500,
     flags=dict(protocol='fedgps', model='resnet18_gn'),
-    tables={
-        1: base.TableSpec(1, 'accuracy', tuple(
-            base.dirichlet_setting(f'scenario{i}', 'cifar10', 10, 0.1, partition_seed=i - 1)
+    tables=base.by_number(
+        base.TableSpec(number=1, layout='accuracy', settings=tuple(
+            base.dirichlet_setting(
+                key=f'scenario{i}', task='cifar10', num_clients=10, alpha=0.1,
+                partition_seed=i - 1,
+            )
             for i in range(1, 6)
         )),
-    },
+    ),
     published=PUBLISHED,
     accuracy=('best', 0),
     notes=(

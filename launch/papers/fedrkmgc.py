@@ -40,8 +40,8 @@ _RKM_COLUMNS = {
     'cifar100_a0.5': 'CIFAR-100 Dir(0.5) ACC_G', 'cifar100_a0.3': 'CIFAR-100 Dir(0.3) ACC_G',
 }
 
-PUBLISHED = {
-    1: base.PublishedTable(
+PUBLISHED = base.by_number(
+    base.PublishedTable(
         paper='fedrkmgc', number=1, source='FedRKMGC, Table 1 (section 4, Convergence'
         ' performance comparison)',
         caption='Global test accuracy ACC_G (%), ResNet-18, 1000 rounds, mean of the last'
@@ -56,7 +56,7 @@ PUBLISHED = {
             'The paper\'s ResNet-18 uses static BN; ours (resnet18_gn) uses GroupNorm.',
         ),
     ),
-}
+)
 
 PAPER = base.Paper(
     name='fedrkmgc',
@@ -65,14 +65,16 @@ PAPER = base.Paper(
     seeds=(0,),
     total_rounds=1000,
     flags=dict(protocol='fedrkmgc', model='resnet18_gn'),
-    tables={
-        1: base.TableSpec(1, 'accuracy', (
-            base.dirichlet_setting('cifar10_a0.5', 'cifar10', 100, 0.5),
-            base.dirichlet_setting('cifar10_a0.3', 'cifar10', 100, 0.3),
-            base.dirichlet_setting('cifar100_a0.5', 'cifar100_tfds', 100, 0.5),
-            base.dirichlet_setting('cifar100_a0.3', 'cifar100_tfds', 100, 0.3),
+    tables=base.by_number(
+        base.TableSpec(number=1, layout='accuracy', settings=(
+            base.dirichlet_setting(key='cifar10_a0.5', task='cifar10', num_clients=100, alpha=0.5),
+            base.dirichlet_setting(key='cifar10_a0.3', task='cifar10', num_clients=100, alpha=0.3),
+            base.dirichlet_setting(
+                key='cifar100_a0.5', task='cifar100_tfds', num_clients=100, alpha=0.5),
+            base.dirichlet_setting(
+                key='cifar100_a0.3', task='cifar100_tfds', num_clients=100, alpha=0.3),
         )),
-    },
+    ),
     published=PUBLISHED,
     accuracy=('last', 20),
     notes=(

@@ -18,7 +18,7 @@ GRID = base.Grid(
 _TASKS = {t: base.Setting(key=t, task=t) for t in ('emnist', 'cifar100', 'shakespeare')}
 
 
-def _zmg_summary(number, dataset, values, notes=()):
+def _zmg_summary(*, number, dataset, values, notes=()):
   """FedZMG Tables 3-5: rounds to each threshold and the accuracy after the second."""
   return base.PublishedTable(
       paper='fedzmg', number=number,
@@ -37,7 +37,7 @@ def _zmg_summary(number, dataset, values, notes=()):
   )
 
 
-def _zmg_ttest(number, dataset, values, notes=()):
+def _zmg_ttest(*, number, dataset, values, notes=()):
   """FedZMG Tables 6-8: paired t-tests over the 5 seeds."""
   return base.PublishedTable(
       paper='fedzmg', number=number,
@@ -63,23 +63,23 @@ _TTEST_ORDER = (
     ' Tables 3-5 (EMNIST, Shakespeare), which our copy cannot confirm.'
 )
 
-PUBLISHED = {
-    3: _zmg_summary(3, 'CIFAR-100', {
+PUBLISHED = base.by_number(
+    _zmg_summary(number=3, dataset='CIFAR-100', values={
         'fedzmg': (95, 250, 39.50), 'fedavg': (155, 805, 34.69),
         'fedadam': (135, 420, 37.68)}),
-    4: _zmg_summary(4, 'Shakespeare', {
+    _zmg_summary(number=4, dataset='Shakespeare', values={
         'fedzmg': (15, 15, 55.79), 'fedavg': (15, 55, 51.92),
         'fedadam': (30, 45, 56.62)}, notes=(_HEADERS_20_33,)),
-    5: _zmg_summary(5, 'EMNIST', {
+    _zmg_summary(number=5, dataset='EMNIST', values={
         'fedzmg': (15, 20, 98.91), 'fedavg': (15, 20, 98.43),
         'fedadam': (35, 40, 97.96)}, notes=(_HEADERS_20_33,)),
-    6: _zmg_ttest(6, 'EMNIST', {
+    _zmg_ttest(number=6, dataset='EMNIST', values={
         'fedzmg vs fedadam': 2.043, 'fedzmg vs fedavg': 4.025}, notes=(_TTEST_ORDER,)),
-    7: _zmg_ttest(7, 'Shakespeare', {
+    _zmg_ttest(number=7, dataset='Shakespeare', values={
         'fedzmg vs fedadam': 1.452, 'fedzmg vs fedavg': 3.854}, notes=(_TTEST_ORDER,)),
-    8: _zmg_ttest(8, 'CIFAR-100', {
+    _zmg_ttest(number=8, dataset='CIFAR-100', values={
         'fedzmg vs fedadam': 7.804, 'fedzmg vs fedavg': 20.716}, notes=(_TTEST_ORDER,)),
-}
+)
 
 PAPER = base.Paper(
     name='fedzmg',
@@ -89,14 +89,14 @@ PAPER = base.Paper(
     total_rounds=1000,
     flags=dict(clients_per_round=10),
     grid=GRID,
-    tables={
-        3: base.TableSpec(3, 'summary', (_TASKS['cifar100'],)),
-        4: base.TableSpec(4, 'summary', (_TASKS['shakespeare'],)),
-        5: base.TableSpec(5, 'summary', (_TASKS['emnist'],)),
-        6: base.TableSpec(6, 'ttest', (_TASKS['emnist'],)),
-        7: base.TableSpec(7, 'ttest', (_TASKS['shakespeare'],)),
-        8: base.TableSpec(8, 'ttest', (_TASKS['cifar100'],)),
-    },
+    tables=base.by_number(
+        base.TableSpec(number=3, layout='summary', settings=(_TASKS['cifar100'],)),
+        base.TableSpec(number=4, layout='summary', settings=(_TASKS['shakespeare'],)),
+        base.TableSpec(number=5, layout='summary', settings=(_TASKS['emnist'],)),
+        base.TableSpec(number=6, layout='ttest', settings=(_TASKS['emnist'],)),
+        base.TableSpec(number=7, layout='ttest', settings=(_TASKS['shakespeare'],)),
+        base.TableSpec(number=8, layout='ttest', settings=(_TASKS['cifar100'],)),
+    ),
     published=PUBLISHED,
     notes=(
         'Comparison: 1000 rounds (section 5.2.2), 5 seeds (section 5.3). The comparison'

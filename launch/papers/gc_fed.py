@@ -44,8 +44,8 @@ _GCFED_COLUMNS_T4 = {  # In the order printed.
     'cifar10_k5_a1000': 'α=1000 5/100', 'cifar10_k10_a1000': 'α=1000 10/100',
 }
 
-PUBLISHED = {
-    5: base.PublishedTable(
+PUBLISHED = base.by_number(
+    base.PublishedTable(
         paper='gcfed', number=5, source=_GCFED_CIFAR10_CNN,
         caption='Top-1 test accuracy (%), CNN, non-i.i.d. LDA splits, participation K/N;'
         ' mean over seeds',
@@ -64,7 +64,7 @@ PUBLISHED = {
             'Global GC\'s 10.00 at CIFAR-10 5/100 α=0.05 is printed as "Failed".',
         ),
     ),
-    4: base.PublishedTable(
+    base.PublishedTable(
         paper='gcfed', number=4, source='GC-Fed, Table 4 (section 4.2.1, Baseline algorithm'
         ' validation)',
         caption='Top-1 test accuracy (%), CIFAR-10, CNN, R = 800, weakly heterogeneous'
@@ -77,7 +77,7 @@ PUBLISHED = {
             'gcfed': (78.73, 79.25, 80.20, 80.56),
         }),
     ),
-}
+)
 
 PAPER = base.Paper(
     name='gcfed',
@@ -86,24 +86,39 @@ PAPER = base.Paper(
     seeds=(0, 1, 2),
     total_rounds=800,
     flags=dict(protocol='gcfed', clients_per_round=5, model='cnn'),
-    tables={
-        5: base.TableSpec(5, 'accuracy', (
-            base.dirichlet_setting('cifar10_n100_a0.05', 'cifar10', 100, 0.05),
-            base.dirichlet_setting('cifar10_n100_a0.1', 'cifar10', 100, 0.1),
-            base.dirichlet_setting('cifar10_n200_a0.05', 'cifar10', 200, 0.05),
-            base.dirichlet_setting('cifar10_n200_a0.1', 'cifar10', 200, 0.1),
-            base.dirichlet_setting('cifar100_n100_a0.05', 'cifar100_tfds', 100, 0.05),
-            base.dirichlet_setting('cifar100_n100_a0.1', 'cifar100_tfds', 100, 0.1),
-            base.dirichlet_setting('cifar100_n200_a0.05', 'cifar100_tfds', 200, 0.05),
-            base.dirichlet_setting('cifar100_n200_a0.1', 'cifar100_tfds', 200, 0.1),
+    tables=base.by_number(
+        base.TableSpec(number=5, layout='accuracy', settings=(
+            base.dirichlet_setting(
+                key='cifar10_n100_a0.05', task='cifar10', num_clients=100, alpha=0.05),
+            base.dirichlet_setting(
+                key='cifar10_n100_a0.1', task='cifar10', num_clients=100, alpha=0.1),
+            base.dirichlet_setting(
+                key='cifar10_n200_a0.05', task='cifar10', num_clients=200, alpha=0.05),
+            base.dirichlet_setting(
+                key='cifar10_n200_a0.1', task='cifar10', num_clients=200, alpha=0.1),
+            base.dirichlet_setting(
+                key='cifar100_n100_a0.05', task='cifar100_tfds', num_clients=100, alpha=0.05),
+            base.dirichlet_setting(
+                key='cifar100_n100_a0.1', task='cifar100_tfds', num_clients=100, alpha=0.1),
+            base.dirichlet_setting(
+                key='cifar100_n200_a0.05', task='cifar100_tfds', num_clients=200, alpha=0.05),
+            base.dirichlet_setting(
+                key='cifar100_n200_a0.1', task='cifar100_tfds', num_clients=200, alpha=0.1),
         )),
-        4: base.TableSpec(4, 'accuracy', (
-            base.dirichlet_setting('cifar10_k5_a1', 'cifar10', 100, 1.0),
-            base.dirichlet_setting('cifar10_k10_a1', 'cifar10', 100, 1.0, clients_per_round=10),
-            base.dirichlet_setting('cifar10_k5_a1000', 'cifar10', 100, 1000.0),
-            base.dirichlet_setting('cifar10_k10_a1000', 'cifar10', 100, 1000.0, clients_per_round=10),
+        base.TableSpec(number=4, layout='accuracy', settings=(
+            base.dirichlet_setting(key='cifar10_k5_a1', task='cifar10', num_clients=100, alpha=1.0),
+            base.dirichlet_setting(
+                key='cifar10_k10_a1', task='cifar10', num_clients=100, alpha=1.0,
+                clients_per_round=10,
+            ),
+            base.dirichlet_setting(
+                key='cifar10_k5_a1000', task='cifar10', num_clients=100, alpha=1000.0),
+            base.dirichlet_setting(
+                key='cifar10_k10_a1000', task='cifar10', num_clients=100, alpha=1000.0,
+                clients_per_round=10,
+            ),
         )),
-    },
+    ),
     published=PUBLISHED,
     accuracy=('last', 10),
     notes=(
