@@ -228,34 +228,12 @@ def get(
   checks.check_positive('batch_size', batch_size)
   checks.check_positive('eval_batch_size', eval_batch_size)
   checks.check_positive('num_epochs', num_epochs)
-  partition_settings = None
-  if partition is not None:
-    partition_settings = dict(
-        partition=partition, dirichlet_alpha=dirichlet_alpha, num_clients=num_clients,
-        partition_seed=partition_seed,
-    )
-  elif (dirichlet_alpha, num_clients, partition_seed) != (None, None, None):
-    raise ValueError(
-        'dirichlet_alpha, num_clients and partition_seed only apply with'
-        " partition='dirichlet'."
-    )
-  if name in tfds_source.TFDS_DATASETS:
-    if data_source != 'tff' or synthetic_settings:
-      raise ValueError(
-          f'{name} reads the prepared tfds dataset (data_source="tff"); it has no'
-          f' {data_source!r} source.'
-      )
-    train_data, test_data = tfds_source.load_client_data(
-        name, cache_dir, partition_settings
-    )
-  else:
-    train_data, test_data = sources.load_client_data(
-        name, data_source, cache_dir, synthetic_settings, partition_settings
-    )
-  train_preprocess_fn_for_seed = functools.partial(
-      lambda seed: spec.preprocess_fn(
-          batch_size, num_epochs, shuffle_seed=seed, max_elements=max_elements
-      )
+  train_data, test_data = _load_client_data(
+      name, data_source, cache_dir, synthetic_settings,
+      _partition_settings(partition, dirichlet_alpha, num_clients, partition_seed),
+  )
+  train_preprocess_fn_for_seed = _train_preprocess_fn_for_seed(
+      spec, batch_size, num_epochs, max_elements
   )
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train_data,
@@ -263,22 +241,71 @@ def get(
       train_preprocess_fn=train_preprocess_fn_for_seed(shuffle_seed),
       eval_preprocess_fn=spec.preprocess_fn(eval_batch_size),
   )
+  keras_model_fn = _keras_model_fn(spec, model_seed, gpu_kernels)
+  return Task(
+      datasets=datasets,
+      model_fn=_tff_model_fn(spec, keras_model_fn, datasets.element_type_structure),
+      spec=spec,
+      keras_model_fn=keras_model_fn,
+      train_preprocess_fn_for_seed=train_preprocess_fn_for_seed,
+  )
+
+
+def _partition_settings(partition, dirichlet_alpha, num_clients, partition_seed):
+  """`get`'s partition arguments as the loaders take them; None: the dataset's own clients."""
+  if partition is not None:
+    return dict(
+        partition=partition, dirichlet_alpha=dirichlet_alpha, num_clients=num_clients,
+        partition_seed=partition_seed,
+    )
+  if (dirichlet_alpha, num_clients, partition_seed) != (None, None, None):
+    raise ValueError(
+        'dirichlet_alpha, num_clients and partition_seed only apply with'
+        " partition='dirichlet'."
+    )
+  return None
+
+
+def _load_client_data(name, data_source, cache_dir, synthetic_settings, partition_settings):
+  """The task's (train, test) client data, from tfds for the centralized tasks, else TFF's."""
+  if name in tfds_source.TFDS_DATASETS:
+    if data_source != 'tff' or synthetic_settings:
+      raise ValueError(
+          f'{name} reads the prepared tfds dataset (data_source="tff"); it has no'
+          f' {data_source!r} source.'
+      )
+    return tfds_source.load_client_data(name, cache_dir, partition_settings)
+  return sources.load_client_data(
+      name, data_source, cache_dir, synthetic_settings, partition_settings
+  )
+
+
+def _train_preprocess_fn_for_seed(spec, batch_size, num_epochs, max_elements):
+  """`seed -> preprocess_fn`: the training preprocessing with that shuffle seed."""
+
+  def for_seed(seed: Optional[int]) -> preprocessing.DatasetFn:
+    return spec.preprocess_fn(batch_size, num_epochs, shuffle_seed=seed, max_elements=max_elements)
+
+  return for_seed
+
+
+def _keras_model_fn(spec, model_seed, gpu_kernels) -> Callable[[], tf.keras.Model]:
+  """The bare Keras model's builder, seeded; with GPU-only fused kernels where allowed."""
   keras_model_fn = functools.partial(spec.keras_model_fn, model_seed)
   if gpu_kernels and 'gru_implementation' in inspect.signature(spec.keras_model_fn).parameters:
     keras_model_fn = functools.partial(keras_model_fn, gru_implementation='auto')
+  return keras_model_fn
+
+
+def _tff_model_fn(spec, keras_model_fn, input_spec):
+  """The TFF model builder: a fresh Keras model with the task's loss and metrics."""
 
   def model_fn() -> tff.learning.models.VariableModel:
     return tff.learning.models.from_keras_model(
         keras_model_fn(),
         loss=spec.loss_fn(),
-        input_spec=datasets.element_type_structure,
+        input_spec=input_spec,
         metrics=spec.metrics_fn(),
     )
 
-  return Task(
-      datasets=datasets,
-      model_fn=model_fn,
-      spec=spec,
-      keras_model_fn=keras_model_fn,
-      train_preprocess_fn_for_seed=train_preprocess_fn_for_seed,
-  )
+  return model_fn
