@@ -29,7 +29,7 @@ after a warm-up round each, with the median and spread over `--repeats`:
   process's TensorFlow, `--in_process_clients_per_device` clients at once), timed in
   the same repeats as the worker's, so `paired_*` compares the two runtimes directly;
 - with `--local_workers=N`, each algorithm on N TFF workers of this machine both ways
-  `--workers` can run it (`benchmark_contenders.worker_contenders`).
+  `--workers` can run it (`launch.benchmarking.contenders.worker_contenders`).
 
 With `--evaluation` (the default), the evaluation `launch.train` runs (`evaluation`: the
 global one over the whole test set, `tasks.evaluation`), its floor (`plain_tf_forward`: a
@@ -45,7 +45,8 @@ floor, `ratio_tff_fedavg` to TFF's FedAvg (ratios of medians); `paired_bound`,
 worker while it ran. Then how a round's time scales with the clients per round
 (`--scaling_clients`) and with the number of client computations TFF's worker runs at
 once (`--concurrency`); an empty list skips either table. The contenders' rounds are made in
-`launch.benchmarking.contenders`; this program times them and reports.
+`launch.benchmarking.contenders`, timed by `launch.benchmarking.timing` and reported by
+`launch.benchmarking.report`.
 
 Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
 data, 4 the TFF worker lost, 5 the machine refused (disk full, permissions), 130
@@ -53,13 +54,9 @@ interrupted. Every failure is one line `benchmark: error: ...` on stderr; --verb
 the traceback.
 """
 
-import collections
 import contextlib
-import os
 import statistics
-import sys
 import tempfile
-import time
 from typing import Optional
 
 from absl import app
@@ -68,22 +65,15 @@ from absl import logging
 import tensorflow as tf
 
 import tasks
-from launch.benchmarking import contenders as benchmark_contenders
+from launch.benchmarking import contenders
+from launch.benchmarking import report
+from launch.benchmarking import timing
 from launch.cli import failures
-from launch.benchmarking import resources
 from launch.run import run_directory
 from tasks import evaluation
+from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.runtime import in_process
-from tff_zmg.runtime import tf_computation
-from tff_zmg.algorithms import registry
-# The contenders' names in the lines and the JSON.
-from launch.benchmarking.contenders import EVALUATION
-from launch.benchmarking.contenders import IN_PROCESS
-from launch.benchmarking.contenders import PLAIN_TF
-from launch.benchmarking.contenders import PLAIN_TF_FORWARD
-from launch.benchmarking.contenders import TFF_FEDAVG
-from launch.benchmarking.contenders import TFF_FED_EVAL
 
 _TASK = flags.DEFINE_enum('task', 'emnist', list(tasks.TASK_NAMES), 'The task.')
 _ALGOS = flags.DEFINE_list(
@@ -178,169 +168,126 @@ _PROCESS_THREADS = flags.DEFINE_integer(
     lower_bound=-1,
 )
 
-def time_alternating(fns: dict, repeats: int) -> dict:
-  """{name: (seconds per round, peak bytes)}: warm-up, then rounds in turn."""
-  peaks = {}
-  for name, fn in fns.items():
-    sampler = resources.PeakMemorySampler()
-    start = time.perf_counter()
-    fn()  # Tracing and compilation: not timed.
-    peaks[name] = sampler.stop()
-    print(f'  warm-up {name}: {time.perf_counter() - start:.1f} s', flush=True)
-  times = collections.defaultdict(list)
-  for repeat in range(repeats):
-    order = list(fns) if repeat % 2 == 0 else list(reversed(fns))
-    for name in order:
-      sampler = resources.PeakMemorySampler()
-      start = time.perf_counter()
-      fns[name]()
-      times[name].append(time.perf_counter() - start)
-      peaks[name] = max(peaks[name], sampler.stop())
-  return {name: (times[name], peaks[name]) for name in fns}
 
-
-def paired_ratio(seconds, reference_seconds) -> float:
-  """The median over repeats of a contender's round time over the reference's, same repeat.
-
-  Contenders run in turn within each repeat, so a slow spell of the machine slows both
-  rounds of a pair: far steadier than the ratio of medians when rounds spread by 20%.
-  """
-  return statistics.median(s / r for s, r in zip(seconds, reference_seconds, strict=True))
-
-
-def summary_line(name, seconds, peak, bound, plain_sgd, tff_fedavg, paired) -> str:
-  """One parseable line: `ratio` to the contender's own bound (same arithmetic, no
-  federation), `ratio_plain_sgd` to the floor, `ratio_tff_fedavg` to TFF's FedAvg
-  (ratios of medians), then `paired_<name>=` per-repeat ratios (`paired`)."""
-  median = statistics.median(seconds)
-  return (
-      f'{name:<24} median_s={median:.3f} min_s={min(seconds):.3f}'
-      f' max_s={max(seconds):.3f} ratio={median / bound:.2f}'
-      f' ratio_plain_sgd={median / plain_sgd:.2f}'
-      f' ratio_tff_fedavg={median / tff_fedavg:.2f}'
-      + ''.join(f' paired_{k}={v:.2f}' for k, v in paired.items())
-      + f' peak_rss_mib={peak / 2**20:.0f}'
-  )
-
-
-def worker_intra_op_threads(clients: int, max_concurrent: int) -> int:
-  """The worker's threads per op for a round of `clients`, as `launch.train` picks them."""
-  if _INTRA_OP_THREADS.value:
-    return _INTRA_OP_THREADS.value
-  return cpp_worker.intra_op_threads_for(clients, max_concurrent_clients=max_concurrent)
-
-
-def _median_round(task, algo, num_clients, examples, repeats, max_concurrent, state_dir):
-  datasets = benchmark_contenders.client_datasets(task, num_clients, examples)
-  threads = worker_intra_op_threads(num_clients, max_concurrent)
-  with cpp_worker.execution_context(max_concurrent, intra_op_threads=threads):
-    fn = benchmark_contenders.process_round_fn(
-        benchmark_contenders.build(algo, task),
-        datasets, os.path.join(state_dir, algo),
-    )
-    fn()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      fn()
-      times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
-def set_process_threads() -> Optional[int]:
+def _set_process_threads() -> Optional[int]:
   """Sets this process's threads per TF op (before TensorFlow starts); None: its default."""
-  threads = _PROCESS_THREADS.value
-  if threads == 0:
-    devices = _IN_PROCESS_DEVICES.value or []
-    # Physical devices: listing logical ones would start TensorFlow's runtime.
-    on_cpu = all(tf_computation.is_cpu(d) for d in devices) and (
-        bool(devices) or not tf.config.list_physical_devices('GPU')
-    )
-    if not (_IN_PROCESS.value and on_cpu):
-      return None
-    concurrent = _IN_PROCESS_CLIENTS_PER_DEVICE.value or os.cpu_count() or 1
-    threads = cpp_worker.intra_op_threads_for(
-        _CLIENTS.value, max_concurrent_clients=concurrent * max(1, len(devices))
-    )
-  if threads < 0:
-    return None
-  if not in_process.set_intra_op_threads(threads):
+  threads = timing.process_intra_op_threads(
+      _PROCESS_THREADS.value, _IN_PROCESS.value, _IN_PROCESS_DEVICES.value,
+      _IN_PROCESS_CLIENTS_PER_DEVICE.value, _CLIENTS.value,
+  )
+  if threads is not None and not in_process.set_intra_op_threads(threads):
     raise app.UsageError('TensorFlow started before the threads per op could be set')
   return threads
 
 
-def evaluation_lines(evaluation_timed: dict, timed: dict, bounds: dict, algos) -> dict:
-  """Prints and returns the evaluation's lines (`ratio` to the bare forward pass), then
-  one `round_as_run/<algo>` line per algorithm: its round's training (in process where
-  timed) plus the evaluation, against the floors of both parts (`ratio_floor`) and
-  against the same training with TFF's federated evaluation (`ratio_tff_fed_eval`)."""
-  if not evaluation_timed:
-    return {}
-  medians = {name: statistics.median(s) for name, (s, _) in evaluation_timed.items()}
-  floor = medians[PLAIN_TF_FORWARD]
-  results = collections.OrderedDict()
-  for name, (seconds, peak) in evaluation_timed.items():
-    paired = paired_ratio(seconds, evaluation_timed[PLAIN_TF_FORWARD][0])
-    print(f'{name:<24} median_s={medians[name]:.3f} min_s={min(seconds):.3f}'
-          f' max_s={max(seconds):.3f} ratio={medians[name] / floor:.2f}'
-          f' paired_bound={paired:.2f} peak_rss_mib={peak / 2**20:.0f}', flush=True)
-    results[name] = dict(seconds=seconds, median_s=medians[name], bound=PLAIN_TF_FORWARD,
-                         ratio=medians[name] / floor, paired=dict(bound=paired))
-  for algo in algos:
-    trained = f'{IN_PROCESS}/{algo}' if f'{IN_PROCESS}/{algo}' in timed else algo
-    train_s = statistics.median(timed[trained][0])
-    floor_s = statistics.median(timed[bounds[trained]][0]) + floor
-    total = train_s + medians[EVALUATION]
-    line = dict(train_s=train_s, evaluation_s=medians[EVALUATION], total_s=total,
-                floor_s=floor_s, ratio_floor=total / floor_s)
-    text = (f'round_as_run/{algo:<12} train_s={train_s:.3f}'
-            f' evaluation_s={medians[EVALUATION]:.3f} total_s={total:.3f}'
-            f' floor_s={floor_s:.3f} ratio_floor={total / floor_s:.2f}')
-    before = train_s + medians[TFF_FED_EVAL]
-    line['ratio_tff_fed_eval'] = total / before
-    text += f' ratio_tff_fed_eval={total / before:.2f}'
-    print(text, flush=True)
-    results[f'round_as_run/{algo}'] = line
-  return results
+def _checked_algorithms() -> list[str]:
+  """The algorithms to time; every name (--scaling_algo's too) and device is checked here,
+  so that a wrong one fails before any timing."""
+  if list(_ALGOS.value) == ['all']:
+    algos = list(registry.ALGORITHMS)
+  else:
+    for name in _ALGOS.value:
+      registry.get(name)
+    algos = list(_ALGOS.value)
+  registry.get(_SCALING_ALGO.value)
+  if _IN_PROCESS.value and _IN_PROCESS_DEVICES.value:
+    try:
+      in_process.check_devices(_IN_PROCESS_DEVICES.value)
+    except ValueError as e:
+      raise ValueError(f'--in_process_devices: {e}') from None
+  return algos
 
 
-def _start_local_workers(stack, count: int) -> list:
-  """`count` TFF workers on this machine, the cores shared among them, stopped with `stack`."""
-  workers = []
-  for _ in range(count):
-    worker = cpp_worker.LocalWorker(intra_op_threads=max(1, (os.cpu_count() or 1) // count))
-    stack.callback(worker.stop)
-    worker.stub()  # Starts it.
-    workers.append(worker)
-  return workers
+def _scaling_clients() -> list[int]:
+  return sorted(int(c) for c in _SCALING.value)
 
 
-def worker_lines(timed: dict, algos) -> dict:
-  """Per stateless algorithm timed on --local_workers: the in-process split over TFF's
-  mergeable context, paired by repeat (below 1: the in-process split is faster)."""
-  results = {}
-  for algo in algos:
-    mergeable = timed.get(f'{benchmark_contenders.WORKERS}/{algo}')
-    split = timed.get(f'{benchmark_contenders.WORKERS_IN_PROCESS}/{algo}')
-    if mergeable is None or split is None:
-      continue
-    results[algo] = dict(
-        mergeable_median_s=statistics.median(mergeable[0]),
-        in_process_median_s=statistics.median(split[0]),
-        paired_in_process_over_mergeable=paired_ratio(split[0], mergeable[0]),
+def _task():
+  """The task; synthetic data with enough clients of enough examples for every table
+  (volumes are lognormal)."""
+  synthetic = None
+  if _DATA_SOURCE.value == 'synthetic':
+    synthetic = dict(
+        num_train_clients=2 * max([_CLIENTS.value] + _scaling_clients()),
+        num_test_clients=_TEST_CLIENTS.value,
+        mean_examples_per_client=2 * _EXAMPLES.value,
     )
-    print(f'workers algo={algo} local_workers={_LOCAL_WORKERS.value}'
-          + ''.join(f' {k}={v:.3f}' if k.endswith('_s') else f' {k}={v:.2f}'
-                    for k, v in results[algo].items()), flush=True)
-  return results
+  return tasks.get(
+      _TASK.value, data_source=_DATA_SOURCE.value, cache_dir=_CACHE_DIR.value,
+      synthetic_settings=synthetic,
+  )
 
 
-def _algorithms(names) -> list[str]:
-  if list(names) == ['all']:
-    return list(registry.ALGORITHMS)
-  for name in names:
-    registry.get(name)  # An unknown name fails here, before any timing.
-  return list(names)
+def _worker_threads(clients: int, max_concurrent: int) -> int:
+  return timing.worker_intra_op_threads(_INTRA_OP_THREADS.value, clients, max_concurrent)
+
+
+def _in_process_context() -> Optional[in_process.InProcessContext]:
+  if not _IN_PROCESS.value:
+    return None
+  return in_process.InProcessContext(
+      _IN_PROCESS_DEVICES.value or in_process.visible_gpus() or None,
+      _IN_PROCESS_CLIENTS_PER_DEVICE.value or None,
+  )
+
+
+def _time_evaluation(task, process_threads) -> dict:
+  """The evaluation launch.train runs, its floor and TFF's, timed like the rounds."""
+  parallel = evaluation.groups_at_once(process_threads)  # As launch.train runs it.
+  evaluation_fns, evaluated = contenders.evaluation_contenders(task, parallel)
+  print(f'evaluation: {evaluated}, batch {task.spec.eval_batch_size},'
+        f' {parallel} group(s) at once', flush=True)
+  return timing.time_alternating(evaluation_fns, _REPEATS.value)
+
+
+def _time_contenders(task, algos, datasets, worker_threads, process_threads):
+  """Times every contender's round, then the evaluation's, on workers stopped at the end.
+
+  Returns ({name: (seconds, peak)}, {name: its bound's name}, the evaluation's timings,
+  the in-process context or None).
+  """
+  with contextlib.ExitStack() as stack:
+    state_dir = stack.enter_context(tempfile.TemporaryDirectory())
+    stack.enter_context(
+        cpp_worker.execution_context(_MAX_CONCURRENT.value, intra_op_threads=worker_threads)
+    )
+    stock_context = contenders.stock_context(stack, _MAX_CONCURRENT.value)
+    in_process_context = _in_process_context()
+    fns, bounds = contenders.contenders(
+        task, algos, datasets, state_dir, stock_context, in_process_context
+    )
+    if _LOCAL_WORKERS.value:
+      workers = contenders.start_local_workers(stack, _LOCAL_WORKERS.value)
+      worker_fns, worker_bounds = contenders.worker_contenders(
+          task, algos, datasets, state_dir, workers
+      )
+      fns.update(worker_fns)
+      bounds.update(worker_bounds)
+    timed = timing.time_alternating(fns, _REPEATS.value)
+    evaluation_timed = _time_evaluation(task, process_threads) if _EVALUATION.value else {}
+  return timed, bounds, evaluation_timed, in_process_context
+
+
+def _time_scaling_tables(task, plain_sgd_s: float) -> tuple[list, list]:
+  """Prints and returns the rows of the scaling and the concurrency tables, each row
+  (clients or --max_concurrent_clients, median seconds of --scaling_algo's round)."""
+  repeats = max(2, _REPEATS.value // 2)
+  with tempfile.TemporaryDirectory() as state_dir:
+
+    def median_round(clients, max_concurrent):
+      return timing.median_round(
+          task, _SCALING_ALGO.value, clients, _EXAMPLES.value, repeats, max_concurrent,
+          _worker_threads(clients, max_concurrent), state_dir,
+      )
+
+    scaling_rows = [(c, median_round(c, _MAX_CONCURRENT.value)) for c in _scaling_clients()]
+    report.scaling_lines(_SCALING_ALGO.value, scaling_rows)
+    concurrency_rows = []
+    for value in (int(c) for c in _CONCURRENCY.value):
+      concurrency_rows.append((value, median_round(_CLIENTS.value, value)))
+      print(report.concurrency_line(_SCALING_ALGO.value, value, concurrency_rows[-1][1],
+                                    plain_sgd_s), flush=True)
+  return scaling_rows, concurrency_rows
 
 
 @failures.one_line_errors('benchmark')
@@ -350,143 +297,34 @@ def main(argv) -> int:
   tf.get_logger().setLevel('ERROR')
   if _OUTPUT.value:  # Before the timing, not after it.
     run_directory.check_output_file(_OUTPUT.value, 'output')
-  process_threads = set_process_threads()
-  algos = _algorithms(_ALGOS.value)
-  registry.get(_SCALING_ALGO.value)  # An unknown name fails here, before any timing.
-  if _IN_PROCESS.value and _IN_PROCESS_DEVICES.value:
-    try:
-      in_process.check_devices(_IN_PROCESS_DEVICES.value)
-    except ValueError as e:
-      raise ValueError(f'--in_process_devices: {e}') from None
-  scaling = sorted(int(c) for c in _SCALING.value)
-  num_clients = max([_CLIENTS.value] + scaling)
-  synthetic = None
-  if _DATA_SOURCE.value == 'synthetic':
-    # Enough clients with enough examples for every table (volumes are lognormal).
-    synthetic = dict(
-        num_train_clients=2 * num_clients,
-        num_test_clients=_TEST_CLIENTS.value,
-        mean_examples_per_client=2 * _EXAMPLES.value,
-    )
-  task = tasks.get(
-      _TASK.value, data_source=_DATA_SOURCE.value, cache_dir=_CACHE_DIR.value,
-      synthetic_settings=synthetic,
+  process_threads = _set_process_threads()
+  algos = _checked_algorithms()
+  task = _task()
+  datasets = contenders.client_datasets(task, _CLIENTS.value, _EXAMPLES.value)
+  worker_threads = _worker_threads(_CLIENTS.value, _MAX_CONCURRENT.value)
+  print(report.setup_line(
+      task, _CLIENTS.value, _EXAMPLES.value, _REPEATS.value, worker_threads, process_threads,
+      _IN_PROCESS_DEVICES.value or in_process.visible_gpus() or 'host CPU',
+  ), flush=True)
+  timed, bounds, evaluation_timed, in_process_context = _time_contenders(
+      task, algos, datasets, worker_threads, process_threads
   )
-  datasets = benchmark_contenders.client_datasets(task, _CLIENTS.value, _EXAMPLES.value)
-  threads = worker_intra_op_threads(_CLIENTS.value, _MAX_CONCURRENT.value)
-  print(
-      f'task={_TASK.value} clients={_CLIENTS.value} examples_per_client={_EXAMPLES.value}'
-      f' batch={task.spec.batch_size} repeats={_REPEATS.value}'
-      f' cpus={os.cpu_count()} worker_intra_op_threads={threads}'
-      f' process_intra_op_threads={process_threads or "default"}'
-      f' in_process_devices={_IN_PROCESS_DEVICES.value or in_process.visible_gpus() or "host CPU"}',
-      flush=True,
-  )
-  results = collections.OrderedDict()
-  with contextlib.ExitStack() as stack:
-    state_dir = stack.enter_context(tempfile.TemporaryDirectory())
-    stack.enter_context(
-        cpp_worker.execution_context(_MAX_CONCURRENT.value, intra_op_threads=threads)
-    )
-    stock_worker = cpp_worker.LocalWorker(_MAX_CONCURRENT.value)
-    stack.callback(stock_worker.stop)
-    stock_worker.stub()
-    stock_context = cpp_worker.create_sync_context(
-        [stock_worker], cache_computations=False
-    )
-    in_process_context = None
-    if _IN_PROCESS.value:
-      in_process_context = in_process.InProcessContext(
-          _IN_PROCESS_DEVICES.value or in_process.visible_gpus() or None,
-          _IN_PROCESS_CLIENTS_PER_DEVICE.value or None,
-      )
-    fns, bounds = benchmark_contenders.contenders(
-        task, algos, datasets, state_dir, stock_context, in_process_context
-    )
-    if _LOCAL_WORKERS.value:
-      workers = _start_local_workers(stack, _LOCAL_WORKERS.value)
-      worker_fns, worker_bounds = benchmark_contenders.worker_contenders(
-          task, algos, datasets, state_dir, workers
-      )
-      fns.update(worker_fns)
-      bounds.update(worker_bounds)
-    timed = time_alternating(fns, _REPEATS.value)
-    evaluation_timed = {}
-    if _EVALUATION.value:
-      parallel = evaluation.groups_at_once(process_threads)  # As launch.train runs it.
-      evaluation_fns, evaluated = benchmark_contenders.evaluation_contenders(task, parallel)
-      print(f'evaluation: {evaluated}, batch {task.spec.eval_batch_size},'
-            f' {parallel} group(s) at once', flush=True)
-      evaluation_timed = time_alternating(evaluation_fns, _REPEATS.value)
-  in_process_devices = {}
+  client_devices = {}
   if in_process_context is not None:
-    # Where the in-process clients ran, read from the tensors they returned.
-    in_process_devices = dict(sorted(in_process_context.client_devices.items()))
-    print(f'in_process client computations per device: {in_process_devices}', flush=True)
-  medians = {name: statistics.median(seconds) for name, (seconds, _) in timed.items()}
-  # Per-repeat ratios to the references the issue's targets name: each contender's own
-  # bound, the floor, TFF's FedAvg and (when timed) the package's FedAvg.
-  references = {'plain_sgd': PLAIN_TF, 'tff_fedavg': TFF_FEDAVG}
-  if 'fedavg' in timed:
-    references['fedavg'] = 'fedavg'
-  for name, (seconds, peak) in timed.items():
-    own = bounds.get(name, PLAIN_TF)
-    paired = {'bound': paired_ratio(seconds, timed[own][0])}
-    paired.update(
-        {key: paired_ratio(seconds, timed[ref][0]) for key, ref in references.items()}
-    )
-    line = summary_line(
-        name, seconds, peak, medians[own], medians[PLAIN_TF], medians[TFF_FEDAVG], paired
-    )
-    print(line, flush=True)
-    results[name] = dict(
-        seconds=seconds, median_s=medians[name], bound=own,
-        ratio=medians[name] / medians[own],
-        ratio_plain_sgd=medians[name] / medians[PLAIN_TF],
-        paired=paired, peak_rss_mib=peak / 2**20,
-    )
-
-  evaluation_results = evaluation_lines(evaluation_timed, timed, bounds, algos)
-  worker_results = worker_lines(timed, algos)
-
-  with tempfile.TemporaryDirectory() as state_dir:
-    scaling_rows = []
-    for clients in scaling:
-      median = _median_round(
-          task, _SCALING_ALGO.value, clients, _EXAMPLES.value, max(2, _REPEATS.value // 2),
-          _MAX_CONCURRENT.value, state_dir,
-      )
-      scaling_rows.append((clients, median))
-    base_clients, base = scaling_rows[0] if scaling_rows else (1, 1.0)
-    for clients, median in scaling_rows:
-      print(
-          f'scaling algo={_SCALING_ALGO.value} clients={clients} median_s={median:.3f}'
-          f' per_client_s={median / clients:.4f}'
-          f' growth={median / base:.2f} (clients x{clients / base_clients:g})',
-          flush=True,
-      )
-    concurrency_rows = []
-    for value in (int(c) for c in _CONCURRENCY.value):
-      median = _median_round(
-          task, _SCALING_ALGO.value, _CLIENTS.value, _EXAMPLES.value,
-          max(2, _REPEATS.value // 2), value, state_dir,
-      )
-      concurrency_rows.append((value, median))
-      print(
-          f'concurrency algo={_SCALING_ALGO.value} max_concurrent_clients={value}'
-          f' median_s={median:.3f} ratio_plain_sgd={median / medians[PLAIN_TF]:.2f}',
-          flush=True,
-      )
+    client_devices = dict(sorted(in_process_context.client_devices.items()))
+    print(report.client_devices_line(client_devices), flush=True)
+  contender_results = report.contender_lines(timed, bounds)
+  evaluation_results = report.evaluation_lines(evaluation_timed, timed, bounds, algos)
+  worker_results = report.worker_lines(timed, algos, _LOCAL_WORKERS.value)
+  scaling_rows, concurrency_rows = _time_scaling_tables(
+      task, statistics.median(timed[contenders.PLAIN_TF][0])
+  )
   if _OUTPUT.value:
-    run_directory.write_json_atomically(
-        _OUTPUT.value,
-        # command, date and cpus: what scripts/benchmark_table.py prints above the table.
-        dict(command=sys.argv[1:], date=time.strftime('%Y-%m-%d'), cpus=os.cpu_count(),
-             contenders=results, scaling=scaling_rows, concurrency=concurrency_rows,
-             worker_intra_op_threads=threads, process_intra_op_threads=process_threads,
-             in_process_client_devices=in_process_devices,
-             evaluation=evaluation_results, workers=worker_results),
-        sort_keys=False,  # The contenders in the order scripts/benchmark_table.py prints.
+    report.write_json(
+        _OUTPUT.value, contender_results=contender_results, scaling_rows=scaling_rows,
+        concurrency_rows=concurrency_rows, worker_threads=worker_threads,
+        process_threads=process_threads, client_devices=client_devices,
+        evaluation_results=evaluation_results, worker_results=worker_results,
     )
   return 0
 

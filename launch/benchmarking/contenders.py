@@ -202,6 +202,26 @@ def _tff_fedavg(task):
   )
 
 
+def stock_context(stack, max_concurrent: int):
+  """TFF's stock execution context on a TFF worker of its own, stopped with `stack`: TFF's
+  executor and thread settings, what the `tff_fedavg_stock` contender runs on."""
+  worker = cpp_worker.LocalWorker(max_concurrent)
+  stack.callback(worker.stop)
+  worker.stub()  # Starts it.
+  return cpp_worker.create_sync_context([worker], cache_computations=False)
+
+
+def start_local_workers(stack, count: int) -> list:
+  """`count` TFF workers on this machine, the cores shared among them, stopped with `stack`."""
+  workers = []
+  for _ in range(count):
+    worker = cpp_worker.LocalWorker(intra_op_threads=max(1, (os.cpu_count() or 1) // count))
+    stack.callback(worker.stop)
+    worker.stub()  # Starts it.
+    workers.append(worker)
+  return workers
+
+
 def contenders(
     task, algos, datasets, state_dir, stock_context, in_process_context=None
 ) -> tuple[dict, dict]:
