@@ -48,10 +48,7 @@ once (`--concurrency`); an empty list skips either table. The contenders' rounds
 `launch.benchmarking.contenders`, timed by `launch.benchmarking.timing` and reported by
 `launch.benchmarking.report`.
 
-Exit status (launch/cli/failures.py): 0 done, 1 an unexpected failure (a bug), 2 bad flags or
-data, 4 the TFF worker lost, 5 the machine refused (disk full, permissions), 130
-interrupted. Every failure is one line `benchmark: error: ...` on stderr; --verbose adds
-the traceback.
+Exit status: as every program's (docs/operations.md, "Exit statuses").
 """
 
 import contextlib

@@ -22,10 +22,9 @@ One labelled line each:
 - the same round in TFF's C++ worker, and `weights`: the largest absolute difference of the
   two rounds' model weights, PASS within `--tolerance`, else FAIL.
 
-Exit status: 0 when the weights agree and every device of `--devices` ran model ops, 1 when
-they do not (or an unexpected failure); as every program (launch/cli/failures.py): 2 bad flags, 5
-the machine refused, 130 interrupted, each a one-line `check_devices: error: ...` on stderr
-(--verbose adds the traceback).
+Exit status: as every program's (docs/operations.md, "Exit statuses"); here 1 also when
+the two rounds' weights differ by more than `--tolerance` or a device of `--devices` ran no
+model op.
 """
 
 import contextlib

@@ -13,9 +13,8 @@ store with the ratio of the largest population's peak to the smallest's:
   store=disk population=30 ... peak_rss_mib=2311 clients_with_state=29
   store=disk peak_rss_ratio=1.01 (population x10)
 
-Exit status: 0 done, 1 an unexpected failure, 2 bad flags, 5 the machine refused, 130
-interrupted (launch/cli/failures.py); a run that fails passes on its own status, with its
-error line.
+Exit status: as every program's (docs/operations.md, "Exit statuses"); a run that fails
+passes on its own status, with its error line.
 """
 
 import json
