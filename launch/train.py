@@ -31,27 +31,21 @@ from: `train: error: interrupted after round K; re-run the same command to resum
 Exit status: as every program's (docs/operations.md, "Exit statuses").
 """
 
-import json
-
 from absl import flags
 
 from launch.cli import failures
 from launch.cli import quiet
-from launch.run import experiment
-from launch.run import settings as settings_lib
+from launch.run import settings as run_settings
+from launch.run import training
 
-flags.adopt_module_key_flags(settings_lib)
+flags.adopt_module_key_flags(run_settings)
 
 
 @failures.one_line_errors('train')
 def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
-  settings, applied = settings_lib.apply_protocol(settings_lib.settings_from_flags())
-  if applied:
-    print(f'protocol {settings.values["protocol"]}: {json.dumps(applied)}', flush=True)
-  summary = experiment.run(settings_lib.experiment_config(settings))
-  print('summary: ' + json.dumps(summary), flush=True)
+  training.train(run_settings.settings_from_flags())
   return 0
 
 

@@ -17,42 +17,53 @@ from tff_zmg import run_files
 
 
 def reproduce(plan: plan_lib.Plan, stream=None) -> str:
-  """Grid search (if the paper tuned), comparison, report; returns report.md's path."""
+  """Grid search (if the paper tuned), comparison, report; returns report.md's path.
+  One set of warm workers trains every run."""
   stream = stream or sys.stdout
   os.makedirs(plan.directory, exist_ok=True)
   log_dir = os.path.join(plan.directory, 'logs')
   start = time.monotonic()
-  grids = plan_lib.grid_groups(plan)
-  best, heatmaps = {}, {}
-  if grids:
-    search = plan.search()
-    client_lrs, server_lrs, _ = plan.grid_axes()
-    cells = len(client_lrs) * len(server_lrs)
-    print(f'reproduce {plan.paper.name}: grid search, {cells * len(grids)} runs'
-          f' ({len(grids)} grids of {len(client_lrs)} x {len(server_lrs)}), each'
-          f' {search.describe(cells)}', file=stream, flush=True)
-    outcomes = lr_grid.run_search(
-        list(grids.values()), search, parallel=runner.PARALLEL.value, log_dir=log_dir,
-        stream=stream)
-    for index, ((key, algo), grid) in enumerate(grids.items()):
-      outcome = outcomes[grid.group]
-      heatmaps[(key, algo)] = grid_outputs.write_results(grid, index, search, outcome)
-      if outcome.best is None:
-        raise ValueError(
-            f'no stable learning rates for {algo} on {key} ({grid.directory}): every cell'
-            ' diverged, or the best and each of its neighbours diverged with another seed')
-      grid_outputs.write_best(os.path.join(grid.directory, run_files.BEST),
-                              outcome.best)
-      best[(key, algo)] = outcome.best
-      print(f'reproduce: {key} {algo}: picked {grid_outputs.describe_pick(outcome.best)}',
-            file=stream, flush=True)
-  runs = plan_lib.comparison_runs(plan, best if grids else None)
-  print(f'reproduce {plan.paper.name}: comparison, {len(runs)} runs', file=stream, flush=True)
-  runner.run_all(runs, parallel=runner.PARALLEL.value, log_dir=log_dir, stream=stream)
+  with runner.workers_for(runner.PARALLEL.value, log_dir) as workers:
+    best, heatmaps = _tune(plan, log_dir, workers, stream)
+    runs = plan_lib.comparison_runs(plan, best or None)
+    print(f'reproduce {plan.paper.name}: comparison, {len(runs)} runs', file=stream,
+          flush=True)
+    runner.run_all(runs, parallel=runner.PARALLEL.value, log_dir=log_dir, stream=stream,
+                   workers=workers)
   path = report.write_report(plan, best, heatmaps, stream=stream)
   print(f'reproduce {plan.paper.name}: report {path} ({time.monotonic() - start:.0f} s)',
         file=stream, flush=True)
   return path
+
+
+def _tune(plan: plan_lib.Plan, log_dir: str, workers, stream) -> tuple[dict, dict]:
+  """The grid searches where the paper tuned: (setting key, algo) -> the pick's record,
+  and -> its grid's heatmap (both empty where it did not)."""
+  grids = plan_lib.grid_groups(plan)
+  best, heatmaps = {}, {}
+  if not grids:
+    return best, heatmaps
+  search = plan.search()
+  client_lrs, server_lrs, _ = plan.grid_axes()
+  cells = len(client_lrs) * len(server_lrs)
+  print(f'reproduce {plan.paper.name}: grid search, {cells * len(grids)} runs'
+        f' ({len(grids)} grids of {len(client_lrs)} x {len(server_lrs)}), each'
+        f' {search.describe(cells)}', file=stream, flush=True)
+  outcomes = lr_grid.run_search(
+      list(grids.values()), search, parallel=runner.PARALLEL.value, log_dir=log_dir,
+      stream=stream, workers=workers)
+  for index, ((key, algo), grid) in enumerate(grids.items()):
+    outcome = outcomes[grid.group]
+    heatmaps[(key, algo)] = grid_outputs.write_results(grid, index, search, outcome)
+    if outcome.best is None:
+      raise ValueError(
+          f'no stable learning rates for {algo} on {key} ({grid.directory}): every cell'
+          ' diverged, or the best and each of its neighbours diverged with another seed')
+    grid_outputs.write_best(os.path.join(grid.directory, run_files.BEST), outcome.best)
+    best[(key, algo)] = outcome.best
+    print(f'reproduce: {key} {algo}: picked {grid_outputs.describe_pick(outcome.best)}',
+          file=stream, flush=True)
+  return best, heatmaps
 
 
 @failures.one_line_errors('reproduce')

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from launch.run import accounting
+from launch.run import builds as builds_lib
 from launch.run import event_loop
 from launch.run import resumption
 from launch.run import rounds
@@ -41,8 +42,11 @@ from tff_zmg import run_files
 from tff_zmg.templates import stateful_clients
 
 
-def run(config: run_config.ExperimentConfig) -> dict:
+def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds] = None) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
+
+  With `builds` (a warm worker's), the task, process and evaluation an earlier run built
+  with the same arguments are used again, and what this run builds is kept for the next.
 
   Raises:
     errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
@@ -58,7 +62,8 @@ def run(config: run_config.ExperimentConfig) -> dict:
   """
   config = run_config.resolve_evaluation(config)
   in_process_threads, flags_agree = _check(config)
-  task, identity, aggregator, process = _build(config, flags_agree)
+  task, task_arguments, identity, aggregator, process, start_rates = _build(
+      config, flags_agree, builds)
   select = _selection_fn(config, task, _keeps_client_states(process))
   start = time.monotonic()
   num_train_clients = len(task.datasets.train_data.client_ids)
@@ -69,13 +74,13 @@ def run(config: run_config.ExperimentConfig) -> dict:
   with run_directory.locked(config.output_dir):
     _prepare_folder(config, identity)
     with (event_loop.stops_say_what_is_kept(config.checkpoint_dir),
-          runtime_choice.execution_context(config, progress) as runtime_context):
+          runtime_choice.execution_context(config, progress, builds) as runtime_context):
       print(runtime_choice.runtime_line(config, runtime_context, in_process_threads),
             flush=True)
       print(accounting.aggregator_line(config.algo, aggregator, num_train_clients),
             flush=True)
       evaluate = rounds.evaluation_fn(config, task, process, runtime_context,
-                                      in_process_threads)
+                                      in_process_threads, builds, task_arguments)
       print(f'evaluation: {evaluate.held_out.description}', flush=True)
       store = _client_state_store(config, process)
       _resume(config, process, store, progress)
@@ -91,7 +96,8 @@ def run(config: run_config.ExperimentConfig) -> dict:
         return runtime_choice.record_session(config, runtime_context, in_process_threads,
                                              evaluate.held_out, progress.trained_rounds)
 
-      session = _train(config, process, store, select, evaluate, progress, record_session)
+      session = _train(config, process, store, select, evaluate, progress, record_session,
+                       builds_lib.starting_state(process, start_rates))
   summary = _summary(config, time.monotonic() - start, session, evaluate.held_out)
   summary.update(accounting.summary(config, epsilon, summary['rounds_completed'],
                                     client_bytes))
@@ -117,16 +123,10 @@ def _check(config: run_config.ExperimentConfig) -> tuple[Optional[int], bool]:
   return in_process_threads, flags_agree
 
 
-def _build(config: run_config.ExperimentConfig, flags_agree: bool):
-  """The task (its data read, or made) and the algorithm's process; the run they make
-  (`resumption.identity`) is checked against the one in the folder before the process is
-  built.
-
-  Returns:
-    (task, the run's identity, its aggregator's settings, the process).
-  """
-  task = tasks.get(
-      config.task,
+def _task_arguments(config: run_config.ExperimentConfig) -> dict:
+  """`tasks.get`'s arguments for the run."""
+  return dict(
+      name=config.task,
       data_source=config.data_source,
       cache_dir=config.cache_dir,
       batch_size=config.client_batch_size,
@@ -142,6 +142,24 @@ def _build(config: run_config.ExperimentConfig, flags_agree: bool):
       model=config.model,
       gpu_kernels=config.executor == 'gpu',
   )
+
+
+def _build(config: run_config.ExperimentConfig, flags_agree: bool,
+           builds: Optional[builds_lib.Builds]):
+  """The task (its data read, or made) and the algorithm's process; the run they make
+  (`resumption.identity`) is checked against the one in the folder before the process is
+  built. With `builds`, what an earlier run built from the same arguments.
+
+  Returns:
+    (task, `tasks.get`'s arguments, the run's identity, its aggregator's settings, the
+    process, the learning rates its initial state must be given: empty unless `builds`
+    gave a process built for others).
+  """
+  task_arguments = _task_arguments(config)
+  if builds is None:
+    task = tasks.get(**task_arguments)
+  else:
+    task = builds.get('task', task_arguments, lambda: tasks.get(**task_arguments))
   identity = resumption.identity(config, task)
   if not config.overwrite:
     resumption.check_identity(config, identity, flags_agree)
@@ -152,15 +170,24 @@ def _build(config: run_config.ExperimentConfig, flags_agree: bool):
   )
   num_clients = len(task.datasets.train_data.client_ids)
   aggregator = config.aggregator_settings(num_clients)
-  with warnings.catch_warnings():
-    # DP's uniform weighting: the run's aggregator line says it (`accounting`).
-    warnings.filterwarnings('ignore', message=r'aggregator .* averages client updates')
-    process = registry.build(
-        config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
-        num_clients=num_clients, loop_implementation=loop, aggregator=aggregator,
-        **config.hparams,
-    )
-  return task, identity, aggregator, process
+  hparams = registry.resolve(config.algo, config.hparams)
+
+  def build():
+    with warnings.catch_warnings():
+      # DP's uniform weighting: the run's aggregator line says it (`accounting`).
+      warnings.filterwarnings('ignore', message=r'aggregator .* averages client updates')
+      return registry.build(
+          config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
+          num_clients=num_clients, loop_implementation=loop, aggregator=aggregator,
+          **config.hparams,
+      )
+
+  if builds is None:
+    return task, task_arguments, identity, aggregator, build(), {}
+  process, start_rates = builds.process(
+      dict(algo=config.algo, task=task_arguments, loop=loop.name, aggregator=aggregator),
+      hparams, build)
+  return task, task_arguments, identity, aggregator, process, start_rates
 
 
 def _keeps_client_states(process) -> bool:
@@ -244,11 +271,14 @@ def _train(
     config: run_config.ExperimentConfig, process, store, select: Callable,
     evaluate: rounds.Evaluation,
     progress: rounds.RoundReleaseManager, record_session: Callable[[], Optional[dict]],
+    initial_state=None,
 ) -> Optional[dict]:
   """TFF's training loop over the rounds left, each judged and released by `progress`;
-  returns this process's session (`record_session`), recorded even if the loop stops."""
+  returns this process's session (`record_session`), recorded even if the loop stops.
+  A run without a checkpoint starts from `initial_state` (None: `process.initialize()`)."""
   state_manager = rounds.FiniteStateManager(config, keep_total=3)
-  training_process = process
+  training_process = process if initial_state is None else _StartingFrom(process,
+                                                                          initial_state)
   if store is not None:
     # Remote workers may not see this machine's files: their states go in the call.
     training_process = client_states.StatefulClientsTrainer(
@@ -280,6 +310,21 @@ def _train(
     raise
   evaluate.close()
   return record_session()
+
+
+class _StartingFrom:
+  """`process`, whose `initialize` gives `state`: all TFF's training loop calls are
+  `initialize` and `next`."""
+
+  def __init__(self, process, state):
+    self._process = process
+    self._state = state
+
+  def initialize(self):
+    return self._state
+
+  def next(self, *args):
+    return self._process.next(*args)
 
 
 def _summary(config: run_config.ExperimentConfig, wall: float, session: Optional[dict],

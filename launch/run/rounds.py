@@ -218,10 +218,11 @@ class Evaluation:
   """TFF's `evaluation_fn`: the run's held-out evaluation (tasks.evaluation) of a state's
   model weights, in rounds `evaluation_due` asks for (the selection is True)."""
 
-  def __init__(self, held_out, evaluator, training_process):
+  def __init__(self, held_out, evaluator, training_process, kept: bool = False):
     self.held_out = held_out
     self._evaluator = evaluator
     self._process = training_process
+    self._kept = kept  # A warm worker's: the next run uses it again.
 
   def __call__(self, state, due: bool) -> collections.OrderedDict:
     if not due:
@@ -229,21 +230,34 @@ class Evaluation:
     return self._evaluator(self._process.get_model_weights(state))
 
   def close(self) -> None:
-    self._evaluator.close()
+    if not self._kept:
+      self._evaluator.close()
 
 
-def evaluation_fn(config, task, training_process, runtime_context, in_process_threads):
+def evaluation_fn(config, task, training_process, runtime_context, in_process_threads,
+                  builds=None, task_arguments=None):
   """The run's evaluation, its test examples read once: on the first GPU under
   --executor=gpu (the data kept there), else on the host, as many groups at once as the
-  in-process clients' threads per op leave cores for."""
+  in-process clients' threads per op leave cores for. With a warm worker's `builds`, the
+  examples and evaluator of an earlier run of the same task and settings (its `task`
+  built from `task_arguments`) are used again, and stay open for the next."""
   device, parallel = None, 1
   if config.executor == 'gpu':
     device = runtime_context.devices[0]
   elif runtime_context is not None:
     parallel = evaluation.groups_at_once(in_process_threads)
-  held_out = evaluation.read_held_out(
-      task, config.evaluation, num_examples=config.eval_examples,
-      num_clients=config.num_eval_clients, device=device,
-  )
-  evaluator = evaluation.Evaluator(task.model_fn, held_out, parallel=parallel, device=device)
-  return Evaluation(held_out, evaluator, training_process)
+
+  def build():
+    held_out = evaluation.read_held_out(
+        task, config.evaluation, num_examples=config.eval_examples,
+        num_clients=config.num_eval_clients, device=device,
+    )
+    return held_out, evaluation.Evaluator(task.model_fn, held_out, parallel=parallel,
+                                          device=device)
+
+  if builds is None:
+    return Evaluation(*build(), training_process)
+  held_out, evaluator = builds.get('evaluation', dict(
+      task=task_arguments, evaluation=config.evaluation, eval_examples=config.eval_examples,
+      num_eval_clients=config.num_eval_clients, device=device, parallel=parallel), build)
+  return Evaluation(held_out, evaluator, training_process, kept=True)

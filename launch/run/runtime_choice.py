@@ -136,8 +136,11 @@ def splits_stateful_rounds(config) -> bool:
 
 
 @contextlib.contextmanager
-def execution_context(config, progress):
+def execution_context(config, progress, builds=None):
   """The runtime's context: in-process, the local TFF worker, or the remote ones.
+
+  With a warm worker's `builds`, an in-process context on this machine's devices uses
+  what earlier runs' contexts compiled (the same processes need no compiling again).
 
   Yields the `in_process.InProcessContext` (None for TFF's workers). A remote worker
   lost mid-run ends the run: TFF's training loop releases a round's metrics and then
@@ -148,8 +151,11 @@ def execution_context(config, progress):
   if resolved_runtime(config) == IN_PROCESS:
     devices = in_process.visible_gpus() if config.executor == 'gpu' else None
     clients_per_device = config.max_concurrent_clients
+    clients_per_device = clients_per_device if clients_per_device > 0 else None
+    compiled = None if builds is None else builds.get(
+        'compiled', dict(devices=devices, clients_per_device=clients_per_device), dict)
     with in_process.in_process_context(
-        devices, clients_per_device=clients_per_device if clients_per_device > 0 else None
+        devices, clients_per_device=clients_per_device, compiled=compiled
     ) as runtime_context:
       yield runtime_context
     return

@@ -220,13 +220,19 @@ def later_work(group_sizes: Sequence[int], search: Search, rung: int) -> runner.
 
 def run_search(
     grids: Sequence[Grid], search: Search, *, parallel: int, log_dir: str, stream=None,
+    workers=None,
 ) -> dict[Hashable, Outcome]:
   """Searches every group of `grids` side by side; group -> its `Outcome`.
 
   Each rung's runs of all groups go together, `parallel` at a time; so do the stability
-  re-runs. Cells are keyed (grid index, client lr, server lr).
+  re-runs. Cells are keyed (grid index, client lr, server lr). One set of warm workers
+  (`workers`, or the search's own) trains every rung, so that each builds a grid once.
   """
   stream = stream or sys.stdout
+  if workers is None:
+    with runner.workers_for(parallel, log_dir) as own:
+      return run_search(grids, search, parallel=parallel, log_dir=log_dir, stream=stream,
+                        workers=own)
 
   def train_and_score(keys, rounds):
     k = search.rung_rounds.index(rounds) + 1
@@ -237,6 +243,7 @@ def run_search(
         list(runs.values()), parallel=parallel, log_dir=log_dir, stream=stream,
         describe=lambda run, state: f'score={_score(run, rounds):.4f}',
         later=later_work([len(cells) for cells in members.values()], search, k),
+        workers=workers,
     )
     return {key: _score(run, rounds) for key, run in runs.items()}
 
@@ -248,7 +255,7 @@ def run_search(
           f' {search.final_rounds} rounds', file=stream, flush=True)
     runs = {key: _stability_run(grids, key, search) for key in keys}
     states = runner.run_all(list(runs.values()), parallel=parallel, log_dir=log_dir,
-                            stream=stream)
+                            stream=stream, workers=workers)
     return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
 
   keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]

@@ -1,4 +1,4 @@
-"""Many training runs, each an ordinary `python -m launch.train` process, some at a time.
+"""Many training runs, each an ordinary `launch.train` run, some at a time in warm workers.
 
 The grid search and the comparison program describe each run by the flags of
 `launch.train` (this program's own flags as the user gave them, plus a few set per run)
@@ -7,17 +7,20 @@ not started again, so an interrupted program picks up where it stopped: unfinish
 resume from their last checkpoint, as `launch.train` does. A run that diverges (exit 3)
 is recorded with a `diverged.txt` in its directory and not retried; any other failure
 stops everything with the end of that run's log. Each run's output goes to
-`<log_dir>/<name>.log`, one `=== start` header per attempt. A run's 'done' line says how
+`<log_dir>/<name>.log`, one `=== start` header per attempt, the command that trains it
+alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`): `parallel`
+processes on this machine (`local_workers`), or Ray actors over a cluster
+(`ray_workers`, with --ray_address), each training one run after another; a worker
+prefers runs that share its last run's build (all but the learning rates). A run's 'done' line says how
 many runs are still to go and, at the pace of the rounds trained so far, about how long
 they take (and the whole they make with later runs, such as a grid search's later rungs).
 """
 
 import contextlib
-import ctypes
 import dataclasses
+import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -30,6 +33,8 @@ from launch.run import errors
 from launch.run import resumption
 from launch.run import run_config
 from launch.run import settings as run_settings
+from launch.sweeps import local_workers
+from launch.sweeps import ray_workers
 from tff_zmg import run_files
 
 PARALLEL = flags.DEFINE_integer(
@@ -37,11 +42,8 @@ PARALLEL = flags.DEFINE_integer(
     lower_bound=1,
 )
 FINISHED, DIVERGED, PENDING = 'finished', 'diverged', 'pending'
-_PR_SET_PDEATHSIG = 1
-_STOP_GRACE_S = 30.0
 _POLL_S = 0.5
 _LOG_TAIL_LINES = 15
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,12 +170,6 @@ class Progress:
     return f'  ({to_go} to go, {about})'
 
 
-def _die_with_parent() -> None:
-  """Runs in the child: Linux sends it SIGTERM (it stops cleanly) if this process dies."""
-  with contextlib.suppress(OSError, AttributeError):
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _tail(path: str) -> str:
   with open(path, errors='replace') as f:
     return ''.join(f.readlines()[-_LOG_TAIL_LINES:])
@@ -184,12 +180,41 @@ def _last_error_line(path: str, default: str = 'training diverged') -> str:
   return lines[-1] if lines else default
 
 
+def build_key(config: run_config.ExperimentConfig) -> str:
+  """What a run builds in a warm worker (`launch.run.builds`), roughly: its settings but
+  the learning rates, its name and its rounds. Runs with one key share a build."""
+  recorded = dict(config.recorded())
+  for name in ('experiment_name', 'root_output_dir', 'total_rounds', 'overwrite'):
+    recorded.pop(name, None)
+  recorded['hparams'] = {k: v for k, v in recorded.get('hparams', {}).items()
+                         if not k.endswith('learning_rate')}
+  return json.dumps(recorded, sort_keys=True, default=repr)
+
+
+def _next_for(key, pending: list) -> tuple[int, Run]:
+  """The first pending (index, run) that shares a build with `key`, else the first."""
+  for position, (_, run) in enumerate(pending):
+    if build_key(run.config) == key:
+      return pending.pop(position)
+  return pending.pop(0)
+
+
+def workers_for(parallel: int, log_dir: str):
+  """The warm workers a program's runs share: Ray actors with --ray_address (the cluster's
+  GPUs and CPUs say how many), else `parallel` processes on this machine."""
+  if ray_workers.RAY_ADDRESS.value:
+    return ray_workers.RayWorkers(ray_workers.RAY_ADDRESS.value, log_dir,
+                                  executor=flags.FLAGS['executor'].value)
+  return local_workers.LocalWorkers(parallel, log_dir)
+
+
 def run_all(
     runs: Sequence[Run], *, parallel: int, log_dir: str,
     describe: Optional[Callable[[Run, str], str]] = None, stream=None,
-    later: Optional[LaterWork] = None,
+    later: Optional[LaterWork] = None, workers=None,
 ) -> dict[str, str]:
-  """Brings every run to FINISHED or DIVERGED, `parallel` processes at a time.
+  """Brings every run to FINISHED or DIVERGED, `parallel` at a time, in `workers`
+  (`workers_for`'s, kept for the next call; None: this call's own).
 
   Prints one line per run as it is skipped, started and done; `describe(run, status)`
   may add to the 'done' line (e.g. a score), which ends with the runs to go and their
@@ -215,46 +240,46 @@ def run_all(
       results[run.name] = state
       extra = f'  {describe(run, state)}' if describe else ''
       print(f'[{i + 1}/{total}] {run.name}: already {state}{extra}', file=stream, flush=True)
+  if not pending:
+    return results
   os.makedirs(log_dir, exist_ok=True)
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get('PYTHONPATH')]))
-  running = {}  # Popen -> (index, run, log path, start time)
-  progress = Progress([run for _, run in pending], parallel, later)
+  own = workers is None
+  if own:
+    workers = workers_for(parallel, log_dir)
+  running = {}  # name -> (index, run, log path, start time)
+  progress = Progress([run for _, run in pending], workers.size, later)
   with _deferred_stop_signals() as stop_requested:
     try:
       while pending or running:
         _check_stop(stop_requested)
-        while pending and len(running) < parallel:
-          i, run = pending.pop(0)
+        for slot in workers.idle():
+          if not pending:
+            break
+          i, run = _next_for(workers.key(slot), pending)
           log_path = os.path.join(log_dir, f'{run.name}.log')
-          running[_start(run, log_path, env)] = (i, run, log_path, time.monotonic())
+          with open(log_path, 'a') as log:
+            log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}:'
+                      f' {" ".join(run.command)}\n')
+          workers.start(slot, run, log_path, build_key(run.config))
+          running[run.name] = (i, run, log_path, time.monotonic())
           print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
-        time.sleep(_POLL_S)
-        ended = [(proc, *running.pop(proc)) for proc in list(running)
-                 if proc.poll() is not None]
-        for proc, i, run, log_path, start in ended:
+        for run, returncode in workers.wait(_POLL_S):
+          i, run, log_path, start = running.pop(run.name)
           seconds = time.monotonic() - start
-          results[run.name] = state = _outcome(run, proc.returncode, log_path, seconds)
+          results[run.name] = state = _outcome(run, returncode, log_path, seconds)
           progress.done(run)
           extra = f'  {describe(run, state)}' if describe else ''
           left = progress.text([r for _, r in pending],
                                [r for _, r, _, _ in running.values()])
           print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}{left}',
                 file=stream, flush=True)
+    except BaseException:
+      workers.close()  # Stops the runs still going: they resume next time.
+      raise
     finally:
-      _stop(running)
+      if own:
+        workers.close()
   return results
-
-
-def _start(run: Run, log_path: str, env: dict) -> subprocess.Popen:
-  """Starts one `launch.train` process writing to `log_path` (appended, with a header)."""
-  with open(log_path, 'a') as log:
-    log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(run.command)}\n')
-    log.flush()
-    return subprocess.Popen(
-        run.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=env, preexec_fn=_die_with_parent,
-    )
 
 
 def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
@@ -267,7 +292,7 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
       f.write(_last_error_line(log_path) + '\n')
     return DIVERGED
   raise errors.RunFailed(
-      f'{run.name} failed (exit {returncode}) after {seconds:.0f} s:'
+      f'{run.name} failed ({local_workers.signal_text(returncode)}) after {seconds:.0f} s:'
       f' {_last_error_line(log_path, "no error line")} (its log: {log_path})',
       returncode if returncode in exit_status.DOCUMENTED else exit_status.UNEXPECTED,
   )
@@ -305,15 +330,3 @@ def _check_stop(stop_requested) -> None:
     )
 
 
-def _stop(running) -> None:
-  """Stops the runs still going (SIGTERM: they stop their TFF workers), then waits."""
-  for proc in running:
-    if proc.poll() is None:
-      proc.terminate()
-  deadline = time.monotonic() + _STOP_GRACE_S
-  for proc in running:
-    try:
-      proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      proc.wait()

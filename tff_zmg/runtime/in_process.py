@@ -226,11 +226,14 @@ class InProcessContext(tff.framework.SyncContext):
       machines: the clients' work goes to them, a contiguous slice each
       (`remote_clients`), and every computation runs through the interpreter, so that a
       stateful algorithm's clients' states come back; the rest runs here.
+    compiled: Optional dict of what earlier contexts with the same devices and clients
+      per device compiled (a warm worker's, `launch.run.builds`), used and added to, so
+      that a computation run again in a new context is not compiled again.
   """
 
   def __init__(
       self, devices: Optional[Sequence[str]] = None, clients_per_device: Optional[int] = None,
-      workers: Optional[Sequence[Any]] = None,
+      workers: Optional[Sequence[Any]] = None, compiled: Optional[dict] = None,
   ):
     self.devices = list(devices) if devices else [tf_computation.HOST_DEVICE]
     self._remote = remote_clients.RemoteClientWork(workers) if workers else None
@@ -241,7 +244,7 @@ class InProcessContext(tff.framework.SyncContext):
     if clients_per_device < 1:
       raise ValueError(f'clients_per_device must be at least 1, got {clients_per_device}')
     self.clients_per_device = clients_per_device
-    self._compiled: dict[int, tuple[Any, Any]] = {}
+    self._compiled: dict[int, tuple[Any, Any]] = {} if compiled is None else compiled
     self._lock = threading.Lock()
     self.rounds_run = 0
     # Device of each client's update in the last round, read from the tensors `work`
@@ -297,7 +300,7 @@ class InProcessContext(tff.framework.SyncContext):
 @contextlib.contextmanager
 def in_process_context(
     devices: Optional[Sequence[str]] = None, clients_per_device: Optional[int] = None,
-    workers: Optional[Sequence[Any]] = None,
+    workers: Optional[Sequence[Any]] = None, compiled: Optional[dict] = None,
 ):
   """Runs the enclosed TFF computations in this process (see `InProcessContext`).
 
@@ -305,6 +308,6 @@ def in_process_context(
     The `InProcessContext` (its `last_client_devices` says where the last round's
     clients ran).
   """
-  context = InProcessContext(devices, clients_per_device, workers)
+  context = InProcessContext(devices, clients_per_device, workers, compiled)
   with tff.framework.get_context_stack().install(context):
     yield context

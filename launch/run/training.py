@@ -1,0 +1,20 @@
+"""One run from its settings, as `launch.train` runs it: the protocol's line, the run, the
+summary line. A warm worker (`launch.sweeps.warm_worker`) trains each cell by the same call."""
+
+import json
+from typing import Optional
+
+from launch.run import builds as builds_lib
+from launch.run import experiment
+from launch.run import settings as run_settings
+
+
+def train(settings: run_settings.Settings,
+          builds: Optional[builds_lib.Builds] = None) -> dict:
+  """Runs (or resumes) the run `settings` describe; returns its summary (printed too)."""
+  settings, applied = run_settings.apply_protocol(settings)
+  if applied:
+    print(f'protocol {settings.values["protocol"]}: {json.dumps(applied)}', flush=True)
+  summary = experiment.run(run_settings.experiment_config(settings), builds)
+  print('summary: ' + json.dumps(summary), flush=True)
+  return summary

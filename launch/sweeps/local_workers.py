@@ -1,0 +1,196 @@
+"""Warm workers on this machine: `count` processes of `launch.sweeps.warm_worker`, each
+training one run at a time, kept from run to run (and from one `run_all` to the next) for
+as long as the program holds them.
+
+A worker that dies while training a run (SIGSEGV, the kernel's OOM killer) costs only that
+run: it is started again once in a fresh worker, from its last checkpoint, and reported as
+failed, with both logs named, if that worker dies too. No worker outlives the program:
+each gets SIGTERM when the program's process dies (Linux), and `close` ends them (SIGTERM,
+which stops a run cleanly, then SIGKILL after a grace period).
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+_PR_SET_PDEATHSIG = 1
+_STOP_GRACE_S = 30.0
+# The package's root: the worker imports `launch` from here, as the program did.
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def die_with_parent() -> None:
+  """Runs in the child: Linux sends it SIGTERM (it stops cleanly) if this process dies."""
+  with contextlib.suppress(OSError, AttributeError):
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def child_environment() -> dict:
+  """This environment, with the package importable from its checkout."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get('PYTHONPATH')]))
+  return env
+
+
+def signal_text(returncode: int) -> str:
+  """'killed by SIGKILL' for a negative status, else 'exit N'."""
+  if returncode < 0:
+    with contextlib.suppress(ValueError):
+      return f'killed by {signal.Signals(-returncode).name}'
+  return f'exit {returncode}'
+
+
+class _Worker:
+  """One warm worker process and the run it trains, if any."""
+
+  def __init__(self, log_path: str):
+    self.log_path = log_path
+    with open(log_path, 'a') as log:
+      self.process = subprocess.Popen(
+          [sys.executable, '-m', 'launch.sweeps.warm_worker'], stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE, stderr=log, env=child_environment(),
+          preexec_fn=die_with_parent,
+      )
+    os.set_blocking(self.process.stdout.fileno(), False)
+    self._pending = b''
+    self.task = None  # (slot's run, its log path) while it trains one.
+    self.key = None  # What the last run it trained built (`launch.sweeps.runner`).
+
+  def send(self, name: str, args, log_path: str) -> None:
+    request = {'name': name, 'args': list(args), 'log': log_path}
+    self.process.stdin.write((json.dumps(request) + '\n').encode())
+    self.process.stdin.flush()
+
+  def answer(self) -> Optional[dict]:
+    """The result of the run it trains, once there (None before)."""
+    with contextlib.suppress(BlockingIOError):
+      while True:
+        chunk = os.read(self.process.stdout.fileno(), 65536)
+        if not chunk:
+          break
+        self._pending += chunk
+    if b'\n' not in self._pending:
+      return None
+    line, self._pending = self._pending.split(b'\n', 1)
+    return json.loads(line)
+
+  def dead(self) -> Optional[int]:
+    """Its exit status once it has ended (None while it runs)."""
+    return self.process.poll()
+
+
+class LocalWorkers:
+  """`count` warm workers; `start` gives one a run, `wait` says which runs have ended."""
+
+  def __init__(self, count: int, log_dir: str):
+    if count < 1:
+      raise ValueError(f'count must be >= 1, got {count}')
+    self._dir = os.path.join(log_dir, 'workers')
+    self._count = count
+    self._workers: list[Optional[_Worker]] = [None] * count
+    self._started = 0
+    self._retried: set[str] = set()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  @property
+  def size(self) -> int:
+    return self._count
+
+  def idle(self) -> list[int]:
+    """The slots free for a run."""
+    return [i for i, w in enumerate(self._workers) if w is None or w.task is None]
+
+  def busy(self) -> int:
+    return sum(1 for w in self._workers if w is not None and w.task is not None)
+
+  def key(self, slot: int):
+    worker = self._workers[slot]
+    return None if worker is None else worker.key
+
+  def _new_worker(self, slot: int) -> _Worker:
+    os.makedirs(self._dir, exist_ok=True)
+    self._started += 1
+    worker = _Worker(os.path.join(self._dir, f'worker{self._started}.log'))
+    self._workers[slot] = worker
+    return worker
+
+  def start(self, slot: int, run, log_path: str, key) -> None:
+    """Gives `run` (a `runner.Run`) to the worker of `slot`, starting one if needed."""
+    worker = self._workers[slot]
+    if worker is None or worker.dead() is not None:
+      worker = self._new_worker(slot)
+    worker.task = (run, log_path)
+    worker.key = key
+    worker.send(run.name, run.args, log_path)
+
+  def wait(self, timeout_s: float) -> list[tuple[object, int]]:
+    """Waits up to `timeout_s` for runs to end; returns (run, exit status) of each that
+    did. A run whose worker died is started once more in a fresh worker; if that one dies
+    too, its status is the worker's (negative: killed by a signal)."""
+    busy = [w for w in self._workers if w is not None and w.task is not None]
+    if busy:
+      select.select([w.process.stdout for w in busy], [], [], timeout_s)
+    else:
+      time.sleep(timeout_s)
+    ended = []
+    for slot, worker in enumerate(self._workers):
+      if worker is None or worker.task is None:
+        continue
+      answer = worker.answer()
+      run, log_path = worker.task
+      if answer is not None:
+        worker.task = None
+        ended.append((run, answer['status']))
+        continue
+      status = worker.dead()
+      if status is None:
+        continue
+      worker.task = None
+      self._workers[slot] = None
+      how = signal_text(status)
+      if run.name not in self._retried:
+        self._retried.add(run.name)
+        with open(log_path, 'a') as log:
+          log.write(f'=== its warm worker died ({how}; its log: {worker.log_path}); the run'
+                    ' starts again, once, in a fresh worker\n')
+        self.start(slot, run, log_path, worker.key)
+      else:
+        with open(log_path, 'a') as log:
+          log.write(f'train: error: its warm worker died again ({how}; its log:'
+                    f' {worker.log_path})\n')
+        ended.append((run, status))
+    return ended
+
+  def close(self) -> None:
+    """Ends every worker: a run still training stops as on Ctrl-C (it resumes next time);
+    after the grace period, SIGKILL."""
+    live = [w for w in self._workers if w is not None and w.dead() is None]
+    for worker in live:
+      with contextlib.suppress(OSError):
+        worker.process.stdin.close()  # An idle worker ends at the end of its input.
+      if worker.task is not None:
+        worker.process.terminate()
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for worker in live:
+      try:
+        worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        worker.process.kill()
+        worker.process.wait()
+    for worker in self._workers:
+      if worker is not None:
+        with contextlib.suppress(OSError):
+          worker.process.stdout.close()
+    self._workers = [None] * self._count

@@ -1,0 +1,173 @@
+"""Warm workers train a sweep's runs as `launch.train` would, to the bit, and keep the
+runner's promises: a worker that dies costs one retry of its run, Ctrl-C stops everything
+and the same command resumes to the same results, and no worker outlives the program."""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from absl import flags
+import numpy as np
+import psutil
+import pytest
+import tensorflow as tf
+
+import small_runs
+from launch.run import settings as run_settings
+from launch.sweeps import local_workers
+from launch.sweeps import runner
+
+_TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
+
+
+def _rows(run_dir):
+  with open(os.path.join(run_dir, 'metrics.csv')) as f:
+    return [{k: v for k, v in row.items() if k not in _TIME_COLUMNS} for row in csv.DictReader(f)]
+
+
+def _final_checkpoint(run_dir):
+  versions = [int(n.rsplit('_', 1)[1]) for n in os.listdir(os.path.join(run_dir, 'checkpoints'))
+              if n.startswith('program_state_')]
+  module = tf.saved_model.load(
+      os.path.join(run_dir, 'checkpoints', f'program_state_{max(versions)}'))
+  return [np.asarray(v) for v in tf.nest.flatten(module())]
+
+
+def _args(cache_dir, root, algo, name, client_lr, *extra):
+  return (f'--task=emnist', f'--algo={algo}', f'--cache_dir={cache_dir}', *small_runs.FLAGS,
+          '--total_rounds=2', f'--client_learning_rate={client_lr}',
+          f'--root_output_dir={root}', f'--experiment_name={name}', *extra)
+
+
+def _run(args, name) -> runner.Run:
+  """The `runner.Run` of `launch.train` arguments, its config computed as the runner does."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', *args])
+    config = run_settings.config_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  return runner.Run(name=name, config=config, args=tuple(args))
+
+
+@pytest.mark.parametrize('algo, rebuilds', [('fedzmg', False), ('scaffold', True)])
+def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(
+    algo, rebuilds, synthetic_cache_dir, tmp_path):
+  """Two cells in one warm worker, the second at other rates: the same metrics (but
+  times) and checkpoint as `python -m launch.train` of the second. FedZMG's state holds its
+  rates, so the worker built its process once; SCAFFOLD's clients keep state, and its
+  cells are built each."""
+  warm, cold = tmp_path / 'warm', tmp_path / 'cold'
+  runs = [_run(_args(synthetic_cache_dir, warm, algo, name, lr), name)
+          for name, lr in (('a', 0.1), ('b', 0.03))]
+  with local_workers.LocalWorkers(1, str(tmp_path / 'logs')) as workers:
+    states = runner.run_all(runs, parallel=1, log_dir=str(tmp_path / 'logs'),
+                            workers=workers)
+  assert states == {'a': runner.FINISHED, 'b': runner.FINISHED}
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.train', *_args(synthetic_cache_dir, cold, algo, 'b', 0.03)],
+      cwd=small_runs.REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  assert _rows(warm / 'b') == _rows(cold / 'b')
+  for ours, theirs in zip(_final_checkpoint(warm / 'b'), _final_checkpoint(cold / 'b'),
+                          strict=True):
+    np.testing.assert_array_equal(ours, theirs)
+  worker_log = open(next((tmp_path / 'logs' / 'workers').iterdir())).read()
+  assert f"b: exit status 0; built so far: {{'task': 1, 'process': {2 if rebuilds else 1}" in (
+      worker_log)
+  # The cell's log reads as `launch.train`'s output, under the command that trains it alone.
+  log = open(tmp_path / 'logs' / 'b.log').read()
+  assert log.startswith('=== start ') and ' -m launch.train --task=emnist' in log
+  assert 'round 2/2' in log and 'summary: {' in log
+
+
+def _grid_command(cache_dir, root, *extra):
+  return [sys.executable, '-m', 'launch.grid_search', '--task=emnist', '--algo=fedavg',
+          f'--cache_dir={cache_dir}', *small_runs.FLAGS, '--client_learning_rates=0.1,0.03',
+          '--server_learning_rates=1', '--total_rounds=3', '--nostability_check',
+          f'--root_output_dir={root}', *extra]
+
+
+def _grid_results(root):
+  grid = os.path.join(root, 'grid_emnist_fedavg')
+  best = json.load(open(os.path.join(grid, 'best.json')))
+  best.pop('cost')  # Seconds.
+  cells = {name: _rows(os.path.join(grid, name)) for name in ('clr0.1_slr1', 'clr0.03_slr1')}
+  return best, cells
+
+
+@pytest.fixture(scope='module')
+def whole_grid(tmp_path_factory, synthetic_cache_dir):
+  root = tmp_path_factory.mktemp('whole')
+  proc = subprocess.run(_grid_command(synthetic_cache_dir, root), cwd=small_runs.REPO,
+                        capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr
+  return _grid_results(root)
+
+
+def _warm_worker_pids(parent: int) -> list[int]:
+  try:
+    children = psutil.Process(parent).children(recursive=True)
+  except psutil.NoSuchProcess:
+    return []
+  return [p.pid for p in children if 'launch.sweeps.warm_worker' in ' '.join(p.cmdline())]
+
+
+def _when_training(root, pid):
+  """Waits until the grid program `pid` trains a round of a cell; that cell's log."""
+  logs = os.path.join(root, 'grid_emnist_fedavg', 'logs')
+  deadline = time.monotonic() + 600
+  while time.monotonic() < deadline:
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+      path = os.path.join(logs, name)
+      if name.endswith('.log') and re.search(r'^round 1/3', open(path).read(), re.M):
+        return path
+    time.sleep(0.2)
+  raise AssertionError(f'no round trained under {logs}')
+
+
+def test_a_worker_killed_mid_cell_costs_one_retry_and_the_same_best(
+    whole_grid, synthetic_cache_dir, tmp_path):
+  proc = subprocess.Popen(_grid_command(synthetic_cache_dir, tmp_path), cwd=small_runs.REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    log = _when_training(tmp_path, proc.pid)
+    (worker,) = _warm_worker_pids(proc.pid)
+    os.kill(worker, signal.SIGKILL)
+    out, err = proc.communicate(timeout=900)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0, err
+  assert 'its warm worker died (killed by SIGKILL' in open(log).read()
+  assert _grid_results(tmp_path) == whole_grid
+  assert 'picked:' in out
+
+
+def test_ctrl_c_mid_search_then_the_same_command_gives_the_same_results(
+    whole_grid, synthetic_cache_dir, tmp_path):
+  command = _grid_command(synthetic_cache_dir, tmp_path)
+  proc = subprocess.Popen(command, cwd=small_runs.REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    _when_training(tmp_path, proc.pid)
+    workers = _warm_worker_pids(proc.pid)
+    assert workers
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 130, err
+  assert err.strip().splitlines()[-1].startswith('grid_search: error: interrupted'), err
+  for pid in workers:
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+  again = subprocess.run(command, cwd=small_runs.REPO, capture_output=True, text=True,
+                         timeout=900)
+  assert again.returncode == 0, again.stderr
+  assert _grid_results(tmp_path) == whole_grid
