@@ -33,6 +33,11 @@ RAY_ADDRESS = flags.DEFINE_string(
     ' HOST:PORT of its head (`ray start --head`); every node sees the run folders at the'
     ' same path. Unset: warm worker processes on this machine (--parallel).',
 )
+RAY_DRIVER_IP = flags.DEFINE_string(
+    'ray_driver_ip', None,
+    "With --ray_address: this machine's address as the cluster's nodes reach it (default:"
+    " Ray's own choice; give it where this machine has several).",
+)
 CELLS_PER_GPU = flags.DEFINE_integer(
     'cells_per_gpu', 1, 'With --ray_address: runs trained at once on each GPU of the cluster.',
     lower_bound=1,
@@ -85,7 +90,8 @@ class RayWorkers:
     self._log_dir = log_dir
     try:
       ray.init(address=address, log_to_driver=False, logging_level='ERROR',
-               runtime_env={'env_vars': {'PYTHONPATH': _REPO_ROOT}})
+               runtime_env={'env_vars': {'PYTHONPATH': _REPO_ROOT}},
+               **({'_node_ip_address': RAY_DRIVER_IP.value} if RAY_DRIVER_IP.value else {}))
     except (ConnectionError, RuntimeError, ValueError) as e:
       raise ValueError(f'--ray_address={address}: no Ray cluster answers there ({e})') from e
     self._actor_class = ray.remote(_CellActor)

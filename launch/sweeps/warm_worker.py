@@ -60,9 +60,14 @@ def output_to(path: str):
 
 
 def where() -> str:
-  """Where this worker runs: its pid, host, and the GPUs it may see."""
+  """Where this worker runs: its pid, host (a Ray actor: its node's address), and the GPUs
+  it may see."""
+  host = socket.gethostname()
+  ray = sys.modules.get('ray')
+  if ray is not None and ray.is_initialized():
+    host = f'{host}, Ray node {ray.util.get_node_ip_address()}'
   gpus = os.environ.get('CUDA_VISIBLE_DEVICES')
-  return (f'warm worker {os.getpid()} on {socket.gethostname()}'
+  return (f'warm worker {os.getpid()} on {host}'
           + ('' if gpus is None else f', CUDA_VISIBLE_DEVICES={gpus}'))
 
 

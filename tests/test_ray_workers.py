@@ -1,0 +1,115 @@
+"""A grid search on a Ray cluster gives what it gives on this machine.
+
+The cluster is two Ray nodes on this machine, on loopback addresses (127.0.0.2 and
+127.0.0.3: Ray rewrites 127.0.0.1 to the machine's outward address), each with one
+logical GPU (`--num-gpus=1`; nothing here runs on a GPU, Ray only hands out its id), and
+two cells per GPU. Ray's home folder is the test's own, with the file that stops its
+start-up from asking a cloud's metadata address where it runs, and its usage reports off:
+no traffic leaves loopback. Every Ray process is stopped after the test, and checked gone.
+"""
+
+import json
+import os
+import pathlib
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+import small_runs
+import test_warm_workers
+
+_HEAD, _SECOND = '127.0.0.2', '127.0.0.3'
+_RAY_PROCESS = re.compile(r'raylet|gcs_server|ray::|site-packages/ray/')
+
+
+def _ray_processes() -> list[str]:
+  found = []
+  for process in psutil.process_iter(['cmdline']):
+    with_args = ' '.join(process.info['cmdline'] or [])
+    if _RAY_PROCESS.search(with_args):
+      found.append(f'{process.pid} {with_args[:120]}')
+  return found
+
+
+def _free_port(host: str) -> int:
+  with socket.socket() as s:
+    s.bind((host, 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_cluster():
+  """(address, environment) of a two-node cluster, one logical GPU a node."""
+  # Short: Ray's sockets live below it, and a socket's path has at most 107 bytes.
+  folder = pathlib.Path(tempfile.mkdtemp(prefix='ray', dir='/tmp'))
+  home = folder / 'home'
+  home.mkdir()
+  (home / 'ray_bootstrap_config.yaml').write_text('{}\n')  # Not a cloud: no metadata probe.
+  # Ray's token authentication, with the cluster's own token; loopback addresses other than
+  # 127.0.0.1 taken as they are (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER).
+  env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED='0',
+             RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER='1', RAY_AUTH_MODE='token',
+             RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_TMPDIR=str(folder / 'rt'))
+  ray = os.path.join(os.path.dirname(sys.executable), 'ray')
+  common = ['--num-cpus=1', '--num-gpus=1', f'--temp-dir={folder / "rt"}',
+            '--disable-usage-stats']
+  port = _free_port(_HEAD)
+  try:
+    subprocess.run([ray, 'start', '--head', f'--node-ip-address={_HEAD}', f'--port={port}',
+                    '--include-dashboard=false', *common],
+                   env=env, check=True, capture_output=True, timeout=180)
+    subprocess.run([ray, 'start', f'--address={_HEAD}:{port}', f'--node-ip-address={_SECOND}',
+                    *common], env=env, check=True, capture_output=True, timeout=180)
+    yield f'{_HEAD}:{port}', env
+  finally:
+    subprocess.run([ray, 'stop', '--force'], env=env, capture_output=True, timeout=180)
+    deadline = time.monotonic() + 30
+    while _ray_processes() and time.monotonic() < deadline:
+      time.sleep(0.5)
+    shutil.rmtree(folder, ignore_errors=True)
+    assert _ray_processes() == []
+
+
+def _grid(cache_dir, root, env=None, *extra):
+  command = [sys.executable, '-m', 'launch.grid_search', '--task=emnist', '--algo=fedavg',
+             f'--cache_dir={cache_dir}', *small_runs.FLAGS, '--client_learning_rates=0.1,0.03',
+             '--server_learning_rates=1,0.5', '--total_rounds=2', '--nostability_check',
+             f'--root_output_dir={root}', *extra]
+  proc = subprocess.run(command, cwd=small_runs.REPO, env=env, capture_output=True,
+                        text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stderr
+  return proc.stdout
+
+
+def _results(root):
+  grid = os.path.join(root, 'grid_emnist_fedavg')
+  best = json.load(open(os.path.join(grid, 'best.json')))
+  best.pop('cost')  # Seconds.
+  cells = sorted(n for n in os.listdir(grid) if n.startswith('clr'))
+  return best, {n: test_warm_workers._rows(os.path.join(grid, n)) for n in cells}  # pylint: disable=protected-access
+
+
+def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid(
+    ray_cluster, synthetic_cache_dir, tmp_path):
+  address, env = ray_cluster
+  _grid(synthetic_cache_dir, tmp_path / 'local')
+  out = _grid(synthetic_cache_dir, tmp_path / 'ray', env, f'--ray_address={address}',
+              f'--ray_driver_ip={_HEAD}', '--cells_per_gpu=2')
+  assert 'ray: 4 workers on 2 nodes' in out
+  local, on_ray = _results(tmp_path / 'local'), _results(tmp_path / 'ray')
+  assert on_ray == local and len(local[1]) == 4
+  # Each cell saw one GPU, as Ray gave it to its actor; the two nodes' GPUs took two each.
+  logs = tmp_path / 'ray' / 'grid_emnist_fedavg' / 'logs'
+  seen = []
+  for name in local[1]:
+    seen += re.findall(r'^--- warm worker \d+ on .*, Ray node (\S+), CUDA_VISIBLE_DEVICES=(\S+)$',
+                       open(logs / f'{name}.log').read(), re.M)
+  assert sorted(seen) == [(_HEAD, '0'), (_HEAD, '0'), (_SECOND, '0'), (_SECOND, '0')], seen
