@@ -232,6 +232,7 @@ def _grids(search: lr_grid.Search) -> tuple[str, Optional[str], list[lr_grid.Gri
   grids = [
       lr_grid.Grid(directory=grid_outputs.axis_dir(grid_dir, axis, value),
                    client_lrs=client_lrs, server_lrs=server_lrs,
+                   score_rounds=search.score_rounds,
                    **({} if axis is None else dict(
                        overrides={axis: value}, label={axis: value},
                        # Unique names (and logs).

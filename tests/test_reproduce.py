@@ -302,7 +302,8 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   """The full FedZMG protocol: 9 x 9 cells x 3 algorithms x 3 tasks, a stability re-run
   per grid, then 3 x 5 x 3 runs, at timings kept from an earlier dry run."""
   root, plan = designed[:2]
-  timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept')
+  timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept',
+                              first_s=20.0)
   for table, grids, comparisons in (([], 3 * 3, 3 * 5 * 3), (['--table=5'], 3, 15)):
     counts, out = _dry_run(root, *table, timing={1: timing})
     grid = 81 * grids
@@ -313,10 +314,13 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
     assert 'timing 3 rounds' not in out  # Nothing trained.
   assert '  grid-emnist-fedadam-clr10_slr10: emnist fedadam clr=10 slr=10 rounds=50 cohort=10\n' in out
   assert '  emnist-emnist_fedzmg_seed4: emnist fedzmg seed=4 rounds=1000 cohort=10\n' in out
-  # 50-round cells and stability re-runs, 1000-round comparison runs, each evaluated at
-  # round 0 and after every round, each its own process.
-  run_s = lambda rounds: 10.0 + rounds * 2.0 + (rounds + 1) * 0.5
-  expected = (grid + grids) * run_s(50) + comparisons * run_s(1000)
+  # 50-round cells and stability re-runs, evaluated at round 0 and in the 10 rounds their
+  # score reads; 1000-round comparison runs, evaluated at round 0 and after every round.
+  # One warm worker builds once a grid's cells, each stability re-run (another seed) and
+  # each comparison run (an algorithm and seed).
+  run_s = lambda rounds, evaluations: 10.0 + rounds * 2.0 + evaluations * 0.5
+  expected = ((grid + grids) * run_s(50, 11) + comparisons * run_s(1000, 1001)
+              + 20.0 * (grids + grids + comparisons))
   assert counts['seconds'] == pytest.approx(expected)
   assert counts['tables'] == {5: pytest.approx(expected)}
   assert 'table 5: ' in out and 'estimated time: ' in out
@@ -330,11 +334,14 @@ def test_runs_at_a_time_are_timed_at_a_time(designed):
   counts, out = _dry_run(designed[0], '--table=5', timing={1: alone, 2: shared})
   counts_2, out_2 = _dry_run(designed[0], '--table=5', '--parallel=2',
                              timing={1: alone, 2: shared})
-  run_s = lambda t, rounds: t.startup_s + rounds * t.round_s + (rounds + 1) * t.evaluation_s
-  # Three grids (FedZMG, FedAvg, FedAdam) of 81 cells and a stability re-run; 15 comparisons.
-  planned = [(3 * (81 + 1), 50), (15, 1000)]  # (runs, rounds each)
-  assert counts['seconds'] == pytest.approx(sum(n * run_s(alone, r) for n, r in planned))
-  assert counts_2['seconds'] == pytest.approx(sum(n * run_s(shared, r) for n, r in planned) / 2)
+  run_s = lambda t, rounds, evaluations: (t.startup_s + rounds * t.round_s
+                                          + evaluations * t.evaluation_s)
+  # Three grids (FedZMG, FedAvg, FedAdam) of 81 cells and a stability re-run, evaluated at
+  # round 0 and in their last 10 rounds; 15 comparisons evaluated every round.
+  planned = [(3 * (81 + 1), 50, 11), (15, 1000, 1001)]  # (runs, rounds, evaluations each)
+  assert counts['seconds'] == pytest.approx(sum(n * run_s(alone, *r) for n, *r in planned))
+  assert counts_2['seconds'] == pytest.approx(
+      sum(n * run_s(shared, *r) for n, *r in planned) / 2)
   assert 'at 2 at a time' in out_2 and '2 at once' in out_2 and 'timing 3 rounds' not in out_2
   # Kept timings of one run alone are not taken for two at once: those are timed.
   _parse('--paper=fedzmg', '--table=5', f'--root_output_dir={designed[0]}')
@@ -345,7 +352,8 @@ def test_runs_at_a_time_are_timed_at_a_time(designed):
   runs = [p.run for p in reproduce.planned_runs(plan)]
   directory = os.path.join(plan.directory, 'dry_run')
   with open(os.path.join(directory, calibration.CALIBRATION_FILENAME), 'w') as f:
-    json.dump({calibration.kind_of(r.config): dataclasses.asdict(alone) for r in runs}, f)
+    json.dump({calibration.timing_key(calibration.kind_of(r.config), 1):
+               dataclasses.asdict(alone) for r in runs}, f)
   assert not calibration.untimed(runs, directory, 1)
   assert calibration.untimed(runs, directory, 2) == {calibration.kind_of(r.config) for r in runs}
 

@@ -3,6 +3,7 @@ runner's promises: a worker that dies costs one retry of its run, Ctrl-C stops e
 and the same command resumes to the same results, and no worker outlives the program."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -171,3 +172,34 @@ def test_ctrl_c_mid_search_then_the_same_command_gives_the_same_results(
                          timeout=900)
   assert again.returncode == 0, again.stderr
   assert _grid_results(tmp_path) == whole_grid
+
+
+def test_evaluation_due_with_eval_last_rounds_is_round_0_and_the_last_rounds():
+  from launch.run import rounds  # pylint: disable=g-import-not-at-top
+  config = _run(_args('/tmp', '/tmp', 'fedavg', 'x', 0.1), 'x').config
+  due = lambda **changes: [r for r in range(11) if rounds.evaluation_due(
+      dataclasses.replace(config, total_rounds=10, **changes), r)]
+  assert due() == list(range(11))
+  assert due(eval_last_rounds=3) == [0, 8, 9, 10]
+  assert due(eval_last_rounds=3, rounds_per_eval=2) == [0, 8, 10]
+  assert due(eval_last_rounds=20) == list(range(11))
+
+
+def test_grid_cells_evaluate_only_the_rounds_their_scores_read(synthetic_cache_dir, tmp_path):
+  """Halving with rungs of 2 and 4 rounds, each rung scored by its last round: every
+  cell evaluates rounds 0 and 2, the one promoted also 4, and flags.json says so."""
+  command = [sys.executable, '-m', 'launch.grid_search', '--task=emnist', '--algo=fedavg',
+             f'--cache_dir={synthetic_cache_dir}', *small_runs.FLAGS,
+             '--client_learning_rates=0.1,0.03,0.01', '--server_learning_rates=1',
+             '--search=halving', '--rung_rounds=2,4', '--score_rounds=1',
+             '--nostability_check', f'--root_output_dir={tmp_path}']
+  proc = subprocess.run(command, cwd=small_runs.REPO, capture_output=True, text=True,
+                        timeout=900)
+  assert proc.returncode == 0, proc.stderr
+  grid = tmp_path / 'grid_emnist_fedavg'
+  evaluated = {}
+  for cell in ('clr0.1_slr1', 'clr0.03_slr1', 'clr0.01_slr1'):
+    rows = _rows(grid / cell)
+    evaluated[cell] = [int(r['key']) for r in rows if r['evaluation/loss']]
+    assert json.load(open(grid / cell / 'flags.json'))['eval_last_rounds'] == 1
+  assert sorted(evaluated.values()) == [[0, 2], [0, 2], [0, 2, 4]], evaluated

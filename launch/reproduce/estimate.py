@@ -72,15 +72,13 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
             f' ({str(e).splitlines()[0]})', file=stream, flush=True)
       return dict(counts, seconds=None, tables={}, timings={})
   timings = calibration.calibrate([p.run for p in planned], directory, stream, parallel)
-  seconds = {id(p): calibration.estimate_planned(p, timings) for p in planned}
-  total = sum(seconds.values()) / parallel
+  total = calibration.estimate_seconds(planned, timings, parallel)
   calibration.print_timings(timings, planned, parallel, stream)
   per_table = {}
   for table in plan.tables:
     keys = {setting.key for setting in table.settings}
-    per_table[table.number] = sum(
-        seconds[id(p)] for p in planned if _setting_key(plan, p) in keys
-    ) / parallel
+    per_table[table.number] = calibration.estimate_seconds(
+        [p for p in planned if _setting_key(plan, p) in keys], timings, parallel)
     print(f'table {table.number}: {runner.duration_text(per_table[table.number])}', file=stream)
   print(f'estimated time: {runner.duration_text(total)} at {parallel} at a time (runs the'
         ' tables share counted once)', file=stream, flush=True)

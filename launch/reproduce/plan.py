@@ -179,7 +179,8 @@ def grid_groups(plan: Plan) -> dict[tuple[str, str], lr_grid.Grid]:
           directory=os.path.join(plan.directory, 'grid', setting.key, algo),
           client_lrs=client_lrs, server_lrs=server_lrs,
           overrides={**plan.overrides(setting), 'algo': algo, 'clients_per_round': cohort},
-          group=(setting.key, algo), prefix=f'grid-{setting.key}-{algo}-')
+          group=(setting.key, algo), prefix=f'grid-{setting.key}-{algo}-',
+          score_rounds=plan.search().score_rounds)
       for setting in plan.settings for algo in plan.paper.algos
   }
 

@@ -34,7 +34,7 @@ _RESUMABLE_CHANGES = frozenset(
     {
         'total_rounds', 'executor', 'runtime', 'max_concurrent_clients',
         'intra_op_threads', 'rounds_per_checkpoint', 'workers', 'worker_timeout_s',
-        'divergence_factor',
+        'divergence_factor', 'eval_last_rounds',
     }
 )
 # Where a run and its data are, not what they are: a run folder may be copied or renamed

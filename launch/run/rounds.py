@@ -210,7 +210,12 @@ def _flatten(value, prefix='') -> dict:
 
 def evaluation_due(config: run_config.ExperimentConfig, round_num: int) -> bool:
   """Round 0, every `rounds_per_eval`-th round, and the last: a finished run's final
-  accuracy is always that of its final weights."""
+  accuracy is always that of its final weights; with `eval_last_rounds`, of those only
+  round 0 (the divergence limit's reference) and the last `eval_last_rounds`."""
+  if round_num == 0:
+    return True
+  if config.eval_last_rounds and round_num <= config.total_rounds - config.eval_last_rounds:
+    return False
   return round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds
 
 

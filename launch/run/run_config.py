@@ -55,6 +55,7 @@ class ExperimentConfig:
   max_elements_per_client: Optional[int] = None
   seed: int = 0
   rounds_per_eval: int = 1
+  eval_last_rounds: Optional[int] = None
   # One of evaluation.KINDS; None: 'global', or for a run recorded before this setting
   # existed, the per-client evaluation it was started with (`resolve_evaluation`).
   evaluation: Optional[str] = None
@@ -208,6 +209,8 @@ def validate(config: ExperimentConfig) -> None:
       'rounds_per_checkpoint',
   ):
     validation.check_positive(name, getattr(config, name))
+  if config.eval_last_rounds is not None:
+    validation.check_positive('eval_last_rounds', config.eval_last_rounds)
   validation.check_non_negative('intra_op_threads', config.intra_op_threads)
   if not config.divergence_factor > 1:
     raise errors.ExperimentError(

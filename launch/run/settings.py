@@ -136,6 +136,14 @@ _ROUNDS_PER_EVAL = flags.DEFINE_integer(
     'rounds_per_eval', 1,
     'Evaluate on the test clients every this many rounds, and after the last round.'
 )
+_EVAL_LAST_ROUNDS = flags.DEFINE_integer(
+    'eval_last_rounds', None,
+    'Evaluate only round 0 and the last this many rounds (those --rounds_per_eval asks'
+    ' for); unset: every --rounds_per_eval-th round. A grid search\'s cells evaluate the'
+    ' rounds their score reads (--score_rounds of each rung); a run may change it when'
+    ' resumed. Divergence is then judged by the training loss alone in the other rounds.',
+    lower_bound=1,
+)
 _EVALUATION = flags.DEFINE_enum(
     'evaluation', None, list(evaluation.KINDS),
     'How the model is evaluated on the held-out test set. global (the default, the'
@@ -384,6 +392,7 @@ def experiment_config(settings: Settings) -> run_config.ExperimentConfig:
       max_elements_per_client=v['max_elements_per_client'],
       seed=v['seed'],
       rounds_per_eval=v['rounds_per_eval'],
+      eval_last_rounds=v['eval_last_rounds'],
       evaluation=v['evaluation'],
       eval_examples=v['eval_examples'],
       num_eval_clients=v['num_eval_clients'],

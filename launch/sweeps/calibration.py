@@ -4,19 +4,27 @@ The dry runs of `launch.grid_search`, `launch.compare` and `launch.reproduce` (-
 list their runs as `PlannedRun`s and estimate them here.
 
 Runs of one kind (`kind_of`: the same task, model, data, cohort, local work, evaluation and
-runtime, and an algorithm of the same client rule) cost the same per round. A kind is
-timed once by a 3-round run of the planned runs' own settings (its data, cohort and first
-algorithm of the kind), which gives
+runtime, and an algorithm of the same client rule) cost the same per round. The runs go to
+warm workers (`runner`), which start once and build once what runs of one build share
+(`runner.build_key`). A kind is timed once by two 3-round runs of the planned runs' own
+settings (its data, cohort and first algorithm of the kind), one after the other in one
+fresh warm worker, which give
 
-  start-up  = the run's wall time - 3 x round - 4 x evaluation  (imports, data, tracing)
+  first     = the first run's time - the second's  (the worker's start and the build)
+  start-up  = the second run's time - 3 x round - 4 x evaluation  (its folder, its state)
   round     = the median training time of rounds 2-3
   evaluation = the median evaluation time of rounds 1-3 (round 0's traces it)
 
-and a run of R rounds left with E evaluations left is estimated at
-start-up + R x round + E x evaluation. With --parallel=N the runs go N at a time on
-shared cores, so a kind is timed by N copies at once (each value their median): a round of
-two runs sharing two cores is slower than one run's. Timings are kept in `calibration.json`
-in the program's dry_run folder, per N, and reused by every later dry run.
+and runs are estimated at (their sum, over N workers):
+
+  builds x first + sum over runs of (start-up + R x round + E x evaluation)
+
+for R rounds left and E evaluations left of each run, a build being each worker's first
+run of a build key (N workers share a key's runs: min(N, its runs) builds; a stateful
+algorithm's runs each build). With --parallel=N the runs go N at a time on shared cores, so
+a kind is timed by N workers at once (each value their median): a round of two runs
+sharing two cores is slower than one run's. Timings are kept in `calibration.json` in the
+program's dry_run folder, per N, and reused by every later dry run.
 """
 
 import dataclasses
@@ -30,6 +38,7 @@ from typing import Optional, Sequence
 from absl import flags
 
 from launch.run import resumption
+from launch.run import rounds
 from launch.run import run_config
 from launch.run import run_directory
 from launch.sweeps import runner
@@ -42,8 +51,8 @@ DRY_RUN_DIRNAME = 'dry_run'
 # Settings that do not change what a round costs (or are set per calibration run).
 _COST_FREE = frozenset({
     'algo', 'hparams', 'seed', 'experiment_name', 'root_output_dir', 'total_rounds',
-    'overwrite', 'rounds_per_checkpoint', 'rounds_per_eval', 'partition_seed',
-    'divergence_factor',
+    'overwrite', 'rounds_per_checkpoint', 'rounds_per_eval', 'eval_last_rounds',
+    'partition_seed', 'divergence_factor',
 })
 
 
@@ -76,12 +85,14 @@ class PlannedRun:
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-  """Seconds of one kind of run: start-up, a training round and an evaluation."""
+  """Seconds of one kind of run: a warm worker's start and build, a run's start-up in a
+  warm worker, a training round and an evaluation."""
 
   startup_s: float
   round_s: float
   evaluation_s: float
   source: str  # The timed run's folder.
+  first_s: float = 0.0
 
 
 def kind_of(config: run_config.ExperimentConfig) -> str:
@@ -96,10 +107,8 @@ def kind_of(config: run_config.ExperimentConfig) -> str:
 
 def evaluations(config: run_config.ExperimentConfig, first_round: int) -> int:
   """How many evaluations rounds first_round..total_rounds make (round 0 evaluates)."""
-  return sum(
-      1 for r in range(first_round, config.total_rounds + 1)
-      if r % config.rounds_per_eval == 0 or r == config.total_rounds
-  )
+  return sum(1 for r in range(first_round, config.total_rounds + 1)
+             if rounds.evaluation_due(config, r))
 
 
 def rounds_to_train(planned: PlannedRun) -> int:
@@ -111,9 +120,9 @@ def rounds_to_train(planned: PlannedRun) -> int:
 
 
 def estimate_planned(planned: PlannedRun, timings: dict[str, Timing]) -> float:
-  """Seconds of one planned run (`planned.rounds` rounds up to its config's total):
-  start-up + rounds left x round + evaluations left x evaluation, 0 when its metrics.csv
-  already holds them."""
+  """Seconds of one planned run (`planned.rounds` rounds up to its config's total) in a
+  warm worker that has built it: start-up + rounds left x round + evaluations left x
+  evaluation, 0 when its metrics.csv already holds them."""
   config = planned.run.config
   timing = timings[kind_of(config)]
   rounds = rounds_to_train(planned)
@@ -140,6 +149,34 @@ def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
                 source=run_dir)
 
 
+def builds(planned: Sequence[PlannedRun], parallel: int) -> dict[str, int]:
+  """kind -> the warm workers' builds of the planned runs still to train: each build key's
+  runs spread over at most `parallel` workers, which build it once each (a stateful
+  algorithm's run, whose rates its state does not hold, builds at each)."""
+  runs_of = {}
+  for p in planned:
+    if not rounds_to_train(p):
+      continue
+    config = p.run.config
+    key = runner.build_key(config)
+    if registry.get(config.algo).stateful:
+      key += json.dumps(config.recorded()['hparams'], sort_keys=True)
+    runs_of.setdefault((kind_of(config), key), 0)
+    runs_of[kind_of(config), key] += 1
+  out = {}
+  for (kind, _), count in runs_of.items():
+    out[kind] = out.get(kind, 0) + min(parallel, count)
+  return out
+
+
+def estimate_seconds(planned: Sequence[PlannedRun], timings: dict[str, Timing],
+                     parallel: int) -> float:
+  """Wall seconds of `planned` by `parallel` warm workers (the module's formula)."""
+  runs = sum(estimate_planned(p, timings) for p in planned)
+  first = sum(timings[kind].first_s * count for kind, count in builds(planned, parallel).items())
+  return (runs + first) / parallel
+
+
 def _calibration_run(run: runner.Run, directory: str, name: str) -> runner.Run:
   """`run`'s settings, 3 rounds, evaluated each round, in `directory/name`."""
   changes = dict(total_rounds=CALIBRATION_ROUNDS, rounds_per_eval=1, experiment_name=name,
@@ -155,8 +192,9 @@ def _calibration_run(run: runner.Run, directory: str, name: str) -> runner.Run:
 
 
 def timing_key(kind: str, parallel: int) -> str:
-  """calibration.json's name of a kind's timing with `parallel` runs at a time."""
-  return kind if parallel == 1 else f'{kind} x{parallel}'
+  """calibration.json's name of a kind's timing by warm workers, `parallel` at a time
+  (timings of runs in a process each, from before warm workers, are not used)."""
+  return f'{kind} warm' if parallel == 1 else f'{kind} warm x{parallel}'
 
 
 def _stored(directory: str) -> dict[str, Timing]:
@@ -175,12 +213,12 @@ def untimed(runs: Sequence[runner.Run], directory: str, parallel: int) -> set[st
           if timing_key(kind, parallel) not in stored}
 
 
-def _median(timings: Sequence[Timing]) -> Timing:
+def _median(timings: Sequence[Timing], first_s: float) -> Timing:
   return Timing(
       startup_s=statistics.median(t.startup_s for t in timings),
       round_s=statistics.median(t.round_s for t in timings),
       evaluation_s=statistics.median(t.evaluation_s for t in timings),
-      source=timings[0].source,
+      source=timings[0].source, first_s=max(0.0, first_s),
   )
 
 
@@ -188,7 +226,7 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
               parallel: int) -> dict[str, Timing]:
   """{kind: Timing} of every kind of `runs` with `parallel` runs at a time: kept ones from
   `directory`'s calibration.json, the others timed now (one kind after another, each by
-  `parallel` 3-round copies at once)."""
+  `parallel` fresh warm workers at once, each training two 3-round copies in turn)."""
   stored = _stored(directory)
   first_of_kind = {}
   for run in runs:
@@ -199,21 +237,26 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
     if key in stored:
       timings[kind] = stored[key]
       continue
-    copies = [_calibration_run(run, directory, kind if parallel == 1 else f'{kind}-{i}')
-              for i in range(parallel)]
-    at_once = f', {parallel} at once as the runs will go' if parallel > 1 else ''
+    batches = [[_calibration_run(run, directory, f'{kind}-{turn}-{i}')
+                for i in range(parallel)] for turn in ('first', 'warm')]
+    at_once = f', {parallel} workers at once as the runs will go' if parallel > 1 else ''
     print(f'dry run: timing {CALIBRATION_ROUNDS} rounds of {run.config.task}'
-          f' {run.config.algo} (cohort {run.config.clients_per_round}){at_once} ...',
-          file=stream, flush=True)
-    start = time.monotonic()
-    runner.run_all(copies, parallel=parallel, log_dir=os.path.join(directory, 'logs'),
-                   stream=stream)
-    # The copies start together and do the same work: each took the whole time.
-    wall_s = time.monotonic() - start
-    measured = [read_timing(copy.config.output_dir, wall_s) for copy in copies]
+          f' {run.config.algo} (cohort {run.config.clients_per_round}) twice in a fresh'
+          f' warm worker{at_once} ...', file=stream, flush=True)
+    log_dir = os.path.join(directory, 'logs')
+    walls = []
+    with runner.workers_for(parallel, log_dir) as workers:
+      for batch in batches:
+        # The copies of a batch start together and do the same work: each took the whole.
+        start = time.monotonic()
+        runner.run_all(batch, parallel=parallel, log_dir=log_dir, stream=stream,
+                       workers=workers)
+        walls.append(time.monotonic() - start)
+    measured = [read_timing(copy.config.output_dir, walls[1]) for copy in batches[1]]
     if None in measured:
-      raise ValueError(f'the timing run {copies[0].config.output_dir} recorded no round times')
-    timings[kind] = stored[key] = _median(measured)
+      raise ValueError(f'the timing run {batches[1][0].config.output_dir} recorded no round'
+                       ' times')
+    timings[kind] = stored[key] = _median(measured, first_s=walls[0] - walls[1])
     run_directory.write_json_atomically(
         os.path.join(directory, CALIBRATION_FILENAME),
         {k: dataclasses.asdict(t) for k, t in stored.items()})
@@ -224,21 +267,22 @@ def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], par
                   stream) -> None:
   """One line per kind of the planned runs: its start-up, round and evaluation seconds."""
   at_once = f', {parallel} at once' if parallel > 1 else ''
-  print('timings (start-up, training round, evaluation) of each kind of run, measured on'
-        f' this machine by {CALIBRATION_ROUNDS}-round runs of its settings{at_once}:',
-        file=stream)
+  print('timings (a warm worker\'s start and build, a run\'s start-up, training round,'
+        ' evaluation) of each kind of run, measured on this machine by'
+        f' {CALIBRATION_ROUNDS}-round runs of its settings{at_once}:', file=stream)
   kinds = {kind_of(p.run.config) for p in planned}
   for kind, timing in timings.items():
     if kind in kinds:
-      print(f'  {kind}: {timing.startup_s:.1f} s, {timing.round_s:.2f} s,'
-            f' {timing.evaluation_s:.2f} s ({timing.source})', file=stream)
+      print(f'  {kind}: {timing.first_s:.1f} s, {timing.startup_s:.1f} s,'
+            f' {timing.round_s:.2f} s, {timing.evaluation_s:.2f} s ({timing.source})',
+            file=stream)
 
 
 def estimate(planned: Sequence[PlannedRun], directory: str, parallel: int, stream) -> float:
   """Wall seconds of `planned` at `parallel` at a time, each kind timed first if
   `directory` has no timing of it (`calibrate`); prints the timings and the estimate."""
   timings = calibrate([p.run for p in planned], directory, stream, parallel)
-  seconds = sum(estimate_planned(p, timings) for p in planned) / parallel
+  seconds = estimate_seconds(planned, timings, parallel)
   print_timings(timings, planned, parallel, stream)
   print(f'estimated time: {runner.duration_text(seconds)} at {parallel} at a time',
         file=stream, flush=True)

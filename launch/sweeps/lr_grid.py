@@ -97,6 +97,8 @@ class Grid:
       pick of its own.
     prefix: Of its runs' names (progress lines, logs), unique across grids.
     label: Fields of the pick's record saying which grid it is (e.g. the third axis').
+    score_rounds: Its cells evaluate only round 0 and the last this many rounds of each
+      rung, all that their scores read (None: every round).
   """
 
   directory: str
@@ -106,6 +108,7 @@ class Grid:
   group: Hashable = None
   prefix: str = ''
   label: Mapping[str, object] = dataclasses.field(default_factory=dict)
+  score_rounds: Optional[int] = None
 
   @property
   def cells(self) -> list[tuple[float, float]]:
@@ -124,6 +127,8 @@ class Grid:
     name = cell_name(c, s)
     values = {**self.overrides, 'root_output_dir': self.directory, 'experiment_name': name,
               'client_learning_rate': c, 'server_learning_rate': s, 'total_rounds': rounds}
+    if self.score_rounds is not None:
+      values.setdefault('eval_last_rounds', self.score_rounds)
     if continued:
       values['overwrite'] = False
     if seed is not None:
