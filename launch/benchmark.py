@@ -48,6 +48,12 @@ once (`--concurrency`); an empty list skips either table. The contenders' rounds
 `launch.benchmarking.contenders`, timed by `launch.benchmarking.timing` and reported by
 `launch.benchmarking.report`.
 
+With `--sweep`, only what a sweep's cells cost: `--sweep_cells` FedAvg cells of
+`--sweep_rounds` rounds (client learning rates 10^-3 ... 10^-1), each as its own
+`launch.train` process and then all in one warm worker (`launch.benchmarking.sweep`):
+
+  python -m launch.benchmark --sweep --data_source=synthetic
+
 Exit status: as every program's (docs/operations.md, "Exit statuses").
 """
 
@@ -59,11 +65,13 @@ from typing import Optional
 from absl import app
 from absl import flags
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 import tasks
 from launch.benchmarking import contenders
 from launch.benchmarking import report
+from launch.benchmarking import sweep
 from launch.benchmarking import timing
 from launch.cli import failures
 from launch.run import run_directory
@@ -119,6 +127,15 @@ _INTRA_OP_THREADS = flags.DEFINE_integer(
     ' run at once).',
     lower_bound=0,
 )
+_SWEEP = flags.DEFINE_bool(
+    'sweep', False,
+    'Time only a sweep: its cells as one launch.train process each, then in one warm'
+    ' worker (launch.benchmarking.sweep).',
+)
+_SWEEP_CELLS = flags.DEFINE_integer('sweep_cells', 9, 'With --sweep: the cells.',
+                                    lower_bound=2)
+_SWEEP_ROUNDS = flags.DEFINE_integer('sweep_rounds', 10, 'With --sweep: rounds per cell.',
+                                     lower_bound=1)
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the results as JSON here.')
 _EVALUATION = flags.DEFINE_bool(
     'evaluation', True,
@@ -287,6 +304,33 @@ def _time_scaling_tables(task, plain_sgd_s: float) -> tuple[list, list]:
   return scaling_rows, concurrency_rows
 
 
+def _time_sweep() -> dict:
+  """The sweep's cells cold and warm (`sweep`), printed; returns the results."""
+  data = [f'--data_source={_DATA_SOURCE.value}']
+  if _CACHE_DIR.value:
+    data.append(f'--cache_dir={_CACHE_DIR.value}')
+  if _DATA_SOURCE.value == 'synthetic':
+    data += [f'--synthetic_examples_per_client={_EXAMPLES.value}',
+             f'--synthetic_test_clients={_TEST_CLIENTS.value}']
+  common = [f'--task={_TASK.value}', '--algo=fedavg', *data,
+            f'--clients_per_round={_CLIENTS.value}', '--server_learning_rate=1']
+  client_lrs = np.geomspace(1e-3, 1e-1, _SWEEP_CELLS.value)
+  print(f'sweep: {len(client_lrs)} cells x {_SWEEP_ROUNDS.value} rounds of {_TASK.value}'
+        ' fedavg, each as its own launch.train process, then all in one warm worker',
+        flush=True)
+  with tempfile.TemporaryDirectory(prefix='tff_zmg-sweep-') as root:
+    cold_cells = sweep.cells(common, client_lrs, _SWEEP_ROUNDS.value, f'{root}/cold')
+    warm_cells = sweep.cells(common, client_lrs, _SWEEP_ROUNDS.value, f'{root}/warm')
+    # The data is made (or checked) once before either is timed.
+    sweep.time_cold(sweep.cells(common, client_lrs[:1], 1, f'{root}/data'), root)
+    cold = sweep.time_cold(cold_cells, root)
+    warm, warm_whole = sweep.time_warm(warm_cells, root)
+    lines, results = sweep.lines(cold_cells, cold, warm_cells, warm, warm_whole)
+  for line in lines:
+    print(line, flush=True)
+  return results
+
+
 @failures.one_line_errors('benchmark')
 def main(argv) -> int:
   del argv
@@ -294,6 +338,11 @@ def main(argv) -> int:
   tf.get_logger().setLevel('ERROR')
   if _OUTPUT.value:  # Before the timing, not after it.
     run_directory.check_output_file(_OUTPUT.value, 'output')
+  if _SWEEP.value:
+    results = _time_sweep()
+    if _OUTPUT.value:
+      report.write_sweep_json(_OUTPUT.value, results)
+    return 0
   process_threads = _set_process_threads()
   algos = _checked_algorithms()
   task = _task()

@@ -176,3 +176,10 @@ def write_json(
            evaluation=evaluation_results, workers=worker_results),
       sort_keys=False,  # The contenders in the order scripts/benchmark_table.py prints.
   )
+
+
+def write_sweep_json(path, results: dict) -> None:
+  """`launch.benchmark --sweep`'s figures as JSON at `path`, with the command that made them."""
+  run_directory.write_json_atomically(
+      path, dict(command=sys.argv[1:], date=time.strftime('%Y-%m-%d'), cpus=os.cpu_count(),
+                 sweep=results))

@@ -1,0 +1,110 @@
+"""What a sweep's cells cost by warm workers against one `launch.train` process each.
+
+`launch.benchmark --sweep` trains the same cells both ways, one after another, in one
+program run: each as its own `python -m launch.train` process (cold), then all of them in
+one warm worker (`launch.sweeps.local_workers`). Each cell is timed from its start to its
+end as the program that runs it sees it, beside its own rounds (the training and
+evaluation seconds its metrics.csv records), so that
+
+  ratio (a cell)        = its wall time / its rounds' time
+  warm / cold (the grid) = the warm worker's wall time / the cold processes'
+
+say what start-up costs: a warm worker pays it once, for its first cell.
+"""
+
+import collections
+import csv
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+from launch.sweeps import local_workers
+
+_TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
+_POLL_S = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One cell: its name and `launch.train` arguments (a `runner.Run`'s, without config)."""
+
+  name: str
+  args: tuple[str, ...]
+
+
+def cells(common: list[str], client_lrs, rounds: int, root: str) -> list[Cell]:
+  """A cell per client learning rate: `rounds` rounds each, in `root`."""
+  return [Cell(name=f'cell{i + 1}', args=(
+      *common, f'--client_learning_rate={lr:g}', f'--total_rounds={rounds}',
+      f'--root_output_dir={root}', f'--experiment_name=cell{i + 1}'))
+          for i, lr in enumerate(client_lrs)]
+
+
+def rounds_seconds(run_dir: str) -> float:
+  """The training and evaluation seconds a run's metrics.csv records, summed."""
+  with open(os.path.join(run_dir, 'metrics.csv')) as f:
+    return sum(float(row[c]) for row in csv.DictReader(f) for c in _TIME_COLUMNS if row.get(c))
+
+
+def _run_dir(cell: Cell) -> str:
+  values = dict(a[2:].split('=', 1) for a in cell.args if '=' in a)
+  return os.path.join(values['root_output_dir'], values['experiment_name'])
+
+
+def time_cold(cells_: list[Cell], log_dir: str) -> list[float]:
+  """Each cell's wall seconds as a `launch.train` process of its own, one after another."""
+  walls = []
+  for cell in cells_:
+    start = time.monotonic()
+    with open(os.path.join(log_dir, f'cold-{cell.name}.log'), 'w') as log:
+      code = subprocess.call([sys.executable, '-m', 'launch.train', *cell.args], stdout=log,
+                             stderr=subprocess.STDOUT, env=local_workers.child_environment())
+    if code:
+      raise RuntimeError(f'{cell.name} failed ({local_workers.signal_text(code)}): see'
+                         f' {log.name}')
+    walls.append(time.monotonic() - start)
+  return walls
+
+
+def time_warm(cells_: list[Cell], log_dir: str) -> tuple[list[float], float]:
+  """Each cell's wall seconds in one warm worker, in turn, and the whole's (the worker's
+  start and its closing included)."""
+  walls = []
+  start = time.monotonic()
+  with local_workers.LocalWorkers(1, log_dir) as workers:
+    for cell in cells_:
+      log_path = os.path.join(log_dir, f'warm-{cell.name}.log')
+      began = time.monotonic()
+      workers.start(0, cell, log_path, key=None)
+      ended = []
+      while not ended:
+        ended = workers.wait(_POLL_S)
+      ((_, code),) = ended
+      if code:
+        raise RuntimeError(f'{cell.name} failed ({local_workers.signal_text(code)}): see'
+                           f' {log_path}')
+      walls.append(time.monotonic() - began)
+  return walls, time.monotonic() - start
+
+
+def lines(cold_cells: list[Cell], cold: list[float], warm_cells: list[Cell],
+          warm: list[float], warm_whole: float) -> tuple[list[str], dict]:
+  """The benchmark's lines, and its results for --output."""
+  out, results = [], collections.OrderedDict()
+  for kind, cells_, walls in (('cold', cold_cells, cold), ('warm', warm_cells, warm)):
+    for cell, wall in zip(cells_, walls):
+      own = rounds_seconds(_run_dir(cell))
+      results[f'{kind}/{cell.name}'] = dict(wall_s=wall, rounds_s=own, ratio=wall / own)
+      out.append(f'sweep/{kind}/{cell.name} wall_s={wall:.2f} rounds_s={own:.2f}'
+                 f' ratio={wall / own:.2f}')
+  later = [results[f'warm/{c.name}']['ratio'] for c in warm_cells[1:]]
+  worst = max(later, default=float('nan'))
+  results['cold'] = dict(wall_s=sum(cold))
+  results['warm'] = dict(wall_s=warm_whole, ratio_to_cold=warm_whole / sum(cold),
+                         max_ratio_after_first=worst)
+  out.append(f'sweep/cold wall_s={sum(cold):.2f} (one launch.train process per cell)')
+  out.append(f'sweep/warm wall_s={warm_whole:.2f} ratio_to_cold={warm_whole / sum(cold):.2f}'
+             f' (bound 0.5) max_cell_ratio_after_first={worst:.2f} (bound 1.1)')
+  return out, results
