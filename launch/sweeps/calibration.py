@@ -58,8 +58,9 @@ _COST_FREE = frozenset({
 
 DRY_RUN = flags.DEFINE_bool(
     'dry_run', False,
-    'List the runs, their count and the time they take here; train none of them, only a'
-    f' {CALIBRATION_ROUNDS}-round timing run of each kind of run not timed before (kept in'
+    'List the runs, their count and the time they take here; train none of them, only two'
+    f' {CALIBRATION_ROUNDS}-round timing runs of each kind of run not timed before, in turn'
+    ' in a fresh warm worker (kept in'
     f' {DRY_RUN_DIRNAME}/{CALIBRATION_FILENAME} in the output folder and reused).'
 )
 
