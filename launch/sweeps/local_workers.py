@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Optional
 
+from launch.sweeps import workers
+
 _PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 30.0
 # The package's root: the worker imports `launch` from here, as the program did.
@@ -86,34 +88,24 @@ class _Worker:
     return self.process.poll()
 
 
-class LocalWorkers:
-  """`count` warm workers; `start` gives one a run, `wait` says which runs have ended."""
+class LocalWorkers(workers.Workers):
+  """`count` warm worker processes on this machine."""
 
   def __init__(self, count: int, log_dir: str):
+    super().__init__()
     if count < 1:
       raise ValueError(f'count must be >= 1, got {count}')
     self._dir = os.path.join(log_dir, 'workers')
     self._count = count
     self._workers: list[Optional[_Worker]] = [None] * count
     self._started = 0
-    self._retried: set[str] = set()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
 
   @property
   def size(self) -> int:
     return self._count
 
   def idle(self) -> list[int]:
-    """The slots free for a run."""
     return [i for i, w in enumerate(self._workers) if w is None or w.task is None]
-
-  def busy(self) -> int:
-    return sum(1 for w in self._workers if w is not None and w.task is not None)
 
   def key(self, slot: int):
     worker = self._workers[slot]
@@ -127,7 +119,6 @@ class LocalWorkers:
     return worker
 
   def start(self, slot: int, run, log_path: str, key) -> None:
-    """Gives `run` (a `runner.Run`) to the worker of `slot`, starting one if needed."""
     worker = self._workers[slot]
     if worker is None or worker.dead() is not None:
       worker = self._new_worker(slot)
@@ -136,9 +127,8 @@ class LocalWorkers:
     worker.send(run.name, run.args, log_path)
 
   def wait(self, timeout_s: float) -> list[tuple[object, int]]:
-    """Waits up to `timeout_s` for runs to end; returns (run, exit status) of each that
-    did. A run whose worker died is started once more in a fresh worker; if that one dies
-    too, its status is the worker's (negative: killed by a signal)."""
+    """See `workers.Workers.wait`; a run whose worker died twice ends with the worker's
+    status (negative: killed by a signal)."""
     busy = [w for w in self._workers if w is not None and w.task is not None]
     if busy:
       select.select([w.process.stdout for w in busy], [], [], timeout_s)
@@ -159,17 +149,8 @@ class LocalWorkers:
         continue
       worker.task = None
       self._workers[slot] = None
-      how = signal_text(status)
-      if run.name not in self._retried:
-        self._retried.add(run.name)
-        with open(log_path, 'a') as log:
-          log.write(f'=== its warm worker died ({how}; its log: {worker.log_path}); the run'
-                    ' starts again, once, in a fresh worker\n')
-        self.start(slot, run, log_path, worker.key)
-      else:
-        with open(log_path, 'a') as log:
-          log.write(f'train: error: its warm worker died again ({how}; its log:'
-                    f' {worker.log_path})\n')
+      how = f'{signal_text(status)}; its log: {worker.log_path}'
+      if self.died(slot, run, log_path, worker.key, how, status) is not None:
         ended.append((run, status))
     return ended
 

@@ -26,6 +26,7 @@ import time
 from absl import flags
 
 from launch.cli import exit_status
+from launch.sweeps import workers
 
 RAY_ADDRESS = flags.DEFINE_string(
     'ray_address', None,
@@ -82,10 +83,11 @@ def _import_ray():
   return ray
 
 
-class RayWorkers:
-  """The actors of a Ray cluster; the same calls as `local_workers.LocalWorkers`."""
+class RayWorkers(workers.Workers):
+  """The actors of a Ray cluster."""
 
   def __init__(self, address: str, log_dir: str, executor: str = 'cpu'):
+    super().__init__()
     self._ray = ray = _import_ray()
     self._log_dir = log_dir
     try:
@@ -103,7 +105,6 @@ class RayWorkers:
     self._actors = [None] * len(self._places)
     self._tasks = [None] * len(self._places)  # (run, log path, key, future)
     self._keys = [None] * len(self._places)
-    self._retried: set[str] = set()
     print(f'ray: {len(self._places)} workers on {len({p[0] for p in self._places})} nodes'
           f' ({address})', flush=True)
 
@@ -134,21 +135,12 @@ class RayWorkers:
     self._actors[slot] = actor
     return actor
 
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
   @property
   def size(self) -> int:
     return len(self._places)
 
   def idle(self) -> list[int]:
     return [i for i, task in enumerate(self._tasks) if task is None]
-
-  def busy(self) -> int:
-    return sum(task is not None for task in self._tasks)
 
   def key(self, slot: int):
     return self._keys[slot]
@@ -178,15 +170,8 @@ class RayWorkers:
       except ray.exceptions.RayActorError as e:
         cause = f'{type(e).__name__}'
       self._actors[slot] = None
-      if run.name not in self._retried:
-        self._retried.add(run.name)
-        with open(log_path, 'a') as log:
-          log.write(f'=== its Ray actor died ({cause}); the run starts again, once, in a'
-                    ' fresh actor\n')
-        self.start(slot, run, log_path, key)
-      else:
-        with open(log_path, 'a') as log:
-          log.write(f'train: error: its Ray actor died again ({cause})\n')
+      how = f'its Ray actor: {cause}'
+      if self.died(slot, run, log_path, key, how, exit_status.UNEXPECTED) is not None:
         ended.append((run, exit_status.UNEXPECTED))
     return ended
 
