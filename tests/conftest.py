@@ -183,6 +183,8 @@ _FILE_SECONDS = {
     'test_setup.py': 22, 'test_synthetic.py': 20, 'test_tff_baselines.py': 19,
     'test_speed_settings.py': 19, 'test_in_process_shapes.py': 19, 'test_readme.py': 17,
     'test_scaffold.py': 12, 'test_tasks.py': 6, 'test_client_states.py': 5,
+    # Added since, measured alone on the loaded machine (2026-11-27).
+    'test_warm_workers.py': 300, 'test_ray_workers.py': 95, 'test_layout.py': 20,
 }
 
 
