@@ -21,16 +21,44 @@ them unless the user set `TF_CPP_MIN_LOG_LEVEL` (`tasks/quiet.py`, which says wh
 Importing TensorFlow makes Keras write `~/.keras/keras.json` (`$KERAS_HOME/keras.json`)
 when there is none; a program that refuses its flags or settings (exit status 2) removes
 the one it made (`remove_new_keras_config`), since it did nothing the user asked for.
+
+A program's first seconds go to imports (TensorFlow's, TFF's), before its own stop
+handlers exist (`launch.failures.run_program`): a stop signal then ended it with Python's
+default, no line and status 143 for SIGTERM. Started as `python -m launch.<program>`, the
+import of this package first makes a stop end it with its one line and status 130
+(`_stop_while_starting`); nothing has been written yet.
 """
 
 import contextlib
 import os
+import signal
+import sys
 
 # Where Keras 2.14 writes it (the end of keras/src/backend.py), looked at before the import
 # of TensorFlow below.
 _KERAS_DIR = os.path.expanduser(os.environ.get('KERAS_HOME') or os.path.join('~', '.keras'))
 _KERAS_DIR_EXISTED = os.path.lexists(_KERAS_DIR)
 _KERAS_CONFIG_EXISTED = os.path.lexists(os.path.join(_KERAS_DIR, 'keras.json'))
+
+_STARTING_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Python sets sys.argv to ['-m'] while it finds the module `-m` names (its documented
+# behaviour): this package is then being imported on the way to running a program.
+_PROGRAM = (sys.orig_argv[sys.orig_argv.index('-m') + 1].rpartition('.')[2]
+            if sys.argv[:1] == ['-m'] and '-m' in sys.orig_argv[:-1] else None)
+# The exit status of a stop (launch.failures.EXIT_INTERRUPTED, which imports TensorFlow).
+_EXIT_INTERRUPTED = 130
+
+
+def _stop_while_starting(signum, frame) -> None:
+  del frame
+  print(f'{_PROGRAM}: error: interrupted by {signal.Signals(signum).name} while starting;'
+        ' nothing was done', file=sys.stderr, flush=True)
+  raise SystemExit(_EXIT_INTERRUPTED)  # Leaves quietly, through any `finally`.
+
+
+if _PROGRAM is not None:
+  for _signum in _STARTING_STOP_SIGNALS:
+    signal.signal(_signum, _stop_while_starting)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import tasks  # Hides TensorFlow's C++ logs before it loads (tasks/quiet.py).

@@ -19,8 +19,8 @@ Those loaders only download when the file is missing, so pointing them at a
 directory made by `ensure_synthetic_cache_dir` runs a federated experiment
 end to end without network access, in seconds.
 
-Files are written with `tff.simulation.datasets.save_to_sql_client_data`, which
-maps every client id to exactly one split, so train and test clients get
+Files are written in the schema of `tff.simulation.datasets.save_to_sql_client_data`,
+which maps every client id to exactly one split, so train and test clients get
 disjoint ids: `train_00000, train_00001, ...` and `test_00000, ...` (zero
 padded, so TFF's sorted `client_ids` are in generation order). Unlike the real
 EMNIST/Shakespeare files, test clients are therefore *other* clients drawn from
@@ -717,25 +717,48 @@ def write_synthetic_sqlite(
       split_by_id[client_id] = split_name
       report_progress(len(examples_by_id))
 
-  written = 0
-
-  def dataset_fn(client_id: str) -> tf.data.Dataset:
-    nonlocal written
-    report_progress(written, 'clients written')
-    written += 1
-    return tf.data.Dataset.from_tensor_slices(examples_by_id[client_id])
-
+  # Written here rather than by TFF's `save_to_sql_client_data`, which iterates a
+  # tf.data dataset per client: a SIGTERM landing in that iteration was once lost, and the
+  # run wrote every client, trained and exited 0. This loop is plain Python, NumPy and
+  # SQLite, where a stop raises; the file appears only when whole (`cache.new_tff_sqlite`).
   database_path = os.fspath(database_path)
-  with cache.atomic_path(
+  with cache.new_tff_sqlite(
       database_path, prefix=f'.{os.path.basename(database_path)}.'
-  ) as tmp_path:
-    tff.simulation.datasets.save_to_sql_client_data(
-        list(examples_by_id),
-        dataset_fn,
-        tmp_path,
-        allow_overwrite=True,
-        split_names_by_client_id=split_by_id,
-    )
+  ) as con:
+    for written, (client_id, examples) in enumerate(examples_by_id.items()):
+      report_progress(written, 'clients written')
+      split_name = split_by_id[client_id]
+      protos = _serialized_examples(examples)
+      con.executemany(
+          'INSERT INTO examples VALUES (?, ?, ?)',
+          ((split_name, client_id, proto) for proto in protos),
+      )
+      con.execute(
+          'INSERT INTO client_metadata VALUES (?, ?, ?)',
+          (client_id, split_name, len(protos)),
+      )
+
+
+def _serialized_examples(examples: Mapping[str, Any]) -> list[bytes]:
+  """One `tf.train.Example` per example (the i-th entry of every field), as TFF's SQLite
+  loaders parse them: floats as a float list, integers as an int64 list, byte strings as
+  bytes, each example's array flattened."""
+  columns = {}
+  for key, values in examples.items():
+    if isinstance(values, np.ndarray) and values.dtype.kind == 'f':
+      columns[key] = [tf.train.Feature(float_list=tf.train.FloatList(value=v.ravel()))
+                      for v in values]
+    elif isinstance(values, np.ndarray) and values.dtype.kind in 'iub':
+      columns[key] = [tf.train.Feature(int64_list=tf.train.Int64List(value=v.ravel()))
+                      for v in values]
+    else:  # Byte strings, kept as they are (a NumPy 'S' array would drop trailing NULs).
+      columns[key] = [tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(v)]))
+                      for v in values]
+  return [
+      tf.train.Example(features=tf.train.Features(feature=dict(zip(columns, row))))
+      .SerializeToString()
+      for row in zip(*columns.values())
+  ]
 
 
 def ensure_synthetic_cache_dir(

@@ -288,6 +288,54 @@ def test_a_full_disk_while_saving_is_one_line_and_the_kept_checkpoint_resumes(
   assert 'round 1/2' in out and 'round 0/2' not in out and 'round 2/2' in out
 
 
+def test_a_stop_while_a_program_imports_ends_it_in_one_line(tmp_path):
+  """Issue 47: a stop in the seconds of imports, before `run_program` installs the
+  program's handlers, ended it by Python's default (status 143 for SIGTERM, no line)."""
+  proc = _start('train', '--task=emnist', '--algo=fedavg', tmpdir=tmp_path / 'tmp')
+  time.sleep(1.0)  # Python is up; TensorFlow's import takes seconds more.
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == failures.EXIT_INTERRUPTED, err
+  assert 'interrupted by SIGTERM while starting' in _one_error_line(err, 'train')
+  assert out == ''
+
+
+def test_a_stop_while_synthetic_data_is_written_ends_the_run_and_leaves_no_database(tmp_path):
+  """Issue 47: a SIGTERM while the synthetic clients were written was lost (the run wrote
+  them all, trained and exited 0). Each stop ends the run (130, one line) leaving no
+  database, whole or half; the next run writes it and trains."""
+  data_args = ['--task=emnist', '--algo=fedavg', '--data_source=synthetic',
+               '--synthetic_train_clients=1500', '--synthetic_test_clients=2',
+               '--synthetic_examples_per_client=10', '--clients_per_round=2',
+               '--total_rounds=1', f'--cache_dir={tmp_path / "cache"}',
+               f'--root_output_dir={tmp_path / "runs"}']
+  synthetic_dir = tmp_path / 'cache' / 'synthetic'
+
+  def being_written():
+    folders = os.listdir(synthetic_dir) if synthetic_dir.is_dir() else []
+    return any('.tmp' in n for f in folders for n in os.listdir(synthetic_dir / f))
+
+  for delay_s in (0.0, 0.5):  # At the first clients written, and further on.
+    proc = _start('train', *data_args, tmpdir=tmp_path / 'tmp')
+    deadline = time.monotonic() + 300
+    while not being_written() and proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.02)
+    time.sleep(delay_s)
+    assert being_written(), 'the data was not being written when the stop was sent'
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == failures.EXIT_INTERRUPTED, err
+    assert 'interrupted by SIGTERM' in _one_error_line(err, 'train')
+    (folder,) = os.listdir(synthetic_dir)
+    assert os.listdir(synthetic_dir / folder) == ['settings.json']
+  proc = _start('train', *data_args, tmpdir=tmp_path / 'tmp')
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err
+  assert 'round 1/1' in out
+  assert sorted(os.listdir(synthetic_dir / folder)) == ['emnist_all.sqlite', 'settings.json']
+  assert not _workers_in(tmp_path / 'tmp')
+
+
 def test_large_synthetic_data_reports_progress(tmp_path):
   stream = io.StringIO()
   synthetic.write_synthetic_sqlite(
