@@ -12,12 +12,19 @@ TensorFlow and TFF quiet, here once because `tasks` is the lowest package that l
   `subprocess` module is gone and prints "Exception ignored in ... AttributeError" (with
   or without a worker); run at exit, it stops TFF's worker if one was started. A context
   the program chose stays as it is.
+- That worker is ended at exit by this module, not by TFF's `ServiceManager.__del__`,
+  which sends it SIGINT and waits without a timeout: a program started with SIGINT
+  ignored (a background job of a non-interactive shell) passes that on to the worker,
+  which then never ends, and the program hung at exit (`stop_tff_worker`).
 """
 
 import os
+import subprocess
 
 # The level: 3, not 2, for the cuDNN ERROR lines above.
 TF_CPP_MIN_LOG_LEVEL = '3'
+# How long TFF's worker may take to end on SIGTERM at exit before it is killed.
+TFF_WORKER_STOP_GRACE_S = 2.0
 
 
 def quiet_tensorflow() -> None:
@@ -49,7 +56,31 @@ def release_tff_default_context(tff_own) -> None:
   from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
   from tensorflow_federated.python.core.impl.context_stack import set_default_context
 
+  stop_tff_worker(tff_own())
   stack = context_stack_impl.context_stack._stack  # pylint: disable=protected-access
   if tff_own() is not None and stack and stack[0] is tff_own():
     set_default_context.set_no_default_context()
     gc.collect()
+
+
+def stop_tff_worker(context) -> None:
+  """Ends the worker of TFF's own context `context`, if it started one: SIGTERM, then
+  SIGKILL after `TFF_WORKER_STOP_GRACE_S`; TFF's `__del__` is left nothing to wait for."""
+  # TFF 0.87 keeps the worker in a `ServiceManager` that only the closure of its executor
+  # stack function holds; a TFF that keeps it elsewhere is left to its own clean-up.
+  stack_fn = getattr(getattr(context, 'executor_factory', None), '_executor_stack_fn', None)
+  code = getattr(stack_fn, '__code__', None)
+  if code is None or 'service_manager' not in code.co_freevars:
+    return
+  manager = stack_fn.__closure__[code.co_freevars.index('service_manager')].cell_contents
+  process = getattr(manager, '_process', None)
+  if not isinstance(process, subprocess.Popen):
+    return
+  manager._process = None  # pylint: disable=protected-access
+  if process.poll() is None:
+    process.terminate()
+    try:
+      process.wait(TFF_WORKER_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()

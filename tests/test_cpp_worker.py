@@ -293,3 +293,46 @@ def test_cached_computations_outliving_their_channel_end_quietly(one_program):
   assert 'DONE' in result.stdout
   assert 'Exception ignored' not in result.stderr, result.stderr
   assert 'closed channel' not in result.stderr, result.stderr
+
+
+# As a script that sets no context runs (the README's example without
+# `tff_zmg.execution_context()`): its computation starts TFF's own worker.
+_ON_TFFS_OWN_CONTEXT = textwrap.dedent("""
+    import numpy as np
+    import psutil
+    import tensorflow_federated as tff
+    import tasks, tff_zmg
+
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def mean(x):
+      return tff.federated_mean(x)
+
+    assert mean([1.0, 3.0]) == 2.0
+    print(*[p.pid for p in psutil.Process().children()
+            if 'worker_binary' in ' '.join(p.cmdline())], flush=True)
+""")
+
+
+def test_a_script_on_tffs_own_context_exits_when_it_ignores_sigint(tmp_path):
+  """Issue 47: started as a background job of a non-interactive shell (SIGINT ignored,
+  which its worker inherits), the script hung at exit: TFF's clean-up sends the worker
+  SIGINT and waits for ever. `tasks/quiet.py` ends the worker within a grace period."""
+  script = tmp_path / 'example.py'
+  script.write_text(_ON_TFFS_OWN_CONTEXT)
+  program = subprocess.Popen(
+      [sys.executable, str(script)], cwd=os.path.dirname(os.path.dirname(__file__)),
+      env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))),
+      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+  )
+  try:
+    out, err = program.communicate(timeout=120)
+  finally:
+    if program.poll() is None:
+      for pid in worker_processes.worker_pids(program.pid):
+        os.kill(pid, signal.SIGKILL)
+      program.kill()
+      program.communicate()
+  assert program.returncode == 0, err
+  (worker,) = map(int, out.split())
+  assert worker_processes.is_gone(worker, timeout=1)
