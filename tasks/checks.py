@@ -15,15 +15,23 @@ from typing import Any
 
 import numpy as np
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+INT64_MAX = int(np.iinfo(np.int64).max)
+
 
 def _as_real(name: str, value: Any) -> float:
   """Returns `value` as a float, or raises if it is not a real number."""
   if isinstance(value, bool):
     raise ValueError(f'{name} must be a real number, got {value!r}')
   try:
-    return float(value)
-  except (TypeError, ValueError):
+    number = float(value)
+  except (TypeError, ValueError, OverflowError):
     raise ValueError(f'{name} must be a real number, got {value!r}') from None
+  if math.isfinite(number) and abs(number) > FLOAT32_MAX:
+    raise ValueError(
+        f'{name} must be at most {FLOAT32_MAX:.6g} in magnitude (a float32), got {value!r}'
+    )
+  return number
 
 
 def check_positive(name: str, value: Any) -> float:
@@ -84,7 +92,8 @@ def check_integer(name: str, value: Any, minimum: int) -> int:
   """Checks that `value` is an integer (not a bool) `>= minimum`.
 
   Unlike the real-number checks this returns a Python `int`; floats such as
-  `2.0` are rejected, e.g. `seed must be an integer >= 0, got -1`.
+  `2.0` are rejected, e.g. `seed must be an integer >= 0, got -1`, and so are integers
+  beyond int64 (`INT64_MAX`).
   """
   if (
       isinstance(value, bool)
@@ -92,4 +101,8 @@ def check_integer(name: str, value: Any, minimum: int) -> int:
       or value < minimum
   ):
     raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}')
+  if value > INT64_MAX:
+    raise ValueError(
+        f'{name} must be an integer in [{minimum}, {INT64_MAX}] (an int64), got {value!r}'
+    )
   return int(value)

@@ -61,7 +61,7 @@ def _settings(kind, **values):
 
 
 @pytest.mark.parametrize('values, message', [
-    (dict(noise_multiplier=-1.0), 'noise_multiplier must be >= 0, got -1.0'),
+    (dict(noise_multiplier=-1.0), 'noise_multiplier must be in [0, 1e+06], got -1.0'),
     (dict(clip=0.0), 'clip must be > 0, got 0.0'),
     (dict(clip=-0.5), 'clip must be > 0, got -0.5'),
     (dict(target_delta=0.0), 'target_delta must be in (0, 1), got 0.0'),

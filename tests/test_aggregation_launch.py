@@ -137,7 +137,11 @@ def test_each_aggregator_setting_has_a_flag_with_its_range_and_default():
 
 
 @pytest.mark.parametrize('args, message', [
-    (['--noise_multiplier=-1'], 'noise_multiplier must be >= 0, got -1.0'),
+    (['--noise_multiplier=-1'], 'noise_multiplier must be in [0, 1e+06], got -1.0'),
+    # Issue 47: both passed and were reported as divergence (exit 3).
+    (['--noise_multiplier=1e30'], 'noise_multiplier must be in [0, 1e+06], got 1e+30'),
+    (['--noise_multiplier=1', '--clip=1e300'],
+     'clip must be at most 3.40282e+38 in magnitude (a float32), got 1e+300'),
     (['--clip=0'], 'clip must be > 0, got 0.0'),
     (['--clip=-0.5'], 'clip must be > 0, got -0.5'),
     (['--target_delta=0'], 'target_delta must be in (0, 1), got 0.0'),

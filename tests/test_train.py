@@ -369,6 +369,14 @@ def test_divergence_is_judged_on_everything_a_round_reports():
         (['--task=emnist', '--algo=scaffold', '--client_learning_rate=0'],
          'client_learning_rate must be > 0'),
         (['--task=emnist', '--algo=fedavg', '--proximal_strength=0.1'], 'does not apply'),
+        # Issue 47: beyond int64 it failed where it became a tensor, naming no flag.
+        (['--task=emnist', '--algo=fedavg', '--seed=18446744073709551616'],
+         'seed must be an integer in [0, 9223372036854775807] (an int64), got'
+         ' 18446744073709551616'),
+        (['--task=emnist', '--algo=fedavg', '--client_learning_rate=1e39'],
+         'client_learning_rate must be at most 3.40282e+38 in magnitude (a float32)'),
+        (['--task=emnist', '--algo=fedavg', '--synthetic_dirichlet_alpha=1e300',
+          '--data_source=synthetic'], 'dirichlet_alpha must be at most 3.40282e+38'),
     ],
 )
 def test_bad_values_end_with_one_line_and_write_nothing(run_main, tmp_path, args, message):

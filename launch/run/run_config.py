@@ -212,6 +212,7 @@ def validate(config: ExperimentConfig) -> None:
   if config.eval_last_rounds is not None:
     validation.check_positive('eval_last_rounds', config.eval_last_rounds)
   validation.check_non_negative('intra_op_threads', config.intra_op_threads)
+  validation.check_integer('seed', config.seed, 0)  # It becomes an int64 tensor.
   if not config.divergence_factor > 1:
     raise errors.ExperimentError(
         f'divergence_factor must be > 1 (inf: only a non-finite loss is divergence), got'

@@ -35,6 +35,10 @@ READS = {
     'compressed': ('compression_bits', 'compression_threshold'),
     'robust': (),
 }
+# The largest noise multiplier: dp_accounting's RDP accountant (0.4.3) divides by zero from
+# about 1e9 on, and beyond about 1e6 its epsilon is 0 to float64 precision; noise of 1e6
+# clipping norms buries any update long before that.
+MAX_NOISE_MULTIPLIER = 1e6
 # TFF noises dp_adaptive's clipped count with stddev 0.05 m and needs z < 2 * 0.05 m
 # (`tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive`).
 _ADAPTIVE_COUNT_STDDEV_PER_CLIENT = 0.05
@@ -59,7 +63,7 @@ class AggregatorSettings(hp.Hparams):
       ' clipping).',
   )
   noise_multiplier: float = hp.hparam(
-      1.0, hp.NON_NEGATIVE,
+      1.0, hp.in_range(0.0, MAX_NOISE_MULTIPLIER),
       'DP noise multiplier z: the noise on the sum of clipped updates has stddev z * clip.',
   )
   clip: float = hp.hparam(
