@@ -33,6 +33,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 
 # Where Keras 2.14 writes it (the end of keras/src/backend.py), looked at before the import
 # of TensorFlow below.
@@ -47,18 +48,48 @@ _PROGRAM = (sys.orig_argv[sys.orig_argv.index('-m') + 1].rpartition('.')[2]
             if sys.argv[:1] == ['-m'] and '-m' in sys.orig_argv[:-1] else None)
 # The exit status of a stop (launch.failures.EXIT_INTERRUPTED, which imports TensorFlow).
 _EXIT_INTERRUPTED = 130
+_SIGNAL_AGAIN_AFTER_S = 0.01
+
+
+class _StopWhileStarting(SystemExit):
+  """Leaves quietly, through any `finally`, with status 130."""
+
+  def __init__(self, signum: int):
+    super().__init__(_EXIT_INTERRUPTED)
+    self.signum = signum
 
 
 def _stop_while_starting(signum, frame) -> None:
   del frame
   print(f'{_PROGRAM}: error: interrupted by {signal.Signals(signum).name} while starting;'
         ' nothing was done', file=sys.stderr, flush=True)
-  raise SystemExit(_EXIT_INTERRUPTED)  # Leaves quietly, through any `finally`.
+  signal.signal(signum, _stop_again)  # One line, however often it has to be raised.
+  raise _StopWhileStarting(signum)
 
 
+def _stop_again(signum, frame) -> None:
+  del frame
+  raise _StopWhileStarting(signum)
+
+
+def _signal_swallowed_stop_again(unraisable) -> None:
+  """A stop raised where Python only prints it (a callback of the garbage collector, as
+  JAX's, which TFF imports: the run once went on to train and exit 0) is sent again, to
+  land in the code after; `launch.failures` does the same once the program runs."""
+  stop = unraisable.exc_value
+  if isinstance(stop, _StopWhileStarting):
+    again = threading.Timer(_SIGNAL_AGAIN_AFTER_S, os.kill, (os.getpid(), stop.signum))
+    again.daemon = True
+    again.start()
+    return
+  _python_unraisablehook(unraisable)
+
+
+_python_unraisablehook = sys.unraisablehook
 if _PROGRAM is not None:
   for _signum in _STARTING_STOP_SIGNALS:
     signal.signal(_signum, _stop_while_starting)
+  sys.unraisablehook = _signal_swallowed_stop_again
 
 # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 import tasks  # Hides TensorFlow's C++ logs before it loads (tasks/quiet.py).

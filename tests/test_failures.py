@@ -423,6 +423,39 @@ def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
     assert landed_in_callback and reference() is None
 
 
+def test_a_stop_while_starting_that_lands_in_a_weakref_callback_still_stops_the_program(
+    capsys):
+  """Issue 47: a SIGTERM during a program's imports, handled by `launch`'s start-up
+  handler, landed in JAX's garbage-collector callback, was printed and ignored, and the
+  run trained and exited 0. Here in a weakref callback, which Python treats alike."""
+  import launch  # pylint: disable=g-import-not-at-top
+
+  def callback(_):
+    os.kill(os.getpid(), signal.SIGTERM)  # Handled as this call returns: in the callback.
+
+  class Referent:
+    pass
+
+  handler, python_hook = signal.getsignal(signal.SIGTERM), sys.unraisablehook
+  try:
+    signal.signal(signal.SIGTERM, launch._stop_while_starting)
+    sys.unraisablehook = launch._signal_swallowed_stop_again
+    referent = Referent()
+    reference = weakref.ref(referent, callback)
+    with pytest.raises(SystemExit) as stop:
+      del referent
+      deadline = time.monotonic() + 10
+      while time.monotonic() < deadline:  # Signalled again: raised here, in ordinary code.
+        pass
+  finally:
+    signal.signal(signal.SIGTERM, handler)
+    sys.unraisablehook = python_hook
+  assert stop.value.code == failures.EXIT_INTERRUPTED and reference() is None
+  err = capsys.readouterr().err
+  assert err.count('interrupted by SIGTERM while starting') == 1, err
+  assert 'Exception ignored' not in err, err
+
+
 def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done():
   """CI once saw "Task was destroyed but it is pending!" beside a SIGTERM's one line: the
   signal landed while asyncio registered a checkpoint's `save` task, which was then left
