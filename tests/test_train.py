@@ -145,6 +145,12 @@ _FEDAVG_ARGS = ('--task=emnist', '--algo=fedavg', '--total_rounds=1', '--seed=5'
                 '--runtime=in_process')
 
 
+def _one_line(err):
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('train: error: '), err
+  return lines[0]
+
+
 def _fedavg_run(run_main, tmp_path_factory):
   """The folder of a finished run of `_FEDAVG_ARGS` in this process, trained by the first
   test that asks; tests copy it (`shutil.copytree`) and compare with it, never change it."""
@@ -460,6 +466,28 @@ def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
   assert run_main(*base, '--overwrite')[0] == 0
   # The same flags give the same metrics.
   assert _without_times(a) == _without_times(_rows(exp / 'metrics.csv'))
+
+
+def test_a_damaged_record_a_foreign_folder_and_a_read_only_root_are_called_what_they_are(
+    run_main, tmp_path, tmp_path_factory):
+  """Issue 47: the first said only `Expecting value: line 2 column 1 (char 4)`, the second
+  'a run with other settings (~20 changes)', the third that /sys had 0.0 MiB free."""
+  exp = tmp_path / 'runs' / 'emnist_fedavg_seed5'
+  shutil.copytree(_fedavg_run(run_main, tmp_path_factory), exp)
+  (exp / 'runtime.json').write_text('{\n')
+  rc, out, err = run_main(*_FEDAVG_ARGS, '--total_rounds=2', root=tmp_path / 'runs')
+  line = _one_line(err)
+  assert rc == 2 and f'{exp / "runtime.json"} is damaged (not JSON' in line, err
+  assert 'delete it' in line and 'round' not in out
+  foreign = tmp_path / 'runs' / 'emnist_fedavg_seed6'
+  foreign.mkdir()
+  (foreign / 'metrics.csv').write_text('step,lr\n1,0.1\n')
+  (foreign / 'flags.json').write_text('{"lr": 0.1, "batch": 32}')
+  rc, _, err = run_main(*_FEDAVG_ARGS, '--seed=6', root=tmp_path / 'runs')
+  assert rc == 2 and 'is not the record of a launch.train run' in _one_line(err), err
+  assert 'other settings' not in err
+  rc, _, err = run_main(*_FEDAVG_ARGS, root='/sys/tff_zmg_runs')
+  assert rc == 5 and 'is read-only' in _one_line(err) and 'MiB free' not in err, err
 
 
 # An unknown task on the command line (a real process, exit status 2, the tasks it knows

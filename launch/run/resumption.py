@@ -26,6 +26,7 @@ from tasks import evaluation
 from tasks import sources
 from tasks import tfds_source
 from tff_zmg import aggregation
+from tff_zmg import analysis
 from tff_zmg.algorithms import registry
 from tff_zmg import run_files
 
@@ -95,6 +96,12 @@ def check_resumable(config: run_config.ExperimentConfig) -> bool:
         f'{path} holds a JSON {kind}, not a run\'s settings; delete it'
         f' to resume by the record beside the checkpoints ({_IDENTITY_PATH}), or pass'
         ' --overwrite'
+    )
+  if not {'task', 'algo'} <= recorded.keys():  # Every run's record has them.
+    raise errors.ExperimentError(
+        f'{path} is not the record of a launch.train run (it names no task and algo):'
+        f' {config.output_dir} holds files of something else; move them away or choose'
+        ' another --experiment_name'
     )
   changed = run_identity.differences(
       lasting_settings(recorded), lasting_settings(config.recorded())
@@ -197,6 +204,8 @@ def check_run_directory(config: run_config.ExperimentConfig) -> None:
     run_directory.check_deletable(config.root_output_dir, config.output_dir)
   elif os.path.isdir(config.output_dir):
     run_directory.check_holds_a_run(config.output_dir)
+    # Read after the last round to add this session: a damaged one is refused now.
+    analysis.runs.read_runtime(config.output_dir)
   run_directory.check_not_locked(config.output_dir)
   if not config.overwrite:
     check_total_rounds(config)

@@ -110,12 +110,34 @@ def _check_folder(path: str, what: str, must_write: bool = True) -> None:
         f'{what} {path} cannot be created: {existing} is a file, not a folder; move it or'
         ' choose another path'
     )
+  read_only = _read_only_file_system(existing) if must_write else None
+  if read_only:
+    where = '' if existing == os.path.abspath(path) else f' (its parent {existing})'
+    raise errors.RunEnvironmentError(
+        f'{what} {path}{where} is read-only: it is on {read_only}; choose another path')
   if must_write and not os.access(existing, os.W_OK | os.X_OK):
     where = '' if existing == os.path.abspath(path) else f' (its parent {existing})'
     raise errors.RunEnvironmentError(
         f'{what} {path}{where} is not writable by this user (or the disk is mounted'
         ' read-only); fix its permissions or choose another path'
     )
+
+
+def _read_only_file_system(path: str) -> Optional[str]:
+  """What makes the file system of `path` read-only, in words, or None.
+
+  `os.access` asks about permissions only: root may 'write' /sys, whose disk then reads as
+  0 bytes free, and the run was refused for want of space.
+  """
+  try:
+    stat = os.statvfs(path)
+  except OSError:
+    return None
+  if stat.f_flag & os.ST_RDONLY:
+    return 'a file system mounted read-only'
+  if stat.f_blocks == 0:
+    return 'a file system with no disk behind it (the kernel\'s, as /sys and /proc)'
+  return None
 
 
 def check_output_file(path: str, flag: str) -> None:

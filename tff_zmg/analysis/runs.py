@@ -70,8 +70,7 @@ def read_flags(run_dir: str) -> Optional[dict]:
   path = os.path.join(run_dir, run_files.FLAGS)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(path)
 
 
 def read_runtime(run_dir: str) -> list[dict]:
@@ -86,10 +85,11 @@ def read_runtime(run_dir: str) -> list[dict]:
   path = os.path.join(run_dir, run_files.RUNTIME)
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    record = json.load(f)
+  record = _read_json(path)
   if isinstance(record, dict) and isinstance(record.get('sessions'), list):
     return record['sessions']
+  if not isinstance(record, dict):
+    raise ValueError(f'{path} holds no record of sessions; {_DAMAGED_HELP}')
   return [dict(record, rounds=None)]
 
 
@@ -100,5 +100,18 @@ def read_communication(run_dir: str) -> Optional[dict]:
   path = os.path.join(run_dir, run_files.COMMUNICATION)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(path)
+
+
+# What to do about a damaged record; each is rewritten by the run that needs it.
+_DAMAGED_HELP = ('move it away or delete it (the run writes it anew; what it said of past'
+                 ' sessions is lost) and re-run')
+
+
+def _read_json(path: str):
+  """The JSON in `path`; a file that is not JSON is named in a one-line `ValueError`."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f'{path} is damaged (not JSON: {e}); {_DAMAGED_HELP}') from None
