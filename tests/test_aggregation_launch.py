@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from launch import accounting
 from launch import compare
 from launch.run import rounds
 from launch.run import run_config
@@ -260,6 +261,24 @@ def test_a_killed_dp_run_resumes_to_the_uninterrupted_run_bit_for_bit(
   for whole, again in zip(_checkpoint_leaves(whole_dir, 4), _checkpoint_leaves(killed_dir, 4),
                           strict=True):
     np.testing.assert_array_equal(again, whole)
+
+
+def test_a_dp_run_without_noise_sums_up_in_json_with_epsilon_null_and_infinite(tmp_path):
+  """Issue 47: `--noise_multiplier=0` printed `"epsilon": Infinity`, which is not JSON.
+  A clipping aggregator without noise guarantees nothing: null, and said to be infinite;
+  with noise, the accountant's finite number, and nothing more."""
+  for noise, expected in ((0.0, {'epsilon': None, 'epsilon_infinite': True}),
+                          (1.0, {'epsilon': aggregation.epsilon(
+                              noise_multiplier=1.0, clients_per_round=3, num_clients=6,
+                              rounds=2, target_delta=1e-5, sampling='fixed_size')})):
+    config = run_config.ExperimentConfig(
+        task='emnist', algo='fedavg', root_output_dir=str(tmp_path), experiment_name='x',
+        clients_per_round=3,
+        aggregator={'kind': 'dp_fixed', 'noise_multiplier': noise, 'clip': 0.1})
+    epsilon = accounting.epsilon_after(config.aggregator_settings(6), 6)
+    summary = json.loads(json.dumps(accounting.summary(config, epsilon, 2, None),
+                                    allow_nan=False))
+    assert {k: v for k, v in summary.items() if k.startswith('epsilon')} == expected
 
 
 def test_a_run_from_before_the_aggregator_setting_resumes_as_mean(

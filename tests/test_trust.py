@@ -120,6 +120,13 @@ def _tree(path):
   return found
 
 
+def _contents(run_dir):
+  """Every file of a run folder and its bytes, but the lock's (the pid of its last holder,
+  for the message a second process prints)."""
+  return {os.path.relpath(os.path.join(d, n), run_dir): open(os.path.join(d, n), 'rb').read()
+          for d, _, files in os.walk(run_dir) for n in files if n != '.lock'}
+
+
 def _assert_left_clean(tmp_path, refused=False):
   """The programs' private temporary folders are gone; programs that only `refused` what
   they were given (status 2) left no ~/.keras/keras.json either."""
@@ -231,9 +238,19 @@ def test_each_process_that_trains_adds_its_session_to_runtime_json(
   args = (*_train_args(_cache_of(run_dir), tmp_path / 'runs'), *_FINISHED_ARGS)
   record = (run_dir / 'runtime.json').read_bytes()
   # The no-op re-run in this process: what it must not do is write, not start or exit.
-  code, out, err = run_program(train, *args, '--total_rounds=1')
-  assert code == 0 and err == '', err
+  # Issue 47: each added a TensorBoard events file and said `"client_devices": {}`. (The
+  # first one records the copy's new folders in flags.json.)
+  folder = []
+  for _ in range(2):
+    code, out, err = run_program(train, *args, '--total_rounds=1')
+    assert code == 0 and err == '', err
+    folder.append(_contents(run_dir))
   assert (run_dir / 'runtime.json').read_bytes() == record
+  assert folder[0] == folder[1]
+  assert len(os.listdir(run_dir / 'tensorboard')) == 1
+  (summary,) = [json.loads(l.split(' ', 1)[1]) for l in out.splitlines()
+                if l.startswith('summary: ')]
+  assert summary['client_devices'] == json.loads(record)['sessions'][0]['client_devices']
   # The resume: `resumed_run`'s real process (`--total_rounds=2 --runtime=tff_worker`), on
   # another copy of the run.
   run_dir, _, (code, out, err), tmp_path = resumed_run

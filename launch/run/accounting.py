@@ -16,6 +16,7 @@ docs/privacy_and_communication.md has the formulas and the choices.
 """
 
 import contextlib
+import math
 import os
 from typing import Callable, Optional
 
@@ -111,9 +112,17 @@ def summary(
     rounds_completed: int, values: Optional[dict],
 ) -> dict:
   """The run summary's aggregator (as recorded), epsilon after the rounds trained (None:
-  not private) and bytes per client and round (none if the run stopped before them)."""
+  not private) and bytes per client and round (none if the run stopped before them).
+
+  A DP aggregator that adds no noise (--noise_multiplier=0) guarantees nothing: its
+  epsilon is infinite, which JSON cannot hold; the summary says null and
+  `"epsilon_infinite": true`.
+  """
+  value = None if epsilon is None else epsilon(rounds_completed)
+  infinite = value is not None and math.isinf(value)
   return {
       'aggregator': config.recorded()['aggregator'],
-      'epsilon': None if epsilon is None else epsilon(rounds_completed),
+      'epsilon': None if infinite else value,
+      **({'epsilon_infinite': True} if infinite else {}),
       **(values or {}),
   }

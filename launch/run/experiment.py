@@ -36,6 +36,7 @@ from launch.run import run_directory
 from launch.run import run_identity
 from launch.run import runtime_choice
 import tasks
+from tff_zmg import analysis
 from tff_zmg.algorithms import registry
 from tff_zmg import client_states
 from tff_zmg import run_files
@@ -285,12 +286,12 @@ def _train(
         process, store, states_in_worker=not config.workers
     )
     state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
-  progress.managers = [
-      tff.program.CSVFileReleaseManager(config.metrics_csv),
-      tff.program.TensorBoardReleaseManager(
-          os.path.join(config.output_dir, run_files.TENSORBOARD)
-      ),
-  ]
+  progress.managers = [tff.program.CSVFileReleaseManager(config.metrics_csv)]
+  # TensorBoard's writer opens a new events file when made: a finished run run again, which
+  # trains nothing, must leave its folder as it was.
+  if resumption.rounds_done(config) < config.total_rounds:
+    progress.managers.append(tff.program.TensorBoardReleaseManager(
+        os.path.join(config.output_dir, run_files.TENSORBOARD)))
   event_loop.thread_event_loop()  # run_training_process asks for it.
   try:
     tff.simulation.run_training_process(
@@ -327,6 +328,17 @@ class _StartingFrom:
     return self._process.next(*args)
 
 
+def _client_devices(config: run_config.ExperimentConfig,
+                    session: Optional[dict]) -> Optional[dict]:
+  """Where the clients' computations ran: this process's session's devices, or, when it
+  trained no round (a finished run run again), the newest recorded session's; None when
+  no session is recorded."""
+  if session:
+    return session['client_devices']
+  sessions = analysis.runs.read_runtime(config.output_dir)
+  return sessions[-1].get('client_devices') if sessions else None
+
+
 def _summary(config: run_config.ExperimentConfig, wall: float, session: Optional[dict],
              held_out) -> dict:
   """What `run` returns: the rounds and accuracies its metrics.csv holds, its time, where
@@ -342,6 +354,6 @@ def _summary(config: run_config.ExperimentConfig, wall: float, session: Optional
       metrics_csv=config.metrics_csv,
       tensorboard_dir=os.path.join(config.output_dir, run_files.TENSORBOARD),
       runtime=runtime_choice.resolved_runtime(config),
-      client_devices=session['client_devices'] if session else {},
+      client_devices=_client_devices(config, session),
       evaluation=held_out.description,
   )
