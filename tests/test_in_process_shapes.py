@@ -135,9 +135,8 @@ def test_evaluation_of_clients_given_as_lists_of_elements_equals_the_worker(tff_
   assert actual['client_work']['eval']['current_round_metrics']['num_batches'] == 6
 
 
-def test_personalization_evaluation_equals_the_worker(tff_context):
-  """One SERVER value of per-strategy metrics, sampled by a federated aggregate."""
-  del tff_context
+def _personalization_evaluation():
+  """TFF's personalization evaluation of the tiny model, without finetuning."""
 
   @tf.function
   def evaluate(model, dataset):
@@ -153,10 +152,16 @@ def test_personalization_evaluation_equals_the_worker(tff_context):
       return evaluate(model, test_data)
     return finetune_and_evaluate
 
-  computation = tff.learning.algorithms.build_personalization_eval_computation(
+  return tff.learning.algorithms.build_personalization_eval_computation(
       tiny_model_fn, collections.OrderedDict(none=build_no_finetuning), evaluate,
       max_num_clients=10,
   )
+
+
+def test_personalization_evaluation_equals_the_worker(tff_context):
+  """One SERVER value of per-strategy metrics, sampled by a federated aggregate."""
+  del tff_context
+  computation = _personalization_evaluation()
 
   def run():
     inputs = [collections.OrderedDict(train_data=client_dataset(c).unbatch(),
@@ -165,6 +170,22 @@ def test_personalization_evaluation_equals_the_worker(tff_context):
   expected, actual, _ = in_both_contexts(run)
   assert_all_close(actual, expected)
   assert len(actual['baseline_metrics']['loss_sum']) == len(CLIENTS)
+
+
+def test_batched_datasets_where_single_examples_are_taken_raise_tffs_type_error(tff_context):
+  """TFF 0.87's personalization_eval_test.test_failure_with_batched_datasets (issue 47):
+  TFF's context raises TypeError at the call; in process the call ran, and TensorFlow
+  failed inside it on incompatible shapes."""
+  del tff_context
+  computation = _personalization_evaluation()
+  batched = [collections.OrderedDict(train_data=client_dataset(c), test_data=client_dataset(c))
+             for c in CLIENTS]
+  with pytest.raises(TypeError):
+    computation(initial_weights(), batched)
+  with in_process.in_process_context() as context:
+    with pytest.raises(TypeError, match='a dataset of .* cannot be passed as one'):
+      computation(initial_weights(), batched)
+  assert context.rounds_run == 0
 
 
 def test_a_stateful_round_with_client_states_in_the_call_equals_the_worker(tff_context):

@@ -74,6 +74,39 @@ def ingest(value: Any, type_spec: tff.Type) -> Any:
   raise TypeError(f'cannot pass a value of type {type_spec} to the in-process runtime')
 
 
+def check_argument(value: Any, type_spec: Optional[tff.Type]) -> None:
+  """Raises `TypeError`, as TFF's contexts do at the call, for an argument that a
+  computation of parameter `type_spec` does not take: a structure of another length, a
+  dataset of other elements, a tensor of another shape. Values are only looked at."""
+  if type_spec is None:
+    if value is not None:
+      raise TypeError(f'the computation takes no argument, got {type(value).__name__}')
+    return
+  if isinstance(type_spec, tff.FederatedType):
+    clients = placement_uri(type_spec) == placements.CLIENTS.uri and not type_spec.all_equal
+    if clients and not isinstance(value, (list, tuple)):
+      raise TypeError(f'a value of {type_spec} must be a list (one per client), got '
+                      f'{type(value).__name__}')
+    for member in (value if clients else [value]):
+      check_argument(member, type_spec.member)
+  elif isinstance(type_spec, tff.StructType):
+    if not isinstance(value, structure.Struct):
+      value = structure.from_container(value)
+    if len(value) != len(type_spec):
+      raise TypeError(f'a value of {len(value)} elements where the computation takes'
+                      f' {type_spec}')
+    names = structure.name_list(value)
+    for i, (name, t) in enumerate(structure.iter_elements(type_spec)):
+      check_argument(value[name] if name is not None and name in names else value[i], t)
+  elif isinstance(type_spec, tff.SequenceType):
+    if isinstance(value, tf.data.Dataset):
+      tf_computation.check_dataset(value, type_spec)
+  elif isinstance(type_spec, tff.TensorType) and isinstance(value, (np.ndarray, tf.Tensor)):
+    if not tf.TensorShape(value.shape).is_compatible_with(type_spec.shape):
+      raise TypeError(f'a tensor of shape {value.shape} where the computation takes'
+                      f' {type_spec}')
+
+
 # Values out: the Python values TFF's contexts return.
 
 

@@ -45,6 +45,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.common_libs import structure
 
 from tff_zmg.runtime import client_slots
+from tff_zmg.runtime import federated_values
 from tff_zmg.runtime import forms
 from tff_zmg.runtime import interpreter
 from tff_zmg.runtime import remote_clients
@@ -277,8 +278,9 @@ class InProcessContext(tff.framework.SyncContext):
   def invoke(self, comp, arg):
     if not isinstance(comp, tff.framework.ConcreteComputation):
       raise InProcessUnsupportedError(f'not a TFF computation: {comp!r}')
-    runnable = self._compile(comp)
     type_signature = comp.type_signature
+    federated_values.check_argument(arg, type_signature.parameter)  # At the call, as TFF.
+    runnable = self._compile(comp)
     if isinstance(runnable, (_Round, interpreter.FederatedInterpreter)):
       if isinstance(runnable, _Round):
         state, client_values = (value for _, value in structure.to_elements(arg))

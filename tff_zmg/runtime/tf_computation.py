@@ -244,10 +244,22 @@ def as_dataset(value: Any, type_spec: tff.SequenceType) -> tf.data.Dataset:
   """A sequence given as a dataset or as a Python list of its elements, as a dataset (made
   as TFF's own contexts make one of a list)."""
   if isinstance(value, tf.data.Dataset):
+    check_dataset(value, type_spec)
     return value
   if isinstance(value, (list, tuple)):
     return tensorflow_utils.make_data_set_from_elements(None, list(value), type_spec.element)
   raise TypeError(f'a sequence must be a tf.data.Dataset or a list, got {type(value).__name__}')
+
+
+def check_dataset(dataset: tf.data.Dataset, type_spec: tff.SequenceType) -> None:
+  """Raises TFF's `TypeError` for a dataset whose elements the sequence type does not take
+  (a batched dataset where the computation takes single examples): TensorFlow would fail
+  later, inside the computation, on a shape it cannot name the cause of."""
+  given = type_conversions.tensorflow_infer_type(dataset)
+  if not type_spec.is_assignable_from(given):
+    raise TypeError(
+        f'the computation takes a {type_spec}, and a dataset of {given.element} cannot be'
+        ' passed as one')
 
 
 def count_leaves(type_spec: tff.Type) -> int:
