@@ -19,8 +19,10 @@ them unless the user set `TF_CPP_MIN_LOG_LEVEL` (`tasks/quiet.py`, which says wh
 `TF_CPP_MIN_LOG_LEVEL=0` shows everything.
 
 Importing TensorFlow makes Keras write `~/.keras/keras.json` (`$KERAS_HOME/keras.json`)
-when there is none; a program that refuses its flags or settings (exit status 2) removes
-the one it made (`remove_new_keras_config`), since it did nothing the user asked for.
+when there is none, its defaults and nothing of the user's; a program removes the one its
+import made when it exits, however it exits but by SIGKILL (`remove_new_keras_config`),
+so that no run leaves it in the user's home. A keras.json that was there, or a
+`KERAS_HOME` of the user's, is theirs: read by Keras and left alone.
 
 A program's first seconds go to imports (TensorFlow's, TFF's), before its own stop
 handlers exist (`launch.failures.run_program`): a stop signal then ended it with Python's
@@ -29,6 +31,7 @@ import of this package first makes a stop end it with its one line and status 13
 (`_stop_while_starting`); nothing has been written yet.
 """
 
+import atexit
 import contextlib
 import os
 import signal
@@ -103,3 +106,7 @@ def remove_new_keras_config() -> None:
   if not _KERAS_DIR_EXISTED:
     with contextlib.suppress(OSError):
       os.rmdir(_KERAS_DIR)
+
+
+if _PROGRAM is not None:
+  atexit.register(remove_new_keras_config)

@@ -128,9 +128,11 @@ def _contents(run_dir):
 
 
 def _assert_left_clean(tmp_path, refused=False):
-  """The programs' private temporary folders are gone; programs that only `refused` what
-  they were given (status 2) left no ~/.keras/keras.json either."""
+  """The programs' private temporary folders are gone, and no program left the
+  ~/.keras/keras.json its import of TensorFlow wrote (issue 47: a run that trained left
+  it); programs that only `refused` what they were given (status 2) left nothing there."""
   assert os.listdir(tmp_path / 'tmp') == []
+  assert not os.path.lexists(tmp_path / 'home' / '.keras')
   if refused:
     assert os.listdir(tmp_path / 'home') == []
 

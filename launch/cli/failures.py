@@ -270,18 +270,14 @@ def _asks_for_help(argv: list) -> bool:
 
 def _parse_flags(program: str, argv: list) -> list:
   """absl's parse with this module's statuses: a flag error is one line and status 2, the
-  help (absl exits 1 after it) status 0; either way, as after any refusal (status 2), a
-  Keras config file the import of TensorFlow wrote is removed
-  (`launch.remove_new_keras_config`)."""
+  help (absl exits 1 after it) status 0."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    launch.remove_new_keras_config()
     print(f'{program}: error: {_one_line(e)} (--helpfull lists the flags)', file=sys.stderr,
           flush=True)
     sys.exit(exit_status.BAD_INPUT)
   except SystemExit as e:
-    launch.remove_new_keras_config()
     if e.code == 1 and _asks_for_help(argv):
       sys.exit(exit_status.OK)
     raise
@@ -319,8 +315,6 @@ def run_program(
   def run(argv):
     with private_tempdir() if own_tempdir else contextlib.nullcontext():
       code = guarded_main(program, main, argv)
-    if code == exit_status.BAD_INPUT:  # Refused what it was given: it leaves no Keras config.
-      launch.remove_new_keras_config()
     sys.exit(code)
 
   app.run(run, flags_parser=lambda argv: _parse_flags(program, argv))
