@@ -25,7 +25,7 @@ so that no run leaves it in the user's home. A keras.json that was there, or a
 `KERAS_HOME` of the user's, is theirs: read by Keras and left alone.
 
 A program's first seconds go to imports (TensorFlow's, TFF's), before its own stop
-handlers exist (`launch.failures.run_program`): a stop signal then ended it with Python's
+handlers exist (`launch.cli.failures.run_program`): a stop signal then ended it with Python's
 default, no line and status 143 for SIGTERM. Started as `python -m launch.<program>`, the
 import of this package first makes a stop end it with its one line and status 130
 (`_stop_while_starting`); nothing has been written yet.
@@ -38,6 +38,8 @@ import signal
 import sys
 import threading
 
+from launch.cli import exit_status  # Imports nothing: safe before TensorFlow.
+
 # Where Keras 2.14 writes it (the end of keras/src/backend.py), looked at before the import
 # of TensorFlow below.
 _KERAS_DIR = os.path.expanduser(os.environ.get('KERAS_HOME') or os.path.join('~', '.keras'))
@@ -49,8 +51,6 @@ _STARTING_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # behaviour): this package is then being imported on the way to running a program.
 _PROGRAM = (sys.orig_argv[sys.orig_argv.index('-m') + 1].rpartition('.')[2]
             if sys.argv[:1] == ['-m'] and '-m' in sys.orig_argv[:-1] else None)
-# The exit status of a stop (launch.failures.EXIT_INTERRUPTED, which imports TensorFlow).
-_EXIT_INTERRUPTED = 130
 _SIGNAL_AGAIN_AFTER_S = 0.01
 
 
@@ -58,7 +58,7 @@ class _StopWhileStarting(SystemExit):
   """Leaves quietly, through any `finally`, with status 130."""
 
   def __init__(self, signum: int):
-    super().__init__(_EXIT_INTERRUPTED)
+    super().__init__(exit_status.INTERRUPTED)
     self.signum = signum
 
 
@@ -78,7 +78,7 @@ def _stop_again(signum, frame) -> None:
 def _signal_swallowed_stop_again(unraisable) -> None:
   """A stop raised where Python only prints it (a callback of the garbage collector, as
   JAX's, which TFF imports: the run once went on to train and exit 0) is sent again, to
-  land in the code after; `launch.failures` does the same once the program runs."""
+  land in the code after; `launch.cli.failures` does the same once the program runs."""
   stop = unraisable.exc_value
   if isinstance(stop, _StopWhileStarting):
     again = threading.Timer(_SIGNAL_AGAIN_AFTER_S, os.kill, (os.getpid(), stop.signum))

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch import accounting
+from launch.run import accounting
 from launch import compare
 from launch.run import rounds
 from launch.run import run_config

@@ -295,7 +295,7 @@ def test_a_stop_while_a_program_imports_ends_it_in_one_line(tmp_path):
   time.sleep(1.0)  # Python is up; TensorFlow's import takes seconds more.
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
-  assert proc.returncode == failures.EXIT_INTERRUPTED, err
+  assert proc.returncode == exit_status.INTERRUPTED, err
   assert 'interrupted by SIGTERM while starting' in _one_error_line(err, 'train')
   assert out == ''
 
@@ -324,7 +324,7 @@ def test_a_stop_while_synthetic_data_is_written_ends_the_run_and_leaves_no_datab
     assert being_written(), 'the data was not being written when the stop was sent'
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == failures.EXIT_INTERRUPTED, err
+    assert proc.returncode == exit_status.INTERRUPTED, err
     assert 'interrupted by SIGTERM' in _one_error_line(err, 'train')
     (folder,) = os.listdir(synthetic_dir)
     assert os.listdir(synthetic_dir / folder) == ['settings.json']
@@ -450,7 +450,7 @@ def test_a_stop_while_starting_that_lands_in_a_weakref_callback_still_stops_the_
   finally:
     signal.signal(signal.SIGTERM, handler)
     sys.unraisablehook = python_hook
-  assert stop.value.code == failures.EXIT_INTERRUPTED and reference() is None
+  assert stop.value.code == exit_status.INTERRUPTED and reference() is None
   err = capsys.readouterr().err
   assert err.count('interrupted by SIGTERM while starting') == 1, err
   assert 'Exception ignored' not in err, err

@@ -415,11 +415,6 @@ def test_scales_shrink_the_protocol_keeping_its_shape():
     (['--paper=fedzmg', '--scale=huge'], "choose one of ['full', 'small', 'ci']"),
     (['--paper=fedzmg', '--scale=1.5'], 'a number in (0, 1]'),
     (['--paper=fedzmg', '--seed=3'], '--seed is set by the fedzmg protocol'),
-    # Issue 47: accepted, and ignored.
-    (['--paper=fedzmg', '--tuned_from=x', '--allow_untuned'],
-     '--tuned_from is a flag of launch.compare or launch.grid_search, which'
-     ' launch.reproduce does not read'),
-    (['--paper=fedzmg', '--search=exhaustive'], '--search is a flag of launch.compare'),
 ])
 def test_bad_flags_are_refused_with_what_is_allowed(args, message, tmp_path):
   _parse(f'--root_output_dir={tmp_path}', *args)

@@ -46,7 +46,6 @@ from typing import Callable, Optional
 from absl import app
 from absl import flags
 
-import launch
 from launch.cli import exit_status
 from launch.run import errors
 import tasks

@@ -52,11 +52,6 @@ _SET_BY_PROTOCOL = (
     'dirichlet_alpha', 'partition_seed', 'model', 'client_epochs_per_round',
 )
 
-# The modules whose flags come along with the ones reproduce imports: it reads only
-# --thresholds of them (the report's), its grids and comparison follow the protocol.
-_MODULES_NOT_READ = ('launch.compare', 'launch.grid_search')
-_READ_FROM_THEM = ('thresholds',)
-
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -156,15 +151,6 @@ def make_plan() -> Plan:
   if given:
     raise ValueError(
         f'--{given[0]} is set by the {paper.name} protocol (launch/papers/); leave it out'
-    )
-  not_read = [f.name for module in _MODULES_NOT_READ
-              for f in flags.FLAGS.get_flags_for_module(module)
-              if f.present and f.name not in _READ_FROM_THEM]
-  if not_read:
-    raise ValueError(
-        f'--{not_read[0]} is a flag of launch.compare or launch.grid_search, which'
-        f' launch.reproduce does not read (the {paper.name} protocol tunes and compares);'
-        ' leave it out'
     )
   settings = {}
   for spec in specs:
