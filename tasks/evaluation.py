@@ -6,14 +6,21 @@ this process, on the run's devices:
 
 * `global` (the default): the accuracy and loss over every test example (or a fixed,
   seeded subsample of `num_examples`), the test clients' examples pooled and batched at
-  the task's evaluation batch size: GC-Fed's "held-out set", FedRKMGC's ACC_G, FedZMG's
-  validation accuracy;
+  the run's evaluation batch (`batch_size_for`): GC-Fed's "held-out set", FedRKMGC's
+  ACC_G, FedZMG's validation accuracy;
 * `per_client`: each test client's batches apart (as TFF's federated evaluation batches
   them), reporting the pooled metrics beside the mean and standard deviation of the
   clients' own accuracies (FedRKMGC's ACC_L), over the first `num_clients` sorted test
   clients (None: all). Its pooled numbers are those of `tff.learning.algorithms.
   build_fed_eval` over the same clients (TFF sums every metric's variables over clients,
   then finalizes: accuracy = correct / total, loss = example-weighted mean).
+
+The batch changes no count and no accuracy: TFF sums the correct predictions and the
+examples over batches. The loss is TFF's mean of each batch's loss weighted by its
+examples, which is the mean over examples wherever an example's loss is one number (the
+image tasks); Shakespeare's batch loss is the mean over the batch's real characters, so its
+loss moves a little with the batch where sequences are padded. A run therefore records its
+batch (`launch.train`'s flags.json) and keeps it when resumed.
 
 The batches are cut into fixed groups (a client, or `_GROUP_BATCHES` batches) that run
 `parallel` at a time, each on a model of its own (from the second call: the first traces
@@ -33,11 +40,23 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import checks
+from tasks import registry
+
 GLOBAL, PER_CLIENT = 'global', 'per_client'
 KINDS = (GLOBAL, PER_CLIENT)
 # The seed of `num_examples`' subsample: one subsample for every algorithm and seed of an
 # experiment, so that curves are comparable and paired tests are paired.
 SUBSAMPLE_SEED = 0
+# The evaluation batches `launch.benchmark` times a bare forward pass at (bounded above by
+# the test set: a batch beyond it is the whole set). The largest is the memory bound: one
+# batch's activations at 1,024 are ~30 MB for Shakespeare's GRU (1,024 x 80 x 1,024
+# floats per gate), ~0.3 GB per convolution of ResNet-18 on 32 x 32 images.
+BATCH_CANDIDATES = (16, 64, 256, 1024)
+# A new run's evaluation batch on the CPU: the candidate of the fastest bare forward pass,
+# measured by `launch.benchmark --task=T` (docs/performance.md, "The evaluation"). A task
+# not listed keeps its TaskSpec.eval_batch_size, the batch every run used before.
+_CPU_BATCH_SIZES = {'shakespeare': 1024}
 # Batches per group of the global evaluation: large enough that a group's call overhead is
 # small, small enough that `parallel` groups keep every slot busy.
 _GROUP_BATCHES = 8
@@ -56,12 +75,15 @@ class HeldOut:
     kind: One of `KINDS`.
     groups: The batches, grouped (a test client each for `per_client`).
     num_examples: The examples in all batches (Shakespeare: 80-character sequences).
-    description: What was read, for logs and the run's record.
+    batch_size: The examples per batch (the last, a client's last for `per_client`, may
+      hold fewer).
+    description: What was read and how it is batched, for logs and the run's record.
   """
 
   kind: str
   groups: tuple[tuple[collections.OrderedDict, ...], ...]
   num_examples: int
+  batch_size: int
   description: str
 
 
@@ -78,17 +100,36 @@ def _examples(batches) -> int:
   return sum(len(tf.nest.flatten(b)[0]) for b in batches)
 
 
-def _subsample(batches, num_examples: int, batch_size: int) -> list:
-  """A fixed subsample of `num_examples` of the batches' examples, in their order,
-  batched again at `batch_size`."""
+def _rebatched(batches, batch_size: int, chosen: Optional[np.ndarray] = None) -> list:
+  """The batches' examples (those at indices `chosen`, None: all), in their order, batched
+  at `batch_size`. The preprocessing batches last, so this is what it would give."""
   pooled = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
-  total = len(tf.nest.flatten(pooled)[0])
-  rng = np.random.default_rng(SUBSAMPLE_SEED)
-  chosen = np.sort(rng.choice(total, size=min(num_examples, total), replace=False))
+  if chosen is None:
+    chosen = np.arange(len(tf.nest.flatten(pooled)[0]))
   return [
       tf.nest.map_structure(lambda a: a[chosen[i: i + batch_size]], pooled)
       for i in range(0, len(chosen), batch_size)
   ]
+
+
+def _subsample(batches, num_examples: int, batch_size: int) -> list:
+  """A fixed subsample of `num_examples` of the batches' examples, in their order,
+  batched at `batch_size`."""
+  total = _examples(batches)
+  rng = np.random.default_rng(SUBSAMPLE_SEED)
+  chosen = np.sort(rng.choice(total, size=min(num_examples, total), replace=False))
+  return _rebatched(batches, batch_size, chosen)
+
+
+def batch_size_for(task_name: str, executor: str) -> int:
+  """A new run's evaluation batch for its task and where it evaluates (`executor`, 'cpu'
+  or 'gpu'): on the CPU the fastest measured (`_CPU_BATCH_SIZES`), on a GPU the largest
+  candidate (a GPU's time per batch hardly grows with the batch; the memory bound of
+  `BATCH_CANDIDATES`). Fixed per task and device kind, so that a run's numbers depend on
+  its settings alone."""
+  if executor == 'gpu':
+    return BATCH_CANDIDATES[-1]
+  return _CPU_BATCH_SIZES.get(task_name, registry.SPECS[task_name].eval_batch_size)
 
 
 def groups_at_once(intra_op_threads: Optional[int]) -> int:
@@ -119,6 +160,7 @@ def read_held_out(
     num_examples: Optional[int] = None,
     num_clients: Optional[int] = None,
     device: Optional[str] = None,
+    batch_size: Optional[int] = None,
 ) -> HeldOut:
   """Reads `task`'s test split once into batches for `Evaluator`.
 
@@ -128,17 +170,24 @@ def read_held_out(
     num_examples: `global` only: a fixed subsample of this many examples (None: all).
     num_clients: `per_client` only: the first this many sorted test clients (None: all).
     device: Where the tensors are kept (None: TensorFlow's default, the host).
+    batch_size: The evaluation batch (`batch_size_for` a new run); None: the task's
+      TaskSpec.eval_batch_size, which every run used before the batch was chosen for
+      speed. The examples are those of the task's evaluation preprocessing, batched
+      again.
 
   Raises:
     ValueError: a bad kind or count, or a test split with no examples.
   """
   check_settings(kind, num_examples, num_clients)
+  batch_size = batch_size or task.spec.eval_batch_size
+  checks.check_positive('batch_size', batch_size)
   test_data = task.datasets.test_data
   preprocess = task.datasets.eval_preprocess_fn
   if kind == PER_CLIENT:
     ids = sorted(test_data.client_ids)[:num_clients]
     groups = [_batches(preprocess(test_data.create_tf_dataset_for_client(c))) for c in ids]
     groups = [g for g in groups if g]  # A client without examples has no accuracy.
+    groups = [_rebatched(g, batch_size) for g in groups]
     described = f'{len(groups)} test clients apart'
   else:
     # Clients in a fixed order (TFF's default shuffles them): one subsample per seed.
@@ -147,8 +196,9 @@ def read_held_out(
     # A subsample as large as the test set is the test set (and is recorded as such).
     subsampled = num_examples is not None and num_examples < _examples(batches)
     if subsampled:
-      batch_size = len(tf.nest.flatten(batches[0])[0])
       batches = _subsample(batches, num_examples, batch_size)
+    elif batches:
+      batches = _rebatched(batches, batch_size)
     groups = [batches[i: i + _GROUP_BATCHES] for i in range(0, len(batches), _GROUP_BATCHES)]
     described = (f'a fixed subsample (seed {SUBSAMPLE_SEED}) of the test set' if subsampled
                  else 'the whole test set')
@@ -156,8 +206,8 @@ def read_held_out(
     raise ValueError(f'the test split of {task.name} has no examples to evaluate on')
   groups = tuple(_to_tensors(g, device) for g in groups)
   count = sum(_examples(g) for g in groups)
-  return HeldOut(kind=kind, groups=groups, num_examples=count,
-                 description=f'{kind}: {count} examples, {described}')
+  return HeldOut(kind=kind, groups=groups, num_examples=count, batch_size=batch_size,
+                 description=f'{kind}: {count} examples, {described}, batch {batch_size}')
 
 
 class Evaluator:

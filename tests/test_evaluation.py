@@ -152,14 +152,77 @@ def test_a_subsample_is_fixed_and_drawn_from_the_test_examples(small_task):
   np.testing.assert_array_equal(pixels(first), pixels(again))
   every = {x.tobytes() for x, _ in [(x, 0) for a, _ in _client_arrays(task) for x in a]}
   assert all(x.tobytes() in every for x in pixels(first))
-  assert first.description == 'global: 25 examples, a fixed subsample (seed 0) of the test set'
+  assert first.description == (
+      'global: 25 examples, a fixed subsample (seed 0) of the test set, batch 100')
   # --scale=small asks for 5,000 of a small federation's fewer: that is the whole test set,
   # in the same batches, and its record says so rather than "a subsample".
   whole = evaluation.read_held_out(task)
   at_least_all = evaluation.read_held_out(task, num_examples=whole.num_examples)
   assert at_least_all.description == whole.description == (
-      f'global: {whole.num_examples} examples, the whole test set')
+      f'global: {whole.num_examples} examples, the whole test set, batch 100')
   np.testing.assert_array_equal(pixels(at_least_all), pixels(whole))
+
+
+def _log_softmax(logits):
+  shifted = logits - logits.max(-1, keepdims=True)
+  return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def _tff_loss(logits, y, batch_size):
+  """TFF's evaluation loss, by NumPy: each batch's Keras loss (the mean cross-entropy over
+  its targets that count) weighted by the batch's examples."""
+  losses, weights = [], []
+  for i in range(0, len(y), batch_size):
+    lp, yb = _log_softmax(logits[i: i + batch_size]), y[i: i + batch_size]
+    mask = yb >= 0
+    ce = -np.take_along_axis(lp, np.maximum(yb, 0)[..., None], -1)[..., 0]
+    losses.append(ce[mask].mean())
+    weights.append(len(yb))
+  return np.average(losses, weights=weights)
+
+
+@pytest.mark.parametrize('name', ['emnist', 'shakespeare'])
+def test_the_metrics_at_the_chosen_batch_are_those_at_the_training_batch(small_task, name):
+  """The chosen batch changes no count and no accuracy (up to float32 round-off); the loss is
+  TFF's example-weighted mean of batch losses at either batch, which for an image (one loss
+  per example) is the mean over examples whatever the batch."""
+  task = small_task(name)
+  weights, model = _weights(task)
+  x, y = (np.concatenate(parts) for parts in zip(*_client_arrays(task)))
+  chosen = evaluation.batch_size_for(name, 'cpu')
+  at = {}
+  for batch_size in (task.spec.batch_size, chosen):
+    held_out = evaluation.read_held_out(task, batch_size=batch_size)
+    assert held_out.batch_size == batch_size
+    assert {len(b['x']) for g in held_out.groups for b in g[:-1]} <= {batch_size}
+    at[batch_size] = evaluation.Evaluator(task.model_fn, held_out)(weights)
+    pooled = np.concatenate([b['x'].numpy() for g in held_out.groups for b in g])
+    targets = np.concatenate([b['y'].numpy() for g in held_out.groups for b in g])
+    logits = model(pooled, training=False).numpy().astype(np.float64)
+    assert at[batch_size]['loss'] == pytest.approx(
+        _tff_loss(logits, targets, batch_size), rel=1e-5)
+  trained, evaluated = at[task.spec.batch_size], at[chosen]
+  assert trained['num_examples'] == evaluated['num_examples'] == len(x)
+  correct, count = _correct_and_count(model(x, training=False).numpy(), y)
+  for metrics in (trained, evaluated):
+    assert metrics['sparse_categorical_accuracy'] == pytest.approx(correct / count, abs=1e-7)
+  if name == 'emnist':
+    assert evaluated['loss'] == pytest.approx(trained['loss'], rel=1e-6)
+
+
+def test_a_batch_changes_only_how_the_examples_are_cut(small_task):
+  """The same examples in the same order at any batch, globally and per client."""
+  task = small_task('shakespeare')
+  for kind in evaluation.KINDS:
+    old = evaluation.read_held_out(task, kind)
+    new = evaluation.read_held_out(task, kind, batch_size=7)
+    assert old.batch_size == task.spec.eval_batch_size and new.batch_size == 7
+    assert len(old.groups) == len(new.groups) or kind == evaluation.GLOBAL
+    for name in ('x', 'y'):
+      np.testing.assert_array_equal(
+          np.concatenate([b[name].numpy() for g in old.groups for b in g]),
+          np.concatenate([b[name].numpy() for g in new.groups for b in g]))
+    assert new.description.endswith(', batch 7')
 
 
 def _train(capsys, *args):
