@@ -1,5 +1,6 @@
 """tasks.evaluation: the held-out evaluation, checked against NumPy and TFF's own."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -13,6 +14,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from launch import train
+from launch.run import errors
+from launch.run import resumption
+from launch.run import run_config
+import tasks
 from tasks import evaluation
 import small_runs
 
@@ -272,6 +277,53 @@ def test_a_run_recorded_before_the_setting_resumes_with_its_per_client_evaluatio
   assert (recorded['evaluation'], recorded['num_eval_clients']) == ('per_client', 1)
   header = (run_dir / 'metrics.csv').read_text().splitlines()[0]
   assert 'evaluation/local_accuracy_mean' in header
+
+
+def test_a_new_run_takes_the_chosen_batch_and_a_recorded_run_keeps_its_own(tmp_path):
+  config = run_config.ExperimentConfig(
+      task='shakespeare', algo='fedavg', root_output_dir=str(tmp_path), experiment_name='r')
+  old_batch = tasks.SPECS['shakespeare'].eval_batch_size
+  new = run_config.resolve_evaluation(config)
+  assert new.eval_batch_size == evaluation.batch_size_for('shakespeare', 'cpu') != old_batch
+  assert new.recorded()['eval_batch_size'] == new.eval_batch_size
+  # As a version before the choice recorded the run: no batch, which was the task's.
+  record = new.recorded()
+  del record['eval_batch_size']
+  flags_json = tmp_path / 'r' / 'flags.json'
+  flags_json.parent.mkdir()
+  flags_json.write_text(json.dumps(record))
+  resumed = run_config.resolve_evaluation(config)
+  assert resumed.eval_batch_size == old_batch
+  assert resumption.check_resumable(resumed)  # Its record reads as today's.
+  # A recorded batch is kept where the run resumes on another executor...
+  flags_json.write_text(json.dumps(dict(record, eval_batch_size=64)))
+  on_gpu = dataclasses.replace(config, executor='gpu')
+  assert run_config.resolve_evaluation(on_gpu).eval_batch_size == 64
+  # ... another one is refused, and --overwrite starts a new run at the chosen batch.
+  with pytest.raises(errors.ExperimentError, match='eval_batch_size: 64 -> 16'):
+    resumption.check_resumable(run_config.resolve_evaluation(
+        dataclasses.replace(config, eval_batch_size=16)))
+  overwritten = run_config.resolve_evaluation(dataclasses.replace(on_gpu, overwrite=True))
+  assert overwritten.eval_batch_size == evaluation.batch_size_for('shakespeare', 'gpu')
+
+
+def test_a_run_recorded_before_the_batch_resumes_and_records_it(
+    tmp_path, capsys, synthetic_cache_dir):
+  base = [f'--root_output_dir={tmp_path}', f'--cache_dir={synthetic_cache_dir}',
+          '--experiment_name=old']
+  rc, _, err = _train(capsys, *base, '--total_rounds=1')
+  assert rc == 0, err
+  run_dir = tmp_path / 'old'
+  for path, part in ((run_dir / 'flags.json', None),
+                     (run_dir / 'checkpoints' / 'run_identity.json', 'settings')):
+    record = json.loads(path.read_text())
+    del (record if part is None else record[part])['eval_batch_size']
+    path.write_text(json.dumps(record))
+  rc, out, err = _train(capsys, *base, '--total_rounds=2')
+  assert rc == 0, err
+  old_batch = tasks.SPECS['emnist'].eval_batch_size
+  assert f'the whole test set, batch {old_batch}' in out
+  assert json.loads((run_dir / 'flags.json').read_text())['eval_batch_size'] == old_batch
 
 
 _ON_A_SECOND_DEVICE = '''

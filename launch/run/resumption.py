@@ -132,6 +132,7 @@ def lasting_settings(recorded: dict) -> dict:
 
   A record from before the evaluation setting evaluated each of its first
   `num_eval_clients` test clients (0: all), which is the per-client evaluation; one from
+  before the evaluation batch evaluated at its task's TaskSpec.eval_batch_size; one from
   before the aggregator setting aggregated with the algorithm's mean; one from
   before runs listed every hyperparameter holds only those given (`{}` for the
   defaults): the algorithm's defaults fill in the rest, so that it reads as the same run
@@ -144,6 +145,9 @@ def lasting_settings(recorded: dict) -> dict:
   if 'evaluation' not in settings:  # Before the setting: TFF's evaluation per client.
     settings.update(evaluation=evaluation.PER_CLIENT, eval_examples=None,
                     num_eval_clients=settings.get('num_eval_clients') or None)
+  # Before the evaluation batch was chosen for speed, every run evaluated at its task's.
+  if settings.get('task') in tasks.SPECS:
+    settings.setdefault('eval_batch_size', tasks.SPECS[settings['task']].eval_batch_size)
   # Before the aggregator setting, every run averaged with its algorithm's own mean.
   settings.setdefault('aggregator', aggregation.AggregatorSettings().used())
   hparams = settings.get('hparams')

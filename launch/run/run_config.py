@@ -2,8 +2,8 @@
 
 `launch.train` fills an `ExperimentConfig` from its flags; the grid search, the comparison
 and the benchmarks make theirs the same way. `validate` refuses settings that cannot run,
-one line each, before anything is read or written; `resolve_evaluation` settles the one
-setting whose default depends on the run already in the folder.
+one line each, before anything is read or written; `resolve_evaluation` settles the
+evaluation's settings whose defaults depend on the run already in the folder.
 """
 
 import contextlib
@@ -63,6 +63,10 @@ class ExperimentConfig:
   eval_examples: Optional[int] = None
   # per_client evaluation: the first this many sorted test clients (None: all).
   num_eval_clients: Optional[int] = None
+  # Test examples per evaluation batch. None: a new run's `evaluation.batch_size_for` its
+  # task and executor, or for a run in the folder the batch it recorded, its task's
+  # TaskSpec.eval_batch_size if it recorded none (`resolve_evaluation`).
+  eval_batch_size: Optional[int] = None
   rounds_per_checkpoint: int = 1
   executor: str = 'cpu'
   # Who runs the rounds: 'in_process' (this process's TensorFlow, the only way to a GPU),
@@ -121,6 +125,8 @@ class ExperimentConfig:
     values.pop('overwrite')
     # Unsettled (`resolve_evaluation`) only where no run exists yet: a new run's.
     values['evaluation'] = self.evaluation or evaluation.GLOBAL
+    values['eval_batch_size'] = self.eval_batch_size or evaluation.batch_size_for(
+        self.task, self.executor)
     values['hparams'] = dict(self._resolved_hparams)
     values['aggregator'] = dict(self._recorded_aggregator)
     return values
@@ -220,7 +226,8 @@ def validate(config: ExperimentConfig) -> None:
     )
   evaluation.check_settings(config.evaluation, config.eval_examples, config.num_eval_clients)
   config.aggregator_settings()  # Before the data is read: the flags, and a refusal.
-  for name in ('client_batch_size', 'max_elements_per_client'):  # None: no setting.
+  for name in ('client_batch_size', 'max_elements_per_client', 'eval_batch_size'):
+    # None: no setting (or a default).
     if getattr(config, name) is not None:
       validation.check_positive(name, getattr(config, name))
   if config.executor not in ('cpu', 'gpu'):
@@ -258,19 +265,41 @@ def _validate_workers(config: ExperimentConfig) -> None:
 
 
 def resolve_evaluation(config: ExperimentConfig) -> ExperimentConfig:
-  """`config` with its evaluation settled: as given; for a run whose flags.json predates
-  the setting, the per-client evaluation of the test clients it recorded, so that it
-  resumes with the numbers it started with; otherwise 'global'."""
-  if config.evaluation is not None:
-    return config
+  """`config` with its evaluation settled, so that a run resumes with the numbers it
+  started with:
+
+  - the kind: as given; for a run whose flags.json predates the setting, the per-client
+    evaluation of the test clients it recorded; otherwise 'global';
+  - the batch: as given; for a run in the folder, the batch its flags.json records (it may
+    resume on another executor), or where it records none, its task's
+    TaskSpec.eval_batch_size, the batch of every run before the choice; for a new run,
+    `evaluation.batch_size_for` its task and executor.
+  """
   recorded = None
   if not config.overwrite:
     # What is wrong with an unreadable record, `resumption.check_resumable` says.
     with contextlib.suppress(OSError, ValueError):
       recorded = analysis.runs.read_flags(config.output_dir)
-  if not isinstance(recorded, dict) or 'evaluation' in recorded:
-    return dataclasses.replace(config, evaluation=evaluation.GLOBAL)
+  if not isinstance(recorded, dict):
+    recorded = None
+  return dataclasses.replace(config, **_resolved_kind(config, recorded),
+                             eval_batch_size=_resolved_batch(config, recorded))
+
+
+def _resolved_kind(config: ExperimentConfig, recorded: Optional[dict]) -> dict:
+  if config.evaluation is not None:
+    return {}
+  if recorded is None or 'evaluation' in recorded:
+    return dict(evaluation=evaluation.GLOBAL)
   clients = config.num_eval_clients
   if clients is None:
     clients = recorded.get('num_eval_clients') or None  # 0 was all.
-  return dataclasses.replace(config, evaluation=evaluation.PER_CLIENT, num_eval_clients=clients)
+  return dict(evaluation=evaluation.PER_CLIENT, num_eval_clients=clients)
+
+
+def _resolved_batch(config: ExperimentConfig, recorded: Optional[dict]) -> Optional[int]:
+  if config.eval_batch_size is not None or config.task not in tasks.SPECS:
+    return config.eval_batch_size  # An unknown task: `validate` says so.
+  if recorded is None:
+    return evaluation.batch_size_for(config.task, config.executor)
+  return recorded.get('eval_batch_size') or tasks.SPECS[config.task].eval_batch_size
