@@ -246,11 +246,12 @@ def _in_process_context() -> Optional[in_process.InProcessContext]:
 
 
 def _time_evaluation(task, process_threads) -> dict:
-  """The evaluation launch.train runs, its floor and TFF's, timed like the rounds."""
+  """The evaluation launch.train runs, its floors and TFF's, timed like the rounds."""
   parallel = evaluation.groups_at_once(process_threads)  # As launch.train runs it.
-  evaluation_fns, evaluated = contenders.evaluation_contenders(task, parallel)
-  print(f'evaluation: {evaluated}, batch {task.spec.eval_batch_size},'
-        f' {parallel} group(s) at once', flush=True)
+  executor = 'gpu' if in_process.visible_gpus() else 'cpu'
+  batch_size = evaluation.batch_size_for(task.name, executor)  # A new run's.
+  evaluation_fns, evaluated = contenders.evaluation_contenders(task, parallel, batch_size)
+  print(f'evaluation: {evaluated}, {parallel} group(s) at once', flush=True)
   return timing.time_alternating(evaluation_fns, _REPEATS.value)
 
 

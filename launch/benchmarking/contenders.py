@@ -290,16 +290,33 @@ def worker_contenders(task, algos, datasets, state_dir, workers) -> tuple[dict, 
   return fns, bounds
 
 
-def evaluation_contenders(task, parallel: int) -> tuple[dict, str]:
+def forward_floor_name(batch_size: int) -> str:
+  """The name of the bare forward pass at `batch_size` (`evaluation_contenders`)."""
+  return f'{PLAIN_TF_FORWARD}/{batch_size}'
+
+
+def floor_batch_sizes(num_examples: int) -> list[int]:
+  """The candidate batches (`evaluation.BATCH_CANDIDATES`) up to the first that holds all
+  `num_examples` in one batch: a larger one gives the same batches."""
+  sizes = []
+  for size in evaluation.BATCH_CANDIDATES:
+    sizes.append(size)
+    if size >= num_examples:
+      break
+  return sizes
+
+
+def evaluation_contenders(task, parallel: int, batch_size: int) -> tuple[dict, str]:
   """({name: evaluation function}, what is evaluated) at the model's initial weights:
 
-  - `evaluation`: `tasks.evaluation`'s global evaluation, as `launch.train` runs it
-    (`parallel` groups at once), its data read once before;
-  - `plain_tf_forward`: its floor, a bare `tf.function` Keras forward pass over the same
-    batches, one after another (no loss, no metrics);
+  - `plain_tf_forward/<B>` for each of `floor_batch_sizes`: the floors, a bare
+    `tf.function` Keras forward pass over the test examples in batches of B, one after
+    another (no loss, no metrics); the fastest is the evaluation's floor;
+  - `evaluation`: `tasks.evaluation`'s global evaluation at `batch_size`, as `launch.train`
+    runs it (`parallel` groups at once), its data read once before;
   - `tff_fed_eval`: TFF's `build_fed_eval` over every test client in TFF's worker (what
     `launch.train` ran before, for its first 100 test clients; in TFF's worker so that the
-    in-process contenders' device counts stay theirs).
+    in-process contenders' device counts stay theirs), at the task's preprocessing batch.
   """
   # Built first: TFF builds its models in graph mode, which invalidates Keras models made
   # eagerly before.
@@ -312,7 +329,7 @@ def evaluation_contenders(task, parallel: int) -> tuple[dict, str]:
     state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
     fed_eval.next(state, clients)
 
-  held_out = evaluation.read_held_out(task)
+  held_out = evaluation.read_held_out(task, batch_size=batch_size)
   model = task.model_fn()
   weights = tf.nest.map_structure(
       lambda v: v.numpy(), tff.learning.models.ModelWeights.from_model(model))
@@ -320,15 +337,22 @@ def evaluation_contenders(task, parallel: int) -> tuple[dict, str]:
   keras_model = task.keras_model_fn()
   weights.assign_weights_to(keras_model)
   forward = tf.function(lambda x: keras_model(x, training=False))
-  batches = [b['x'] for group in held_out.groups for b in group]
+  inputs = tf.concat([b['x'] for group in held_out.groups for b in group], 0)
 
-  def plain_forward():
-    for x in batches:
-      out = forward(x)
-    out.numpy()
+  def plain_forward(size):
+    batches = [inputs[i: i + size] for i in range(0, len(inputs), size)]
 
-  fns = collections.OrderedDict()
-  fns[PLAIN_TF_FORWARD] = plain_forward
+    def run():
+      for x in batches:
+        out = forward(x)
+      out.numpy()
+
+    return run
+
+  fns = collections.OrderedDict(
+      (forward_floor_name(size), plain_forward(size))
+      for size in floor_batch_sizes(held_out.num_examples)
+  )
   fns[EVALUATION] = lambda: evaluator(weights)
   fns[TFF_FED_EVAL] = tff_round
   return fns, held_out.description
