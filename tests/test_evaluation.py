@@ -326,6 +326,18 @@ def test_a_run_recorded_before_the_batch_resumes_and_records_it(
   assert json.loads((run_dir / 'flags.json').read_text())['eval_batch_size'] == old_batch
 
 
+def test_a_new_run_evaluates_at_the_batch_it_records(tmp_path, capsys, synthetic_cache_dir):
+  rc, out, err = _train(capsys, '--task=shakespeare', f'--root_output_dir={tmp_path}',
+                        f'--cache_dir={synthetic_cache_dir}', '--experiment_name=new',
+                        '--total_rounds=1')
+  assert rc == 0, err
+  batch = evaluation.batch_size_for('shakespeare', 'cpu')
+  assert batch != tasks.SPECS['shakespeare'].eval_batch_size
+  (line,) = [l for l in out.splitlines() if l.startswith('evaluation: ')]
+  assert line.endswith(f', batch {batch}'), line
+  assert json.loads((tmp_path / 'new' / 'flags.json').read_text())['eval_batch_size'] == batch
+
+
 _ON_A_SECOND_DEVICE = '''
 import sys
 import numpy as np

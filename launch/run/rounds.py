@@ -256,6 +256,7 @@ def evaluation_fn(config, task, training_process, runtime_context, in_process_th
     held_out = evaluation.read_held_out(
         task, config.evaluation, num_examples=config.eval_examples,
         num_clients=config.num_eval_clients, device=device,
+        batch_size=config.eval_batch_size,
     )
     return held_out, evaluation.Evaluator(task.model_fn, held_out, parallel=parallel,
                                           device=device)
@@ -264,5 +265,6 @@ def evaluation_fn(config, task, training_process, runtime_context, in_process_th
     return Evaluation(*build(), training_process)
   held_out, evaluator = builds.get('evaluation', dict(
       task=task_arguments, evaluation=config.evaluation, eval_examples=config.eval_examples,
-      num_eval_clients=config.num_eval_clients, device=device, parallel=parallel), build)
+      num_eval_clients=config.num_eval_clients, batch_size=config.eval_batch_size,
+      device=device, parallel=parallel), build)
   return Evaluation(held_out, evaluator, training_process, kept=True)
