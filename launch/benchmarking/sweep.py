@@ -21,6 +21,7 @@ import sys
 import time
 
 from launch.sweeps import local_workers
+from tff_zmg import run_files
 
 _TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
 _POLL_S = 0.2
@@ -44,7 +45,7 @@ def cells(common: list[str], client_lrs, rounds: int, root: str) -> list[Cell]:
 
 def rounds_seconds(run_dir: str) -> float:
   """The training and evaluation seconds a run's metrics.csv records, summed."""
-  with open(os.path.join(run_dir, 'metrics.csv')) as f:
+  with open(os.path.join(run_dir, run_files.METRICS)) as f:
     return sum(float(row[c]) for row in csv.DictReader(f) for c in _TIME_COLUMNS if row.get(c))
 
 
