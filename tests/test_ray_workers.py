@@ -58,19 +58,19 @@ def ray_cluster():
   env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED='0',
              RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER='1', RAY_AUTH_MODE='token',
              RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_TMPDIR=str(folder / 'rt'))
-  ray = os.path.join(os.path.dirname(sys.executable), 'ray')
+  ray = [sys.executable, '-m', 'ray.scripts.scripts']  # Ray's CLI, whatever its script's path.
   common = ['--num-cpus=1', '--num-gpus=1', f'--temp-dir={folder / "rt"}',
             '--disable-usage-stats']
   port = _free_port(_HEAD)
   try:
-    subprocess.run([ray, 'start', '--head', f'--node-ip-address={_HEAD}', f'--port={port}',
+    subprocess.run([*ray, 'start', '--head', f'--node-ip-address={_HEAD}', f'--port={port}',
                     '--include-dashboard=false', *common],
                    env=env, check=True, capture_output=True, timeout=180)
-    subprocess.run([ray, 'start', f'--address={_HEAD}:{port}', f'--node-ip-address={_SECOND}',
+    subprocess.run([*ray, 'start', f'--address={_HEAD}:{port}', f'--node-ip-address={_SECOND}',
                     *common], env=env, check=True, capture_output=True, timeout=180)
     yield f'{_HEAD}:{port}', env
   finally:
-    subprocess.run([ray, 'stop', '--force'], env=env, capture_output=True, timeout=180)
+    subprocess.run([*ray, 'stop', '--force'], env=env, capture_output=True, timeout=180)
     deadline = time.monotonic() + 30
     while _ray_processes() and time.monotonic() < deadline:
       time.sleep(0.5)
