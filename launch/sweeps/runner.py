@@ -18,7 +18,6 @@ they take (and the whole they make with later runs, such as a grid search's late
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -29,6 +28,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from launch.cli import exit_status
+from launch.run import builds
 from launch.run import errors
 from launch.run import resumption
 from launch.run import run_config
@@ -188,7 +188,7 @@ def build_key(config: run_config.ExperimentConfig) -> str:
     recorded.pop(name, None)
   recorded['hparams'] = {k: v for k, v in recorded.get('hparams', {}).items()
                          if not k.endswith('learning_rate')}
-  return json.dumps(recorded, sort_keys=True, default=repr)
+  return builds.key_of(recorded)
 
 
 def _next_for(key, pending: list) -> tuple[int, Run]:
