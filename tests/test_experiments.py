@@ -439,7 +439,8 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   kept.parent.mkdir(parents=True)
   (grid / 'logs').mkdir()
   kept.write_text(json.dumps({calibration.timing_key(kind, 1): dict(
-      startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept', first_s=5.0)}))
+      startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept', build_s=5.0,
+      first_s=2.0, worker_s=3.0)}))
   rc, out, err = run_program(grid_search, *grid_args)
   assert rc == 0, err
   assert 'dry run: 14 runs, 18 rounds at most' in out
@@ -448,15 +449,16 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
                '  1 run of +2 rounds: rung 3: the best 1 of 9 cells continue to 4 rounds',
                '  1 run of 4 rounds: stability re-run: the pick, or its neighbours while'
                ' re-runs diverge',
-               f'  {kind}: 5.0 s, 10.0 s, 2.00 s, 0.50 s (kept)'):
+               f'  {kind}: 5.0 s, 10.0 s, 2.00 s, 0.50 s, 2.0 s, 3.0 s (kept)'):
     assert line + '\n' in out, out
   assert 'dry run: timing' not in out
   # Each run: start-up, its rounds, its evaluations (round 0's only when it starts afresh);
-  # the warm worker builds once for the cells, once for the stability re-run (another seed).
+  # the warm worker starts once, trains its first run of the kind, and builds once for the
+  # cells, once for the stability re-run (another seed).
   run_s = lambda rounds, evaluations: 10.0 + rounds * 2.0 + evaluations * 0.5
   grid_s = (9 * run_s(1, 2) + 3 * run_s(1, 1) + run_s(2, 2)  # Rungs 1, 2 and 3.
-            + run_s(4, 5) + 2 * 5.0)  # The stability re-run; the builds.
-  assert grid_s == 200.0 and 'estimated time: 3 min 20 s at 1 at a time' in out
+            + run_s(4, 5) + 2 * 5.0 + 2.0 + 3.0)  # The stability re-run; builds; worker.
+  assert grid_s == 205.0 and 'estimated time: 3 min 25 s at 1 at a time' in out
   assert sorted(os.listdir(grid)) == ['dry_run', 'logs']  # No cell trained.
 
   root = tmp_path / 'runs'
@@ -478,12 +480,12 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   assert rc == 0, err
   assert 'dry run: 2 of 3 runs to train (1 of them resumed), 5 rounds' in out
   assert 'dry run: timing' not in out  # The grid's cells are runs of the same kind.
-  compare_s = run_s(2, 2) + run_s(3, 4) + 2 * 5.0  # Each seed builds.
-  assert compare_s == 43.0 and 'estimated time: 43 s at 1 at a time' in out
+  compare_s = run_s(2, 2) + run_s(3, 4) + 2 * 5.0 + 2.0 + 3.0  # Each seed builds.
+  assert compare_s == 48.0 and 'estimated time: 48 s at 1 at a time' in out
   assert sorted(os.listdir(root)) == ['compare', 'emnist_fedavg_seed0', 'emnist_fedavg_seed1']
   rc, out, err = run_program(compare, *compare_args, '--dry_run', '--overwrite')  # Afresh.
   assert rc == 0 and 'dry run: 3 of 3 runs to train (0 of them resumed), 9 rounds' in out, err
-  assert 'estimated time: 1 min 09 s at 1 at a time' in out  # 3 x (run_s(3, 4) + 5.0).
+  assert 'estimated time: 1 min 14 s at 1 at a time' in out  # 3 x (run_s(3, 4) + 5) + 2 + 3.
   rc, _, err = run_program(compare, *compare_args, '--dry_run', '--collect_only')
   assert rc == 2 and 'compare: error: --collect_only trains nothing: it has no --dry_run' in err
 

@@ -113,3 +113,10 @@ def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid(
     seen += re.findall(r'^--- warm worker \d+ on .*, Ray node (\S+), CUDA_VISIBLE_DEVICES=(\S+)$',
                        open(logs / f'{name}.log').read(), re.M)
   assert sorted(seen) == [(_HEAD, '0'), (_HEAD, '0'), (_SECOND, '0'), (_SECOND, '0')], seen
+  # The dry run times its runs on the cluster's actors, started and ready first.
+  out = _grid(synthetic_cache_dir, tmp_path / 'dry', env, f'--ray_address={address}',
+              f'--ray_driver_ip={_HEAD}', '--cells_per_gpu=2', '--dry_run')
+  assert 'dry run: timing 3 rounds of emnist fedavg' in out and 'estimated time: ' in out, out
+  timing, = json.load(open(tmp_path / 'dry' / 'grid_emnist_fedavg' / 'dry_run'
+                           / 'calibration.json')).values()
+  assert timing['worker_s'] > 0 and timing['round_s'] > 0, timing

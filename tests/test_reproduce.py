@@ -303,7 +303,7 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   per grid, then 3 x 5 x 3 runs, at timings kept from an earlier dry run."""
   root, plan = designed[:2]
   timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept',
-                              first_s=20.0)
+                              build_s=20.0, first_s=3.0, worker_s=7.0)
   for table, grids, comparisons in (([], 3 * 3, 3 * 5 * 3), (['--table=5'], 3, 15)):
     counts, out = _dry_run(root, *table, timing={1: timing})
     grid = 81 * grids
@@ -316,11 +316,14 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   assert '  emnist-emnist_fedzmg_seed4: emnist fedzmg seed=4 rounds=1000 cohort=10\n' in out
   # 50-round cells and stability re-runs, evaluated at round 0 and in the 10 rounds their
   # score reads; 1000-round comparison runs, evaluated at round 0 and after every round.
-  # One warm worker builds once a grid's cells, each stability re-run (another seed) and
-  # each comparison run (an algorithm and seed).
+  # One warm worker starts once, trains a first run of each kind (a task's FedZMG, and its
+  # FedAvg and FedAdam, whose client rule is plain SGD; 3 grids a task), and builds once a
+  # grid's cells, each stability re-run (another seed) and each comparison run (an
+  # algorithm and seed).
   run_s = lambda rounds, evaluations: 10.0 + rounds * 2.0 + evaluations * 0.5
+  kinds = 2 * grids // 3
   expected = ((grid + grids) * run_s(50, 11) + comparisons * run_s(1000, 1001)
-              + 20.0 * (grids + grids + comparisons))
+              + 20.0 * (grids + grids + comparisons) + 3.0 * kinds + 7.0)
   assert counts['seconds'] == pytest.approx(expected)
   assert counts['tables'] == {5: pytest.approx(expected)}
   assert 'table 5: ' in out and 'estimated time: ' in out

@@ -583,14 +583,14 @@ def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(
   plan = root / 'reproduce_fedzmg_ci'
   assert os.listdir(plan) == ['dry_run']  # No grid/ nor runs/: none of the plan's runs.
   runs = [d for d in os.listdir(plan / 'dry_run') if d.startswith('emnist-')]
-  # FedZMG's client rule, and plain SGD's: each timed by two runs in turn in a warm worker.
-  assert len(timed) == 2 and len(runs) == 2 * len(timed)
+  # FedZMG's client rule, and plain SGD's: each timed by three runs in turn in a warm worker.
+  assert len(timed) == 2 and len(runs) == 3 * len(timed)
   before = _tree(root)
   code, out, err = run_program(reproduce, *args)
   assert code == 0 and err == '' and 'dry run: timing' not in out, err
   assert _tree(root) == before
   code, out, err = _finish(helpfull)
-  assert code == 0 and 'only two 3-round timing runs of each kind of run' in ' '.join(
+  assert code == 0 and 'only three 3-round timing runs of each kind of run' in ' '.join(
       out.split()), err
   _assert_left_clean(tmp_path)
 

@@ -6,27 +6,34 @@ list their runs as `PlannedRun`s and estimate them here.
 Runs of one kind (`kind_of`: the same task, model, data, cohort, local work, evaluation and
 runtime, and an algorithm of the same client rule) cost the same per round. The runs go to
 warm workers (`runner`), which start once and build once what runs of one build share
-(`runner.build_key`). A kind is timed once by two 3-round runs of the planned runs' own
-settings (its data, cohort and first algorithm of the kind), one after the other in one
-fresh warm worker, which give
+(`runner.build_key`). Fresh warm workers are timed until they are ready (imports), then
+each kind by three 3-round runs of the planned runs' own settings (its data, cohort and
+first algorithm of the kind) in turn: the first at the run's seed, then two at the next
+seed (a build of its own). They give
 
-  first     = the first run's time - the second's  (the worker's start and the build)
-  start-up  = the second run's time - 3 x round - 4 x evaluation  (its folder, its state)
+  worker    = a worker's start until it is ready
+  first     = the first run's time - the second's  (what a worker's first run of the kind
+              pays once: the first kind timed, what a worker's first run pays at all)
+  build     = the second run's time - the third's  (task, process and evaluation)
+  start-up  = the third run's time - 3 x round - 4 x evaluation  (its folder, its state)
   round     = the median training time of rounds 2-3
   evaluation = the median evaluation time of rounds 1-3 (round 0's traces it)
 
 and runs are estimated at (their sum, over N workers):
 
-  builds x first + sum over runs of (start-up + R x round + E x evaluation)
+  workers x worker + sum over kinds of min(N, its runs) x first + builds x build
+    + sum over runs of (start-up + R x round + E x evaluation)
 
-for R rounds left and E evaluations left of each run, a build being each worker's first
-run of a build key (N workers share a key's runs: min(N, its runs) builds; a stateful
-algorithm's runs each build). With --parallel=N the runs go N at a time on shared cores, so
-a kind is timed by N workers at once (each value their median): a round of two runs
-sharing two cores is slower than one run's. Timings are kept in `calibration.json` in the
-program's dry_run folder, per N, and reused by every later dry run.
+for R rounds left and E evaluations left of each run, the workers being min(N, runs) (a
+worker trains runs of every kind) and a build each worker's first run of a build key (N
+workers share a key's runs: min(N, its runs) builds; a stateful algorithm's runs each
+build). With --parallel=N the runs go N at a time on shared cores, so a kind is timed by N
+workers at once (each value their median): a round of two runs sharing two cores is slower
+than one run's. Timings are kept in `calibration.json` in the program's dry_run folder, per
+N, and reused by every later dry run.
 """
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -58,9 +65,9 @@ _COST_FREE = frozenset({
 
 DRY_RUN = flags.DEFINE_bool(
     'dry_run', False,
-    'List the runs, their count and the time they take here; train none of them, only two'
+    'List the runs, their count and the time they take here; train none of them, only three'
     f' {CALIBRATION_ROUNDS}-round timing runs of each kind of run not timed before, in turn'
-    ' in a fresh warm worker (kept in'
+    ' in fresh warm workers (kept in'
     f' {DRY_RUN_DIRNAME}/{CALIBRATION_FILENAME} in the output folder and reused).'
 )
 
@@ -86,14 +93,17 @@ class PlannedRun:
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-  """Seconds of one kind of run: a warm worker's start and build, a run's start-up in a
-  warm worker, a training round and an evaluation."""
+  """Seconds of one kind of run (the module's): its build in a warm worker, a run's
+  start-up in a warm worker, a training round, an evaluation, a worker's first run of
+  the kind, and a warm worker's start."""
 
   startup_s: float
   round_s: float
   evaluation_s: float
   source: str  # The timed run's folder.
+  build_s: float = 0.0
   first_s: float = 0.0
+  worker_s: float = 0.0
 
 
 def kind_of(config: run_config.ExperimentConfig) -> str:
@@ -174,14 +184,20 @@ def estimate_seconds(planned: Sequence[PlannedRun], timings: dict[str, Timing],
                      parallel: int) -> float:
   """Wall seconds of `planned` by `parallel` warm workers (the module's formula)."""
   runs = sum(estimate_planned(p, timings) for p in planned)
-  first = sum(timings[kind].first_s * count for kind, count in builds(planned, parallel).items())
-  return (runs + first) / parallel
+  built = sum(timings[kind].build_s * count for kind, count in builds(planned, parallel).items())
+  runs_of_kind = collections.Counter(kind_of(p.run.config) for p in planned
+                                     if rounds_to_train(p))
+  firsts = sum(timings[kind].first_s * min(parallel, count)
+               for kind, count in runs_of_kind.items())
+  worker_s = max((timings[kind].worker_s for kind in runs_of_kind), default=0.0)
+  workers = min(parallel, sum(runs_of_kind.values()))
+  return (runs + built + firsts + workers * worker_s) / parallel
 
 
-def _calibration_run(run: runner.Run, directory: str, name: str) -> runner.Run:
-  """`run`'s settings, 3 rounds, evaluated each round, in `directory/name`."""
+def _calibration_run(run: runner.Run, directory: str, name: str, seed: int) -> runner.Run:
+  """`run`'s settings at `seed`, 3 rounds, evaluated each round, in `directory/name`."""
   changes = dict(total_rounds=CALIBRATION_ROUNDS, rounds_per_eval=1, experiment_name=name,
-                 root_output_dir=directory, overwrite=True)
+                 root_output_dir=directory, overwrite=True, seed=seed)
   # At the algorithm's default rates: a grid's corner cell may diverge before it is timed.
   dropped = {*changes, 'client_learning_rate', 'server_learning_rate'}
   args = [a for a in run.args if a.split('=', 1)[0].lstrip('-') not in dropped
@@ -194,8 +210,9 @@ def _calibration_run(run: runner.Run, directory: str, name: str) -> runner.Run:
 
 def timing_key(kind: str, parallel: int) -> str:
   """calibration.json's name of a kind's timing by warm workers, `parallel` at a time
-  (timings of runs in a process each, from before warm workers, are not used)."""
-  return f'{kind} warm' if parallel == 1 else f'{kind} warm x{parallel}'
+  (older timings, whose build includes the worker's start, are not used)."""
+  at_once = '' if parallel == 1 else f' x{parallel}'
+  return f'{kind} by warm workers{at_once}'
 
 
 def _stored(directory: str) -> dict[str, Timing]:
@@ -214,68 +231,78 @@ def untimed(runs: Sequence[runner.Run], directory: str, parallel: int) -> set[st
           if timing_key(kind, parallel) not in stored}
 
 
-def _median(timings: Sequence[Timing], first_s: float) -> Timing:
-  return Timing(
-      startup_s=statistics.median(t.startup_s for t in timings),
-      round_s=statistics.median(t.round_s for t in timings),
-      evaluation_s=statistics.median(t.evaluation_s for t in timings),
-      source=timings[0].source, first_s=max(0.0, first_s),
-  )
-
-
 def calibrate(runs: Sequence[runner.Run], directory: str, stream,
               parallel: int) -> dict[str, Timing]:
   """{kind: Timing} of every kind of `runs` with `parallel` runs at a time: kept ones from
-  `directory`'s calibration.json, the others timed now (one kind after another, each by
-  `parallel` fresh warm workers at once, each training two 3-round copies in turn)."""
+  `directory`'s calibration.json, the others timed now, one kind after another, by
+  `parallel` fresh warm workers at once, each training three 3-round copies in turn."""
   stored = _stored(directory)
   first_of_kind = {}
   for run in runs:
     first_of_kind.setdefault(kind_of(run.config), run)
-  timings = {}
-  for kind, run in first_of_kind.items():
-    key = timing_key(kind, parallel)
-    if key in stored:
-      timings[kind] = stored[key]
-      continue
-    batches = [[_calibration_run(run, directory, f'{kind}-{turn}-{i}')
-                for i in range(parallel)] for turn in ('first', 'warm')]
-    at_once = f', {parallel} workers at once as the runs will go' if parallel > 1 else ''
-    print(f'dry run: timing {CALIBRATION_ROUNDS} rounds of {run.config.task}'
-          f' {run.config.algo} (cohort {run.config.clients_per_round}) twice in a fresh'
-          f' warm worker{at_once} ...', file=stream, flush=True)
-    log_dir = os.path.join(directory, 'logs')
-    walls = []
-    with runner.workers_for(parallel, log_dir) as workers:
-      for batch in batches:
-        # The copies of a batch start together and do the same work: each took the whole.
-        start = time.monotonic()
-        runner.run_all(batch, parallel=parallel, log_dir=log_dir, stream=stream,
-                       workers=workers)
-        walls.append(time.monotonic() - start)
-    measured = [read_timing(copy.config.output_dir, walls[1]) for copy in batches[1]]
-    if None in measured:
-      raise ValueError(f'the timing run {batches[1][0].config.output_dir} recorded no round'
-                       ' times')
-    timings[kind] = stored[key] = _median(measured, first_s=walls[0] - walls[1])
-    run_directory.write_json_atomically(
-        os.path.join(directory, CALIBRATION_FILENAME),
-        {k: dataclasses.asdict(t) for k, t in stored.items()})
+  timings = {kind: stored[timing_key(kind, parallel)] for kind in first_of_kind
+             if timing_key(kind, parallel) in stored}
+  to_time = {kind: run for kind, run in first_of_kind.items() if kind not in timings}
+  if not to_time:
+    return timings
+  log_dir = os.path.join(directory, 'logs')
+  with runner.workers_for(parallel, log_dir) as workers:
+    start = time.monotonic()
+    workers.start_all()
+    worker_s = time.monotonic() - start
+    for kind, run in to_time.items():
+      timings[kind] = stored[timing_key(kind, parallel)] = _time_kind(
+          kind, run, directory, workers, parallel, stream, worker_s)
+      run_directory.write_json_atomically(
+          os.path.join(directory, CALIBRATION_FILENAME),
+          {k: dataclasses.asdict(t) for k, t in stored.items()})
   return timings
+
+
+def _time_kind(kind: str, run: runner.Run, directory: str, workers, parallel: int, stream,
+               worker_s: float) -> Timing:
+  """The Timing of `kind` by `workers`, which started in `worker_s` (the module's)."""
+  seeds = dict(first=run.config.seed, built=run.config.seed + 1, warm=run.config.seed + 1)
+  batches = [[_calibration_run(run, directory, f'{kind}-{turn}-{i}', seed)
+              for i in range(parallel)] for turn, seed in seeds.items()]
+  at_once = f', {parallel} workers at once as the runs will go' if parallel > 1 else ''
+  print(f'dry run: timing {CALIBRATION_ROUNDS} rounds of {run.config.task}'
+        f' {run.config.algo} (cohort {run.config.clients_per_round}) three times in a'
+        f' warm worker{at_once} ...', file=stream, flush=True)
+  walls = []
+  for batch in batches:
+    # The copies of a batch start together and do the same work: each took the whole.
+    start = time.monotonic()
+    runner.run_all(batch, parallel=parallel, log_dir=os.path.join(directory, 'logs'),
+                   stream=stream, workers=workers)
+    walls.append(time.monotonic() - start)
+  measured = [read_timing(copy.config.output_dir, walls[2]) for copy in batches[2]]
+  if None in measured:
+    raise ValueError(f'the timing run {batches[2][0].config.output_dir} recorded no round'
+                     ' times')
+  return Timing(
+      startup_s=statistics.median(t.startup_s for t in measured),
+      round_s=statistics.median(t.round_s for t in measured),
+      evaluation_s=statistics.median(t.evaluation_s for t in measured),
+      source=measured[0].source, build_s=max(0.0, walls[1] - walls[2]),
+      first_s=max(0.0, walls[0] - walls[1]), worker_s=worker_s)
 
 
 def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], parallel: int,
                   stream) -> None:
   """One line per kind of the planned runs: its start-up, round and evaluation seconds."""
   at_once = f', {parallel} at once' if parallel > 1 else ''
-  print('timings (a warm worker\'s start and build, a run\'s start-up, training round,'
-        ' evaluation) of each kind of run, measured on this machine by'
+  print('timings (a build in a warm worker, a run\'s start-up, training round, evaluation,'
+        ' a worker\'s first run of the kind, a warm worker\'s start) of each kind of run,'
+        ' measured on this machine by'
         f' {CALIBRATION_ROUNDS}-round runs of its settings{at_once}:', file=stream)
   kinds = {kind_of(p.run.config) for p in planned}
   for kind, timing in timings.items():
     if kind in kinds:
-      print(f'  {kind}: {timing.first_s:.1f} s, {timing.startup_s:.1f} s,'
-            f' {timing.round_s:.2f} s, {timing.evaluation_s:.2f} s ({timing.source})',
+      print(f'  {kind}: {timing.build_s:.1f} s, {timing.startup_s:.1f} s,'
+            f' {timing.round_s:.2f} s, {timing.evaluation_s:.2f} s, {timing.first_s:.1f} s,'
+            f' {timing.worker_s:.1f} s'
+            f' ({timing.source})',
             file=stream)
 
 

@@ -24,6 +24,7 @@ from launch.sweeps import workers
 
 _PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 30.0
+_POLL_S = 0.5
 # The package's root: the worker imports `launch` from here, as the program did.
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,6 +63,7 @@ class _Worker:
       )
     os.set_blocking(self.process.stdout.fileno(), False)
     self._pending = b''
+    self.ready = False  # Until its first line.
     self.task = None  # (slot's run, its log path) while it trains one.
     self.key = None  # What the last run it trained built (`launch.sweeps.runner`).
 
@@ -78,10 +80,13 @@ class _Worker:
         if not chunk:
           break
         self._pending += chunk
-    if b'\n' not in self._pending:
-      return None
-    line, self._pending = self._pending.split(b'\n', 1)
-    return json.loads(line)
+    while b'\n' in self._pending:
+      line, self._pending = self._pending.split(b'\n', 1)
+      message = json.loads(line)
+      if 'ready' not in message:
+        return message
+      self.ready = True
+    return None
 
   def dead(self) -> Optional[int]:
     """Its exit status once it has ended (None while it runs)."""
@@ -117,6 +122,21 @@ class LocalWorkers(workers.Workers):
     worker = _Worker(os.path.join(self._dir, f'worker{self._started}.log'))
     self._workers[slot] = worker
     return worker
+
+  def start_all(self) -> None:
+    for slot, worker in enumerate(self._workers):
+      if worker is None or worker.dead() is not None:
+        self._new_worker(slot)
+    waiting = [w for w in self._workers if not w.ready]
+    while waiting:
+      select.select([w.process.stdout for w in waiting], [], [], _POLL_S)
+      for worker in list(waiting):
+        worker.answer()  # Its first line, the only one before a run.
+        if worker.ready:
+          waiting.remove(worker)
+        elif worker.dead() is not None:
+          raise RuntimeError(f'a warm worker ended as it started'
+                             f' ({signal_text(worker.dead())}); its log: {worker.log_path}')
 
   def start(self, slot: int, run, log_path: str, key) -> None:
     worker = self._workers[slot]

@@ -4,7 +4,8 @@ the runs share: TensorFlow and TFF imported, the task's data read, the process b
 compiled, the evaluation set up (`launch.run.builds`).
 
 The sweep's runner (`launch.sweeps.runner`) starts it as
-`python -m launch.sweeps.warm_worker` and talks to it in JSON lines: it writes a request
+`python -m launch.sweeps.warm_worker` and talks to it in JSON lines: the worker writes
+`{"ready": where it runs}` to its stdout once it has started; the runner writes a request
 `{"name": ..., "args": [launch.train's arguments], "log": path}` to the worker's stdin and
 reads `{"name": ..., "status": exit status}` from its stdout once the run has ended. While
 a run trains, the worker's standard output and error (file descriptors 1 and 2, so
@@ -108,6 +109,8 @@ def main(argv) -> int:
   results = os.fdopen(os.dup(1), 'w')
   os.dup2(2, 1)
   print(f'{where()}: ready', flush=True)
+  results.write(json.dumps({'ready': where()}) + '\n')
+  results.flush()
   return serve(sys.stdin, results, builds_lib.Builds())
 
 

@@ -34,6 +34,11 @@ class Workers:
     """What the last run of `slot` built (`runner.build_key`), None before one."""
     raise NotImplementedError
 
+  def start_all(self) -> None:
+    """Starts a worker in every slot without one and waits until each is ready for a run
+    (TensorFlow and TFF imported)."""
+    raise NotImplementedError
+
   def start(self, slot: int, run, log_path: str, key) -> None:
     """Gives `run` (a `runner.Run`) to the worker of `slot`, starting one if needed."""
     raise NotImplementedError
