@@ -248,7 +248,7 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
   log_dir = os.path.join(directory, 'logs')
   with runner.workers_for(parallel, log_dir) as workers:
     start = time.monotonic()
-    workers.start_all()
+    workers.start_all(parallel)
     worker_s = time.monotonic() - start
     for kind, run in to_time.items():
       timings[kind] = stored[timing_key(kind, parallel)] = _time_kind(

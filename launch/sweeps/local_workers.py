@@ -123,11 +123,11 @@ class LocalWorkers(workers.Workers):
     self._workers[slot] = worker
     return worker
 
-  def start_all(self) -> None:
-    for slot, worker in enumerate(self._workers):
+  def start_all(self, count: int) -> None:
+    for slot, worker in enumerate(self._workers[:count]):
       if worker is None or worker.dead() is not None:
         self._new_worker(slot)
-    waiting = [w for w in self._workers if not w.ready]
+    waiting = [w for w in self._workers[:count] if not w.ready]
     while waiting:
       select.select([w.process.stdout for w in waiting], [], [], _POLL_S)
       for worker in list(waiting):

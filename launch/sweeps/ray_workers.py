@@ -145,11 +145,11 @@ class RayWorkers(workers.Workers):
   def key(self, slot: int):
     return self._keys[slot]
 
-  def start_all(self) -> None:
-    for slot, actor in enumerate(self._actors):
+  def start_all(self, count: int) -> None:
+    for slot, actor in enumerate(self._actors[:count]):
       if actor is None:
         self._new_actor(slot)
-    self._ray.get([actor.where.remote() for actor in self._actors])
+    self._ray.get([actor.where.remote() for actor in self._actors[:count]])
 
   def start(self, slot: int, run, log_path: str, key) -> None:
     actor = self._actors[slot] or self._new_actor(slot)

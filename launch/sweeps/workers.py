@@ -34,9 +34,9 @@ class Workers:
     """What the last run of `slot` built (`runner.build_key`), None before one."""
     raise NotImplementedError
 
-  def start_all(self) -> None:
-    """Starts a worker in every slot without one and waits until each is ready for a run
-    (TensorFlow and TFF imported)."""
+  def start_all(self, count: int) -> None:
+    """Starts a worker in each of the first `count` slots that have none and waits until
+    each is ready for a run (TensorFlow and TFF imported)."""
     raise NotImplementedError
 
   def start(self, slot: int, run, log_path: str, key) -> None:
