@@ -170,21 +170,20 @@ def quiet_machine():
 # Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
 # files (--dist loadfile) to its two workers in order of their number of tests; handing out
 # the longest first instead keeps one worker from starting a long file as the other ends.
-# Measured 2026-11-26 in one full run from a fresh clone on the 2-core machine, nothing
+# Measured 2026-11-27 in one full run from a fresh clone on the 2-core machine, nothing
 # else running (only the order matters).
 _FILE_SECONDS = {
-    'test_trust.py': 293, 'test_train.py': 219, 'test_aggregation_launch.py': 155,
-    'test_remote_workers.py': 146, 'test_experiments.py': 126, 'test_algorithms.py': 118,
-    'test_failures.py': 115, 'test_cifar10.py': 83, 'test_reproduce.py': 79,
-    'test_in_process.py': 78, 'test_aggregation.py': 71, 'test_benchmark.py': 64,
-    'test_notebooks.py': 58, 'test_cpp_worker.py': 46, 'test_evaluation.py': 42,
-    'test_devices.py': 40, 'test_fedgps.py': 35, 'test_shakespeare_gru.py': 34,
-    'test_fedrkmgc.py': 33, 'test_tuned_comparison.py': 31, 'test_run_directory.py': 31,
-    'test_setup.py': 22, 'test_synthetic.py': 20, 'test_tff_baselines.py': 19,
-    'test_speed_settings.py': 19, 'test_in_process_shapes.py': 19, 'test_readme.py': 17,
-    'test_scaffold.py': 12, 'test_tasks.py': 6, 'test_client_states.py': 5,
-    # Added since, measured alone on the loaded machine (2026-11-27).
-    'test_warm_workers.py': 300, 'test_ray_workers.py': 95, 'test_layout.py': 20,
+    'test_trust.py': 341, 'test_warm_workers.py': 265, 'test_ray_workers.py': 220,
+    'test_train.py': 187, 'test_remote_workers.py': 176, 'test_failures.py': 156,
+    'test_algorithms.py': 127, 'test_experiments.py': 101, 'test_cifar10.py': 96,
+    'test_evaluation.py': 93, 'test_reproduce.py': 86, 'test_in_process.py': 84,
+    'test_aggregation_launch.py': 82, 'test_notebooks.py': 72, 'test_aggregation.py': 69,
+    'test_benchmark.py': 67, 'test_cpp_worker.py': 63, 'test_fedgps.py': 48,
+    'test_fedrkmgc.py': 43, 'test_run_directory.py': 43, 'test_devices.py': 42,
+    'test_shakespeare_gru.py': 36, 'test_in_process_shapes.py': 28, 'test_tff_baselines.py': 26,
+    'test_speed_settings.py': 25, 'test_tuned_comparison.py': 23, 'test_synthetic.py': 20,
+    'test_readme.py': 19, 'test_scaffold.py': 18, 'test_setup.py': 15, 'test_layout.py': 14,
+    'test_tasks.py': 9, 'test_imports.py': 6, 'test_client_states.py': 6,
 }
 
 

@@ -361,21 +361,22 @@ def test_runs_at_a_time_are_timed_at_a_time(designed):
   assert calibration.untimed(runs, directory, 2) == {calibration.kind_of(r.config) for r in runs}
 
 
-def test_a_dry_runs_estimate_holds_for_a_plan_of_two_tasks(
+def test_a_dry_runs_estimate_holds_for_a_plan_of_two_kinds(
     tmp_path, synthetic_cache_dir, quiet_machine):
-  """FedAvg on FedZMG's CIFAR-100 and EMNIST tables at the ci scale, one seed, no grid
-  (for time: the rungs are estimated by the same sum): the dry run times each kind of
-  run (3 rounds), then the plan runs; its wall time must be within 30% of the estimate."""
-  _parse('--paper=fedzmg', '--table=3,5', '--scale=ci', '--data_source=synthetic',
+  """FedAvg and FedZMG (two client rules: two kinds of run) on FedZMG's EMNIST table at
+  the ci scale, one seed, no grid (for time: the rungs are estimated by the same sum): the
+  dry run times each kind (3 rounds), then the plan runs; its wall time must be within 30%
+  of the estimate."""
+  _parse('--paper=fedzmg', '--table=5', '--scale=ci', '--data_source=synthetic',
          f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
          '--parallel=1')
   try:
     plan = reproduce.make_plan()
     plan = dataclasses.replace(
-        plan, paper=dataclasses.replace(plan.paper, algos=('fedavg',), grid=None),
+        plan, paper=dataclasses.replace(plan.paper, algos=('fedavg', 'fedzmg'), grid=None),
         scale=dataclasses.replace(plan.scale, max_seeds=1))
     counts = reproduce.dry_run(plan, stream=io.StringIO())
-    assert counts['total'] == 2 and set(counts['tables']) == {3, 5}
+    assert counts['total'] == 2 and len(counts['timings']) == 2, counts
     start = time.monotonic()
     reproduce.reproduce(plan, stream=io.StringIO())
     measured = time.monotonic() - start

@@ -447,9 +447,9 @@ def test_the_grids_third_axis_takes_text_and_booleans(
       'center_vectors', (True, False))
   root = tmp_path / 'runs'
   grid = ('--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
-          '--nostability_check', '--parallel=2')
+          '--nostability_check')
   # The grid searches in this process (the flags are parsed as the program parses them);
-  # each cell is a launch.train process of its own, with the test's TMPDIR.
+  # their cells train in a warm worker process, with the test's TMPDIR.
   text, text_out, text_err = run_program(
       grid_search, *_train_args(cache_dir, root, '--algo=local_gc'), *grid,
       '--hparam_grid=local_gc_layers:all,feature')
@@ -575,8 +575,8 @@ def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(
   root = tmp_path / 'root'
   args = ('--paper=fedzmg', '--table=5', '--scale=ci', '--data_source=synthetic',
           '--dry_run', f'--root_output_dir={root}', f'--cache_dir={tmp_path / "data"}')
-  # The dry runs in this process; each timing run is a launch.train process of its own,
-  # with the test's TMPDIR.
+  # The dry runs in this process; the timing runs train in a warm worker process, with
+  # the test's TMPDIR.
   code, out, err = run_program(reproduce, *args)
   assert code == 0 and err == '', err
   timed = [l for l in out.splitlines() if l.startswith('dry run: timing 3 rounds of')]

@@ -29,17 +29,20 @@ _POLL_S = 0.2
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One cell: its name and `launch.train` arguments (a `runner.Run`'s, without config)."""
+  """One cell: its name, `launch.train` arguments (a `runner.Run`'s, without config) and
+  run folder."""
 
   name: str
   args: tuple[str, ...]
+  run_dir: str
 
 
 def cells(common: list[str], client_lrs, rounds: int, root: str) -> list[Cell]:
   """A cell per client learning rate: `rounds` rounds each, in `root`."""
   return [Cell(name=f'cell{i + 1}', args=(
       *common, f'--client_learning_rate={lr:g}', f'--total_rounds={rounds}',
-      f'--root_output_dir={root}', f'--experiment_name=cell{i + 1}'))
+      f'--root_output_dir={root}', f'--experiment_name=cell{i + 1}'),
+               run_dir=os.path.join(root, f'cell{i + 1}'))
           for i, lr in enumerate(client_lrs)]
 
 
@@ -47,11 +50,6 @@ def rounds_seconds(run_dir: str) -> float:
   """The training and evaluation seconds a run's metrics.csv records, summed."""
   with open(os.path.join(run_dir, run_files.METRICS)) as f:
     return sum(float(row[c]) for row in csv.DictReader(f) for c in _TIME_COLUMNS if row.get(c))
-
-
-def _run_dir(cell: Cell) -> str:
-  values = dict(a[2:].split('=', 1) for a in cell.args if '=' in a)
-  return os.path.join(values['root_output_dir'], values['experiment_name'])
 
 
 def time_cold(cells_: list[Cell], log_dir: str) -> list[float]:
@@ -96,7 +94,7 @@ def lines(cold_cells: list[Cell], cold: list[float], warm_cells: list[Cell],
   out, results = [], collections.OrderedDict()
   for kind, cells_, walls in (('cold', cold_cells, cold), ('warm', warm_cells, warm)):
     for cell, wall in zip(cells_, walls):
-      own = rounds_seconds(_run_dir(cell))
+      own = rounds_seconds(cell.run_dir)
       results[f'{kind}/{cell.name}'] = dict(wall_s=wall, rounds_s=own, ratio=wall / own)
       out.append(f'sweep/{kind}/{cell.name} wall_s={wall:.2f} rounds_s={own:.2f}'
                  f' ratio={wall / own:.2f}')

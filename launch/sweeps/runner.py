@@ -191,10 +191,11 @@ def build_key(config: run_config.ExperimentConfig) -> str:
   return builds.key_of(recorded)
 
 
-def _next_for(key, pending: list) -> tuple[int, Run]:
-  """The first pending (index, run) that shares a build with `key`, else the first."""
+def _next_for(key, pending: list, keys: Mapping[str, str]) -> tuple[int, Run]:
+  """The first pending (index, run) that shares a build with `key`, else the first (`keys`:
+  each run's `build_key` by its name)."""
   for position, (_, run) in enumerate(pending):
-    if build_key(run.config) == key:
+    if keys[run.name] == key:
       return pending.pop(position)
   return pending.pop(0)
 
@@ -246,6 +247,7 @@ def run_all(
   own = workers is None
   if own:
     workers = workers_for(parallel, log_dir)
+  keys = {run.name: build_key(run.config) for _, run in pending}
   running = {}  # name -> (index, run, log path, start time)
   progress = Progress([run for _, run in pending], workers.size, later)
   with _deferred_stop_signals() as stop_requested:
@@ -255,12 +257,12 @@ def run_all(
         for slot in workers.idle():
           if not pending:
             break
-          i, run = _next_for(workers.key(slot), pending)
+          i, run = _next_for(workers.key(slot), pending, keys)
           log_path = os.path.join(log_dir, f'{run.name}.log')
           with open(log_path, 'a') as log:
             log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}:'
                       f' {" ".join(run.command)}\n')
-          workers.start(slot, run, log_path, build_key(run.config))
+          workers.start(slot, run, log_path, keys[run.name])
           running[run.name] = (i, run, log_path, time.monotonic())
           print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
         for run, returncode in workers.wait(_POLL_S):
