@@ -7,8 +7,8 @@
 #
 #   bash scripts/validate_reduced_tuning.sh [ROOT]     # default ROOT: validation/reduced_tuning
 #
-# About 6 1/2 hours on two cores: the reproduction's 363 runs of 5,100 rounds (its dry run:
-# 3 h 25 min at 2 at a time), then 2 x 81 cells to 50 rounds, 5,400 rounds beyond the
+# About 5 1/2 hours on two cores: the reproduction's 363 runs of 5,100 rounds (its dry run:
+# 2 h 22 min at 2 at a time), then 2 x 81 cells to 50 rounds, 5,400 rounds beyond the
 # halving's (below). Run it at a low priority (`setsid nice -n 19 ...`) beside other work.
 # Re-running the same command resumes every unfinished run and cell; finished ones are kept.
 set -euo pipefail
