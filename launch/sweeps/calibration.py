@@ -160,19 +160,16 @@ def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
                 source=run_dir)
 
 
-def builds(planned: Sequence[PlannedRun], parallel: int) -> dict[str, int]:
-  """kind -> the warm workers' builds of the planned runs still to train: each build key's
-  runs spread over at most `parallel` workers, which build it once each (a stateful
-  algorithm's run, whose rates its state does not hold, builds at each)."""
-  runs_of = {}
-  for p in planned:
-    if not rounds_to_train(p):
-      continue
+def builds(to_train: Sequence[PlannedRun], parallel: int) -> dict[str, int]:
+  """kind -> the warm workers' builds of `to_train` (planned runs with rounds to train):
+  each build key's runs spread over at most `parallel` workers, which build it once each
+  (a stateful algorithm's run, whose rates its state does not hold, builds at each)."""
+  runs_of = collections.Counter()
+  for p in to_train:
     config = p.run.config
     key = runner.build_key(config)
     if registry.get(config.algo).stateful:
       key += json.dumps(config.recorded()['hparams'], sort_keys=True)
-    runs_of.setdefault((kind_of(config), key), 0)
     runs_of[kind_of(config), key] += 1
   out = {}
   for (kind, _), count in runs_of.items():
@@ -183,15 +180,14 @@ def builds(planned: Sequence[PlannedRun], parallel: int) -> dict[str, int]:
 def estimate_seconds(planned: Sequence[PlannedRun], timings: dict[str, Timing],
                      parallel: int) -> float:
   """Wall seconds of `planned` by `parallel` warm workers (the module's formula)."""
-  runs = sum(estimate_planned(p, timings) for p in planned)
-  built = sum(timings[kind].build_s * count for kind, count in builds(planned, parallel).items())
-  runs_of_kind = collections.Counter(kind_of(p.run.config) for p in planned
-                                     if rounds_to_train(p))
+  to_train = [p for p in planned if rounds_to_train(p)]
+  runs = sum(estimate_planned(p, timings) for p in to_train)
+  built = sum(timings[kind].build_s * count for kind, count in builds(to_train, parallel).items())
+  runs_of_kind = collections.Counter(kind_of(p.run.config) for p in to_train)
   firsts = sum(timings[kind].first_s * min(parallel, count)
                for kind, count in runs_of_kind.items())
   worker_s = max((timings[kind].worker_s for kind in runs_of_kind), default=0.0)
-  workers = min(parallel, sum(runs_of_kind.values()))
-  return (runs + built + firsts + workers * worker_s) / parallel
+  return (runs + built + firsts + min(parallel, len(to_train)) * worker_s) / parallel
 
 
 def _calibration_run(run: runner.Run, directory: str, name: str, seed: int) -> runner.Run:
@@ -290,7 +286,8 @@ def _time_kind(kind: str, run: runner.Run, directory: str, workers, parallel: in
 
 def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], parallel: int,
                   stream) -> None:
-  """One line per kind of the planned runs: its start-up, round and evaluation seconds."""
+  """One line per kind of the planned runs: its build, start-up, round, evaluation, a
+  worker's first run of it, and a warm worker's start, in seconds."""
   at_once = f', {parallel} at once' if parallel > 1 else ''
   print('timings (a build in a warm worker, a run\'s start-up, training round, evaluation,'
         ' a worker\'s first run of the kind, a warm worker\'s start) of each kind of run,'
