@@ -39,11 +39,14 @@ class Cell:
 
 def cells(common: list[str], client_lrs, rounds: int, root: str) -> list[Cell]:
   """A cell per client learning rate: `rounds` rounds each, in `root`."""
-  return [Cell(name=f'cell{i + 1}', args=(
-      *common, f'--client_learning_rate={lr:g}', f'--total_rounds={rounds}',
-      f'--root_output_dir={root}', f'--experiment_name=cell{i + 1}'),
-               run_dir=os.path.join(root, f'cell{i + 1}'))
-          for i, lr in enumerate(client_lrs)]
+  out = []
+  for i, lr in enumerate(client_lrs):
+    name = f'cell{i + 1}'
+    out.append(Cell(name=name, args=(
+        *common, f'--client_learning_rate={lr:g}', f'--total_rounds={rounds}',
+        f'--root_output_dir={root}', f'--experiment_name={name}'),
+                    run_dir=os.path.join(root, name)))
+  return out
 
 
 def rounds_seconds(run_dir: str) -> float:
