@@ -25,7 +25,9 @@ that keep state across rounds, `tff_zmg.templates.stateful_clients`), with an op
 """
 
 from collections.abc import Callable
+import dataclasses
 from typing import Optional
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -110,9 +112,40 @@ def compose_process(
   distributor, aggregator, finalizer = build_server_parts(
       initial_model_weights_fn, server_optimizer, client_weighting, model_aggregator
   )
-  return tff.learning.templates.compose_learning_process(
+  process = tff.learning.templates.compose_learning_process(
       initial_model_weights_fn, distributor, client_work, aggregator, finalizer
   )
+  _COMPOSITIONS[process] = Composition(
+      model_fn, client_optimizer, client_weighting, loop_implementation, distributor,
+      aggregator, finalizer)
+  return process
+
+
+@dataclasses.dataclass(frozen=True)
+class Composition:
+  """What `compose_process` made a process of: the client work's model, optimizer,
+  weighting and loop, and the three server parts it composed around it. Batched cells
+  (`tff_zmg.templates.cells`) run these parts once per cell around one client work."""
+
+  model_fn: ModelFn
+  client_optimizer: Optimizer
+  client_weighting: tff.learning.ClientWeighting
+  loop_implementation: tff.learning.LoopImplementation
+  distributor: tff.templates.MeasuredProcess
+  aggregator: tff.templates.AggregationProcess
+  finalizer: tff.templates.MeasuredProcess
+
+
+# Kept beside the process rather than on it: TFF's templates are not ours to extend.
+_COMPOSITIONS: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
+
+
+def composition_of(process) -> Optional[Composition]:
+  """The parts `compose_process` made `process` of; None for any other process."""
+  try:
+    return _COMPOSITIONS.get(process)
+  except TypeError:  # Not weakly referenceable: not one of ours.
+    return None
 
 
 def compose_stateful_process(
