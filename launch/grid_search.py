@@ -120,7 +120,7 @@ _STABILITY_CHECK = flags.DEFINE_bool(
     ' it diverges, pick its best adjacent cell whose re-run does not.',
 )
 for _name in ('task', 'algo', 'total_rounds', 'root_output_dir', 'experiment_name',
-              'parallel', 'dry_run'):
+              'parallel', 'batch_cells', 'dry_run'):
   flags.declare_key_flag(_name)
 
 
@@ -276,7 +276,8 @@ def main(argv) -> int:
     grid_outputs.dry_run(grids, search, grid_dir, runner.PARALLEL.value)
     return 0
   (outcome,) = lr_grid.run_search(grids, search, parallel=runner.PARALLEL.value,
-                                  log_dir=os.path.join(grid_dir, lr_grid.LOGS_DIRNAME)).values()
+                                  log_dir=os.path.join(grid_dir, lr_grid.LOGS_DIRNAME),
+                                  batch_cells=runner.BATCH_CELLS.value).values()
   for index, grid in enumerate(grids):
     heatmap_path = grid_outputs.write_results(grid, index, search, outcome)
     print(f'table: {os.path.join(grid.directory, "grid.csv")}\nheatmap: {heatmap_path}')

@@ -1,7 +1,9 @@
 """Flags of the small synthetic `launch.train` runs the program tests start, a run killed
-with SIGKILL mid-way, runs made once for the tests that only read or copy them, and runs
-written as `launch.train` leaves them."""
+with SIGKILL mid-way, runs made once for the tests that only read or copy them, runs
+written as `launch.train` leaves them, and what a trained run holds (its metrics but
+times, its last checkpoint)."""
 
+import csv
 import json
 import os
 import signal
@@ -22,6 +24,27 @@ FLAGS = [
 ]
 
 _MADE = {}
+
+
+TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
+
+
+def metric_rows(run_dir) -> list[dict]:
+  """A run's metrics.csv rows without the columns of seconds."""
+  with open(os.path.join(run_dir, run_files.METRICS)) as f:
+    return [{k: v for k, v in row.items() if k not in TIME_COLUMNS}
+            for row in csv.DictReader(f)]
+
+
+def final_checkpoint(run_dir) -> list:
+  """The arrays of a run's newest checkpoint, flattened."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(run_dir, run_files.CHECKPOINTS)
+  versions = [int(n.rsplit('_', 1)[1]) for n in os.listdir(folder)
+              if n.startswith('program_state_')]
+  module = tf.saved_model.load(os.path.join(folder, f'program_state_{max(versions)}'))
+  return [np.asarray(v) for v in tf.nest.flatten(module())]
 
 
 def made_once(key, make):

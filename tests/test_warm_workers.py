@@ -2,7 +2,6 @@
 runner's promises: a worker that dies costs one retry of its run, Ctrl-C stops everything
 and the same command resumes to the same results, and no worker outlives the program."""
 
-import csv
 import dataclasses
 import json
 import os
@@ -16,27 +15,14 @@ from absl import flags
 import numpy as np
 import psutil
 import pytest
-import tensorflow as tf
 
 import small_runs
 from launch.run import settings as run_settings
 from launch.sweeps import local_workers
 from launch.sweeps import runner
 
-_TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
-
-
-def _rows(run_dir):
-  with open(os.path.join(run_dir, 'metrics.csv')) as f:
-    return [{k: v for k, v in row.items() if k not in _TIME_COLUMNS} for row in csv.DictReader(f)]
-
-
-def _final_checkpoint(run_dir):
-  versions = [int(n.rsplit('_', 1)[1]) for n in os.listdir(os.path.join(run_dir, 'checkpoints'))
-              if n.startswith('program_state_')]
-  module = tf.saved_model.load(
-      os.path.join(run_dir, 'checkpoints', f'program_state_{max(versions)}'))
-  return [np.asarray(v) for v in tf.nest.flatten(module())]
+_rows = small_runs.metric_rows
+_final_checkpoint = small_runs.final_checkpoint
 
 
 def _args(cache_dir, root, algo, name, client_lr, *extra):

@@ -21,6 +21,7 @@ import sys
 import time
 
 from launch.sweeps import local_workers
+from launch.sweeps import workers as workers_lib
 from tff_zmg import run_files
 
 _TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
@@ -79,11 +80,12 @@ def time_warm(cells_: list[Cell], log_dir: str) -> tuple[list[float], float]:
     for cell in cells_:
       log_path = os.path.join(log_dir, f'warm-{cell.name}.log')
       began = time.monotonic()
-      workers.start(0, cell, log_path, key=None)
+      workers.start(0, workers_lib.Task((cell,), (log_path,)), key=None)
       ended = []
       while not ended:
         ended = workers.wait(_POLL_S)
-      ((_, code),) = ended
+      ((_, statuses),) = ended
+      code = statuses[cell.name]
       if code:
         raise RuntimeError(f'{cell.name} failed ({local_workers.signal_text(code)}): see'
                            f' {log_path}')

@@ -42,7 +42,7 @@ _REPRODUCE_DIR = flags.DEFINE_string(
     'Where the runs, figures and report.md go (default'
     ' <root_output_dir>/reproduce_<paper>_<scale>).',
 )
-for _name in ('root_output_dir', 'parallel', 'data_source', 'thresholds'):
+for _name in ('root_output_dir', 'parallel', 'batch_cells', 'data_source', 'thresholds'):
   flags.declare_key_flag(_name)
 
 # Flags the protocol sets per run; a command line giving them would break the protocol.

@@ -51,7 +51,7 @@ def _tune(plan: plan_lib.Plan, log_dir: str, workers, stream) -> tuple[dict, dic
         f' {search.describe(cells)}', file=stream, flush=True)
   outcomes = lr_grid.run_search(
       list(grids.values()), search, parallel=runner.PARALLEL.value, log_dir=log_dir,
-      stream=stream, workers=workers)
+      stream=stream, workers=workers, batch_cells=runner.BATCH_CELLS.value)
   for index, ((key, algo), grid) in enumerate(grids.items()):
     outcome = outcomes[grid.group]
     heatmaps[(key, algo)] = grid_outputs.write_results(grid, index, search, outcome)

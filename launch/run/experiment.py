@@ -43,11 +43,14 @@ from tff_zmg import run_files
 from tff_zmg.templates import stateful_clients
 
 
-def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds] = None) -> dict:
+def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds] = None,
+        cell=None) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
   With `builds` (a warm worker's), the task, process and evaluation an earlier run built
   with the same arguments are used again, and what this run builds is kept for the next.
+  With `cell` (its place in a group of runs trained as batched cells,
+  `launch.sweeps.batched_cells.Member`), its rounds are trained with the group's.
 
   Raises:
     errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
@@ -65,6 +68,8 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
   in_process_threads, flags_agree = _check(config)
   task, task_arguments, identity, aggregator, process, start_rates = _build(
       config, flags_agree, builds)
+  if cell is not None:
+    cell.prepare(process)
   select = _selection_fn(config, task, _keeps_client_states(process))
   start = time.monotonic()
   num_train_clients = len(task.datasets.train_data.client_ids)
@@ -98,7 +103,7 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
                                              evaluate.held_out, progress.trained_rounds)
 
       session = _train(config, process, store, select, evaluate, progress, record_session,
-                       builds_lib.starting_state(process, start_rates))
+                       builds_lib.starting_state(process, start_rates), cell)
   summary = _summary(config, time.monotonic() - start, session, evaluate.held_out)
   summary.update(accounting.summary(config, epsilon, summary['rounds_completed'],
                                     client_bytes))
@@ -272,11 +277,12 @@ def _train(
     config: run_config.ExperimentConfig, process, store, select: Callable,
     evaluate: rounds.Evaluation,
     progress: rounds.RoundReleaseManager, record_session: Callable[[], Optional[dict]],
-    initial_state=None,
+    initial_state=None, cell=None,
 ) -> Optional[dict]:
   """TFF's training loop over the rounds left, each judged and released by `progress`;
   returns this process's session (`record_session`), recorded even if the loop stops.
-  A run without a checkpoint starts from `initial_state` (None: `process.initialize()`)."""
+  A run without a checkpoint starts from `initial_state` (None: `process.initialize()`);
+  a run with a `cell` trains its rounds with its group's (`run`)."""
   state_manager = rounds.FiniteStateManager(config, keep_total=3)
   training_process = process if initial_state is None else _StartingFrom(process,
                                                                           initial_state)
@@ -286,6 +292,8 @@ def _train(
         process, store, states_in_worker=not config.workers
     )
     state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
+  if cell is not None:
+    training_process, select = cell.wrap(process, training_process, select)
   progress.managers = [tff.program.CSVFileReleaseManager(config.metrics_csv)]
   # TensorBoard's writer opens a new events file when made: a finished run run again, which
   # trains nothing, must leave its folder as it was.

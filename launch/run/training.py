@@ -10,11 +10,12 @@ from launch.run import settings as run_settings
 
 
 def train(settings: run_settings.Settings,
-          builds: Optional[builds_lib.Builds] = None) -> dict:
-  """Runs (or resumes) the run `settings` describe; returns its summary (printed too)."""
+          builds: Optional[builds_lib.Builds] = None, cell=None) -> dict:
+  """Runs (or resumes) the run `settings` describe; returns its summary (printed too).
+  `builds` and `cell`: `experiment.run`'s."""
   settings, applied = run_settings.apply_protocol(settings)
   if applied:
     print(f'protocol {settings.values["protocol"]}: {json.dumps(applied)}', flush=True)
-  summary = experiment.run(run_settings.experiment_config(settings), builds)
+  summary = experiment.run(run_settings.experiment_config(settings), builds, cell)
   print('summary: ' + json.dumps(summary), flush=True)
   return summary

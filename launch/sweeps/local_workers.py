@@ -64,16 +64,15 @@ class _Worker:
     os.set_blocking(self.process.stdout.fileno(), False)
     self._pending = b''
     self.ready = False  # Until its first line.
-    self.task = None  # (slot's run, its log path) while it trains one.
+    self.task = None  # The `workers.Task` it trains, if any.
     self.key = None  # What the last run it trained built (`launch.sweeps.runner`).
 
-  def send(self, name: str, args, log_path: str) -> None:
-    request = {'name': name, 'args': list(args), 'log': log_path}
-    self.process.stdin.write((json.dumps(request) + '\n').encode())
+  def send(self, task: workers.Task) -> None:
+    self.process.stdin.write((json.dumps(task.request()) + '\n').encode())
     self.process.stdin.flush()
 
   def answer(self) -> Optional[dict]:
-    """The result of the run it trains, once there (None before)."""
+    """The answer to the task it trains, once there (None before)."""
     with contextlib.suppress(BlockingIOError):
       while True:
         chunk = os.read(self.process.stdout.fileno(), 65536)
@@ -138,16 +137,16 @@ class LocalWorkers(workers.Workers):
           raise RuntimeError(f'a warm worker ended as it started'
                              f' ({signal_text(worker.dead())}); its log: {worker.log_path}')
 
-  def start(self, slot: int, run, log_path: str, key) -> None:
+  def start(self, slot: int, task: workers.Task, key) -> None:
     worker = self._workers[slot]
     if worker is None or worker.dead() is not None:
       worker = self._new_worker(slot)
-    worker.task = (run, log_path)
+    worker.task = task
     worker.key = key
-    worker.send(run.name, run.args, log_path)
+    worker.send(task)
 
-  def wait(self, timeout_s: float) -> list[tuple[object, int]]:
-    """See `workers.Workers.wait`; a run whose worker died twice ends with the worker's
+  def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, int]]]:
+    """See `workers.Workers.wait`; a task whose worker died twice ends with the worker's
     status (negative: killed by a signal)."""
     busy = [w for w in self._workers if w is not None and w.task is not None]
     if busy:
@@ -159,10 +158,10 @@ class LocalWorkers(workers.Workers):
       if worker is None or worker.task is None:
         continue
       answer = worker.answer()
-      run, log_path = worker.task
+      task = worker.task
       if answer is not None:
         worker.task = None
-        ended.append((run, answer['status']))
+        ended.append((task, task.statuses(answer)))
         continue
       status = worker.dead()
       if status is None:
@@ -170,8 +169,9 @@ class LocalWorkers(workers.Workers):
       worker.task = None
       self._workers[slot] = None
       how = f'{signal_text(status)}; its log: {worker.log_path}'
-      if self.died(slot, run, log_path, worker.key, how, status) is not None:
-        ended.append((run, status))
+      statuses = self.died(slot, task, worker.key, how, status)
+      if statuses is not None:
+        ended.append((task, statuses))
     return ended
 
   def close(self) -> None:

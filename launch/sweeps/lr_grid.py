@@ -225,19 +225,20 @@ def later_work(group_sizes: Sequence[int], search: Search, rung: int) -> runner.
 
 def run_search(
     grids: Sequence[Grid], search: Search, *, parallel: int, log_dir: str, stream=None,
-    workers=None,
+    workers=None, batch_cells: int = 1,
 ) -> dict[Hashable, Outcome]:
   """Searches every group of `grids` side by side; group -> its `Outcome`.
 
-  Each rung's runs of all groups go together, `parallel` at a time; so do the stability
-  re-runs. Cells are keyed (grid index, client lr, server lr). One set of warm workers
-  (`workers`, or the search's own) trains every rung, so that each builds a grid once.
+  Each rung's runs of all groups go together, `parallel` at a time (cells of one grid up
+  to `batch_cells` at once, batched, in each); so do the stability re-runs. Cells are
+  keyed (grid index, client lr, server lr). One set of warm workers (`workers`, or the
+  search's own) trains every rung, so that each builds a grid once.
   """
   stream = stream or sys.stdout
   if workers is None:
     with runner.workers_for(parallel, log_dir) as own:
       return run_search(grids, search, parallel=parallel, log_dir=log_dir, stream=stream,
-                        workers=own)
+                        workers=own, batch_cells=batch_cells)
 
   def train_and_score(keys, rounds):
     k = search.rung_rounds.index(rounds) + 1
@@ -248,7 +249,7 @@ def run_search(
         list(runs.values()), parallel=parallel, log_dir=log_dir, stream=stream,
         describe=lambda run, state: f'score={_score(run, rounds):.4f}',
         later=later_work([len(cells) for cells in members.values()], search, k),
-        workers=workers,
+        workers=workers, batch_cells=batch_cells,
     )
     return {key: _score(run, rounds) for key, run in runs.items()}
 

@@ -69,9 +69,9 @@ class _CellActor:
     from launch.sweeps import warm_worker  # pylint: disable=g-import-not-at-top
     return warm_worker.where()
 
-  def run(self, request: dict) -> int:
+  def run(self, request: dict) -> dict:
     from launch.sweeps import warm_worker  # pylint: disable=g-import-not-at-top
-    return warm_worker.run_cell(request, self._builds)
+    return warm_worker.answer(request, self._builds)
 
 
 def _import_ray():
@@ -103,7 +103,7 @@ class RayWorkers(workers.Workers):
       raise ValueError(f'the Ray cluster at {address} has no node that can train'
                        f' --executor={executor} runs')
     self._actors = [None] * len(self._places)
-    self._tasks = [None] * len(self._places)  # (run, log path, key, future)
+    self._tasks = [None] * len(self._places)  # (task, key, future)
     self._keys = [None] * len(self._places)
     print(f'ray: {len(self._places)} workers on {len({p[0] for p in self._places})} nodes'
           f' ({address})', flush=True)
@@ -151,34 +151,34 @@ class RayWorkers(workers.Workers):
         self._new_actor(slot)
     self._ray.get([actor.where.remote() for actor in self._actors[:count]])
 
-  def start(self, slot: int, run, log_path: str, key) -> None:
+  def start(self, slot: int, task: workers.Task, key) -> None:
     actor = self._actors[slot] or self._new_actor(slot)
-    request = {'name': run.name, 'args': list(run.args), 'log': log_path}
-    self._tasks[slot] = (run, log_path, key, actor.run.remote(request))
+    self._tasks[slot] = (task, key, actor.run.remote(task.request()))
     self._keys[slot] = key
 
-  def wait(self, timeout_s: float) -> list[tuple[object, int]]:
+  def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, int]]]:
     ray = self._ray
-    futures = [task[3] for task in self._tasks if task is not None]
+    futures = [task[2] for task in self._tasks if task is not None]
     if not futures:
       time.sleep(timeout_s)
       return []
     ready, _ = ray.wait(futures, num_returns=len(futures), timeout=timeout_s)
     ended = []
-    for slot, task in enumerate(self._tasks):
-      if task is None or task[3] not in ready:
+    for slot, started in enumerate(self._tasks):
+      if started is None or started[2] not in ready:
         continue
-      run, log_path, key, future = task
+      task, key, future = started
       self._tasks[slot] = None
       try:
-        ended.append((run, ray.get(future)))
+        ended.append((task, task.statuses(ray.get(future))))
         continue
       except ray.exceptions.RayActorError as e:
         cause = f'{type(e).__name__}'
       self._actors[slot] = None
       how = f'its Ray actor: {cause}'
-      if self.died(slot, run, log_path, key, how, exit_status.UNEXPECTED) is not None:
-        ended.append((run, exit_status.UNEXPECTED))
+      statuses = self.died(slot, task, key, how, exit_status.UNEXPECTED)
+      if statuses is not None:
+        ended.append((task, statuses))
     return ended
 
   def close(self) -> None:

@@ -35,10 +35,18 @@ from launch.run import run_config
 from launch.run import settings as run_settings
 from launch.sweeps import local_workers
 from launch.sweeps import ray_workers
+from launch.sweeps import workers as workers_lib
 from tff_zmg import run_files
 
 PARALLEL = flags.DEFINE_integer(
     'parallel', 1, 'How many training runs go at once, each in its own process.',
+    lower_bound=1,
+)
+BATCH_CELLS = flags.DEFINE_integer(
+    'batch_cells', 1,
+    'Grid cells that differ only in their learning rates trained together as one'
+    ' computation, at most this many at once in each worker (tff_zmg.templates.cells;'
+    ' algorithms whose clients keep state train alone); 1: each cell alone.',
     lower_bound=1,
 )
 FINISHED, DIVERGED, PENDING = 'finished', 'diverged', 'pending'
@@ -191,13 +199,18 @@ def build_key(config: run_config.ExperimentConfig) -> str:
   return builds.key_of(recorded)
 
 
-def _next_for(key, pending: list, keys: Mapping[str, str]) -> tuple[int, Run]:
+def _next_for(key, pending: list, keys: Mapping[str, str],
+              batch_cells: int = 1) -> list[tuple[int, Run]]:
   """The first pending (index, run) that shares a build with `key`, else the first (`keys`:
-  each run's `build_key` by its name)."""
-  for position, (_, run) in enumerate(pending):
-    if keys[run.name] == key:
-      return pending.pop(position)
-  return pending.pop(0)
+  each run's `build_key` by its name), and up to `batch_cells` - 1 more that share its
+  build (taken out of `pending`)."""
+  position = next((p for p, (_, run) in enumerate(pending) if keys[run.name] == key), 0)
+  taken = [pending.pop(position)]
+  first_key = keys[taken[0][1].name]
+  for position in reversed([p for p, (_, run) in enumerate(pending)
+                            if keys[run.name] == first_key][:batch_cells - 1]):
+    taken.insert(1, pending.pop(position))
+  return taken
 
 
 def workers_for(parallel: int, log_dir: str):
@@ -212,10 +225,11 @@ def workers_for(parallel: int, log_dir: str):
 def run_all(
     runs: Sequence[Run], *, parallel: int, log_dir: str,
     describe: Optional[Callable[[Run, str], str]] = None, stream=None,
-    later: Optional[LaterWork] = None, workers=None,
+    later: Optional[LaterWork] = None, workers=None, batch_cells: int = 1,
 ) -> dict[str, str]:
   """Brings every run to FINISHED or DIVERGED, `parallel` at a time, in `workers`
-  (`workers_for`'s, kept for the next call; None: this call's own).
+  (`workers_for`'s, kept for the next call; None: this call's own), runs that share a
+  build up to `batch_cells` at once in one worker as batched cells.
 
   Prints one line per run as it is skipped, started and done; `describe(run, status)`
   may add to the 'done' line (e.g. a score), which ends with the runs to go and their
@@ -249,7 +263,7 @@ def run_all(
     workers = workers_for(parallel, log_dir)
   keys = {run.name: build_key(run.config) for _, run in pending}
   running = {}  # name -> (index, run, log path, start time)
-  progress = Progress([run for _, run in pending], workers.size, later)
+  progress = Progress([run for _, run in pending], workers.size * batch_cells, later)
   with _deferred_stop_signals() as stop_requested:
     try:
       while pending or running:
@@ -257,24 +271,28 @@ def run_all(
         for slot in workers.idle():
           if not pending:
             break
-          i, run = _next_for(workers.key(slot), pending, keys)
-          log_path = os.path.join(log_dir, f'{run.name}.log')
-          with open(log_path, 'a') as log:
-            log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}:'
-                      f' {" ".join(run.command)}\n')
-          workers.start(slot, run, log_path, keys[run.name])
-          running[run.name] = (i, run, log_path, time.monotonic())
-          print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
-        for run, returncode in workers.wait(_POLL_S):
-          i, run, log_path, start = running.pop(run.name)
-          seconds = time.monotonic() - start
-          results[run.name] = state = _outcome(run, returncode, log_path, seconds)
-          progress.done(run)
-          extra = f'  {describe(run, state)}' if describe else ''
-          left = progress.text([r for _, r in pending],
-                               [r for _, r, _, _ in running.values()])
-          print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}{left}',
-                file=stream, flush=True)
+          taken = _next_for(workers.key(slot), pending, keys, batch_cells)
+          logs = []
+          for i, run in taken:
+            logs.append(os.path.join(log_dir, f'{run.name}.log'))
+            with open(logs[-1], 'a') as log:
+              log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}:'
+                        f' {" ".join(run.command)}\n')
+            running[run.name] = (i, run, logs[-1], time.monotonic())
+            print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
+          workers.start(slot, workers_lib.Task(tuple(r for _, r in taken), tuple(logs)),
+                        keys[taken[0][1].name])
+        for task, statuses in workers.wait(_POLL_S):
+          for run in task.runs:
+            i, run, log_path, start = running.pop(run.name)
+            seconds = time.monotonic() - start
+            results[run.name] = state = _outcome(run, statuses[run.name], log_path, seconds)
+            progress.done(run)
+            extra = f'  {describe(run, state)}' if describe else ''
+            left = progress.text([r for _, r in pending],
+                                 [r for _, r, _, _ in running.values()])
+            print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}{left}',
+                  file=stream, flush=True)
     except BaseException:
       workers.close()  # Stops the runs still going: they resume next time.
       raise

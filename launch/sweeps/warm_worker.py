@@ -7,7 +7,10 @@ The sweep's runner (`launch.sweeps.runner`) starts it as
 `python -m launch.sweeps.warm_worker` and talks to it in JSON lines: the worker writes
 `{"ready": where it runs}` to its stdout once it has started; the runner writes a request
 `{"name": ..., "args": [launch.train's arguments], "log": path}` to the worker's stdin and
-reads `{"name": ..., "status": exit status}` from its stdout once the run has ended. While
+reads `{"name": ..., "status": exit status}` from its stdout once the run has ended. A
+request `{"name": ..., "runs": [such requests]}` trains its runs as batched cells
+(`launch.sweeps.batched_cells`) and is answered `{"name": ..., "statuses": {run: status}}`
+once all have ended. While
 a run trains, the worker's standard output and error (file descriptors 1 and 2, so
 TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.train`'s
 output would, ending in the same one line on failure; between runs they go to the
@@ -23,6 +26,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Mapping
 
@@ -34,6 +38,7 @@ from launch.cli import quiet
 from launch.run import builds as builds_lib
 from launch.run import settings as run_settings
 from launch.run import training
+from launch.sweeps import batched_cells
 
 # The program name a run's error line starts with: the runs are `launch.train`'s.
 _RUN_PROGRAM = 'train'
@@ -85,19 +90,81 @@ def run_cell(request: Mapping, builds: builds_lib.Builds) -> int:
       return failures.report(_RUN_PROGRAM, e)
 
 
+def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
+  """Trains the runs of `request['runs']` as batched cells; their exit statuses by name."""
+  runs = request['runs']
+  statuses: dict[str, int] = {}
+  settings = {}
+  for run in runs:  # absl's flags are global: each run's are read before any trains.
+    with output_to(run['log']):
+      print(f'--- {where()}, one of {len(runs)} batched cells', flush=True)
+      try:
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS([_RUN_PROGRAM, *run['args']])
+        settings[run['name']] = run_settings.settings_from_flags()
+      except BaseException as e:  # pylint: disable=broad-except
+        statuses[run['name']] = failures.report(_RUN_PROGRAM, e)
+  group = batched_cells.CellGroup(len(runs), builds)
+  logs = {run['name']: open(run['log'], 'a') for run in runs}  # pylint: disable=consider-using-with
+
+  def train(member: int, name: str, stdout, stderr):
+    with stdout.to(logs[name]), stderr.to(logs[name]), group.turn(member) as cell:
+      if name in statuses:
+        return
+      try:
+        training.train(settings[name], builds, cell)
+        statuses[name] = exit_status.OK
+      except BaseException as e:  # pylint: disable=broad-except
+        statuses[name] = failures.report(_RUN_PROGRAM, e)
+
+  try:
+    with batched_cells.thread_outputs() as (stdout, stderr):
+      threads = [threading.Thread(target=train, args=(k, run['name'], stdout, stderr),
+                                  name=f'cell-{run["name"]}', daemon=True)
+                 for k, run in enumerate(runs)]
+      for thread in threads:
+        thread.start()
+      try:
+        for thread in threads:
+          while thread.is_alive():
+            thread.join(0.5)  # Not join(): a stop signal must reach this thread.
+      except KeyboardInterrupt:
+        group.stop()  # Each run stops as on Ctrl-C, saying what it keeps.
+        for thread in threads:
+          thread.join()
+  finally:
+    for log in logs.values():
+      log.close()
+  return {run['name']: statuses.get(run['name'], exit_status.INTERRUPTED) for run in runs}
+
+
+def answer(request: Mapping, builds: builds_lib.Builds) -> dict:
+  """The answer to one request: its run's status, or its batched runs' statuses."""
+  start = time.monotonic()
+  if 'runs' in request:
+    result = {'statuses': run_cells(request, builds)}
+  else:
+    result = {'status': run_cell(request, builds)}
+  return {'name': request['name'], **result, 'seconds': time.monotonic() - start}
+
+
+def interrupted(answer_: Mapping) -> bool:
+  """Whether a run of the answer was interrupted (then its worker stops too)."""
+  statuses = answer_.get('statuses') or {'': answer_['status']}
+  return exit_status.INTERRUPTED in statuses.values()
+
+
 def serve(requests, results, builds: builds_lib.Builds) -> int:
   """Answers each request line of `requests` on `results`, until the input ends or a run
   is interrupted (then this worker stops too)."""
   for line in requests:
     request = json.loads(line)
-    start = time.monotonic()
-    status = run_cell(request, builds)
-    results.write(json.dumps({'name': request['name'], 'status': status,
-                              'seconds': time.monotonic() - start}) + '\n')
+    result = answer(request, builds)
+    results.write(json.dumps(result) + '\n')
     results.flush()
-    print(f'{request["name"]}: exit status {status}; built so far: {builds.built}',
-          flush=True)
-    if status == exit_status.INTERRUPTED:
+    print(f'{request["name"]}: exit status {result.get("statuses", result.get("status"))};'
+          f' built so far: {builds.built}', flush=True)
+    if interrupted(result):
       return exit_status.INTERRUPTED
   return exit_status.OK
 

@@ -1,13 +1,45 @@
 """What trains a sweep's runs, some at a time: the calls `runner.run_all` makes of warm
 workers, on this machine (`local_workers`) or on a Ray cluster (`ray_workers`).
 
-A worker slot trains one run at a time: `idle` slots take a run (`start`), `wait` says which
-runs have ended and how, `close` ends every worker. A run whose worker dies is started
-again, once, in a fresh worker (`died`), from its last checkpoint; the second death is its
-end.
+A worker slot trains one `Task` at a time, one run or runs batched as cells: `idle` slots
+take a task (`start`), `wait` says which tasks have ended and how each of their runs did,
+`close` ends every worker. A task whose worker dies is started again, once, in a fresh
+worker (`died`), each run from its last checkpoint; the second death is its end.
 """
 
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What a worker trains in one request: one run (a `runner.Run`: its `name` and `args`),
+  or several trained together as batched cells (`launch.sweeps.batched_cells`), each with
+  its log."""
+
+  runs: tuple[Any, ...]
+  logs: tuple[str, ...]
+
+  @property
+  def name(self) -> str:
+    return self.runs[0].name if len(self.runs) == 1 else '+'.join(r.name for r in self.runs)
+
+  def request(self) -> dict:
+    """The warm worker's request (`launch.sweeps.warm_worker`)."""
+    requests = [{'name': run.name, 'args': list(run.args), 'log': log}
+                for run, log in zip(self.runs, self.logs)]
+    if len(requests) == 1:
+      return requests[0]
+    return {'name': self.name, 'runs': requests}
+
+  def statuses(self, answer: dict) -> dict[str, int]:
+    """Each run's exit status from the worker's answer."""
+    if 'statuses' in answer:
+      return dict(answer['statuses'])
+    return {run.name: answer['status'] for run in self.runs}
+
+  def all(self, status: int) -> dict[str, int]:
+    return {run.name: status for run in self.runs}
 
 
 class Workers:
@@ -39,28 +71,32 @@ class Workers:
     each is ready for a run (TensorFlow and TFF imported)."""
     raise NotImplementedError
 
-  def start(self, slot: int, run, log_path: str, key) -> None:
-    """Gives `run` (a `runner.Run`) to the worker of `slot`, starting one if needed."""
+  def start(self, slot: int, task: Task, key) -> None:
+    """Gives `task` to the worker of `slot`, starting one if needed."""
     raise NotImplementedError
 
-  def wait(self, timeout_s: float) -> list[tuple[object, int]]:
-    """Waits up to `timeout_s` for runs to end; (run, exit status) of each that did."""
+  def wait(self, timeout_s: float) -> list[tuple[Task, dict[str, int]]]:
+    """Waits up to `timeout_s` for tasks to end; (task, its runs' exit statuses) of each
+    that did."""
     raise NotImplementedError
 
   def close(self) -> None:
     raise NotImplementedError
 
-  def died(self, slot: int, run, log_path: str, key, how: str,
-           status: int) -> Optional[int]:
-    """After the worker of `slot` died training `run` (`how`, for its log): None once the
-    run has started again in a fresh worker, or `status`, its end, if it did so before."""
-    if run.name not in self._retried:
-      self._retried.add(run.name)
-      with open(log_path, 'a') as log:
-        log.write(f'=== its warm worker died ({how}); the run starts again, once, in a fresh'
-                  ' worker\n')
-      self.start(slot, run, log_path, key)
+  def died(self, slot: int, task: Task, key, how: str,
+           status: int) -> Optional[dict[str, int]]:
+    """After the worker of `slot` died training `task` (`how`, for its logs): None once the
+    task has started again in a fresh worker, or each run's end, `status`, if it did so
+    before."""
+    if task.name not in self._retried:
+      self._retried.add(task.name)
+      for path in task.logs:
+        with open(path, 'a') as log:
+          log.write(f'=== its warm worker died ({how}); the run starts again, once, in a'
+                    ' fresh worker\n')
+      self.start(slot, task, key)
       return None
-    with open(log_path, 'a') as log:
-      log.write(f'train: error: its warm worker died again ({how})\n')
-    return status
+    for path in task.logs:
+      with open(path, 'a') as log:
+        log.write(f'train: error: its warm worker died again ({how})\n')
+    return task.all(status)

@@ -1,0 +1,218 @@
+"""Batched cells in a warm worker: the runs of one request, cells of a grid that differ only
+in what their process state holds (their learning rates), trained as one computation.
+
+Each run is still an ordinary run (`launch.run.training.train`, as `launch.train` trains
+it): its folder, flags.json, metrics.csv, checkpoints, evaluation and log are its own, and
+so are its resumption, its divergence and its exit status. The runs train in threads of
+their own, one thread at a time (a lock they hand over only while they wait for a round),
+and a run's round goes to a `CellGroup`: once every run still training has asked for its
+round, the group trains them as the cells of `tff_zmg.templates.cells` and hands each
+its own state and metrics. Runs at different rounds (resumed from checkpoints of
+different rounds) catch up with each other first; a run that ends (finished, diverged,
+failed) leaves the group and the others go on, its place in the computation filled.
+
+A process that cannot be batched (clients that keep state), or a runtime other than
+the in-process one, trains its runs one after another, each saying so in one line.
+"""
+
+import collections
+import contextlib
+import sys
+import threading
+from typing import Any, Callable, Optional
+
+import tensorflow_federated as tff
+
+from launch.run import builds as builds_lib
+from tff_zmg.runtime import in_process
+from tff_zmg.templates import cells
+
+
+class CellGroup:
+  """The rounds of `size` runs trained together (each run holds a `member(k)`)."""
+
+  def __init__(self, size: int, builds: Optional[builds_lib.Builds] = None):
+    self._size = size
+    self._builds = builds
+    self._turn = threading.Condition()
+    self._live = set(range(size))
+    # member -> (round, process, state, data, its runtime context)
+    self._asking: dict[int, tuple[int, Any, Any, Any, Any]] = {}
+    self._answers: dict[int, Any] = {}
+    self._stopping = False
+
+  @contextlib.contextmanager
+  def turn(self, member: int):
+    """The block in which `member` trains: one member at a time, handing its turn over
+    while it waits for a round; it leaves the group at the end."""
+    with self._turn:
+      try:
+        yield Member(self, member)
+      finally:
+        self._leave(member)
+
+  def stop(self) -> None:
+    """Every member waiting for a round, or asking for one later, gets a
+    `KeyboardInterrupt` (its run stops as on Ctrl-C and resumes next time)."""
+    with self._turn:
+      self._stopping = True
+      self._turn.notify_all()
+
+  def next(self, member: int, round_num: int, process, state, data, context):
+    """`member`'s round `round_num`: its (state, metrics) and where the clients ran, once
+    the group has trained it in one of its members' runtime `context`s."""
+    if self._stopping:
+      raise KeyboardInterrupt
+    self._asking[member] = (round_num, process, state, data, context)
+    self._train_if_all_ask()
+    while member not in self._answers:
+      if self._stopping:
+        self._asking.pop(member, None)
+        raise KeyboardInterrupt
+      self._turn.wait()
+    answer = self._answers.pop(member)
+    if isinstance(answer, BaseException):
+      raise answer
+    return answer
+
+  def _leave(self, member: int) -> None:
+    self._live.discard(member)
+    self._asking.pop(member, None)
+    self._train_if_all_ask()
+
+  def _train_if_all_ask(self) -> None:
+    """Once every live member asks: trains those at the earliest round (sharing a process)
+    as cells, and wakes everyone."""
+    if not self._asking or set(self._asking) != self._live:
+      return
+    round_num, process = min((r, id(p)) for r, p, *_ in self._asking.values())
+    members = sorted(m for m, (r, p, *_) in self._asking.items()
+                     if r == round_num and id(p) == process)
+    _, process, _, data, context = self._asking[members[0]]
+    states = [self._asking.pop(m)[2] for m in members]
+    # The computation keeps its size: places of members that left train a copy.
+    states += states[:1] * (self._size - len(states))
+    try:
+      # In a member's context: the thread may be one whose run has ended. Each member
+      # counts the round's clients in its own context, this one's included.
+      counted = collections.Counter(context.client_devices), context.rounds_run
+      with tff.framework.get_context_stack().install(context):
+        output = self.cells_process(process).next(tuple(states), data)
+      devices = list(context.last_client_devices)
+      context.client_devices, context.rounds_run = counted
+      for place, m in enumerate(members):
+        self._answers[m] = (tff.learning.templates.LearningProcessOutput(
+            output.state[place], output.metrics[place]), devices)
+    except Exception as e:  # pylint: disable=broad-except
+      for m in members:  # Each member's run ends with the error, as it would alone.
+        self._answers[m] = e
+    self._turn.notify_all()
+
+  def cells_process(self, process):
+    """The computation of this group's cells of `process` (kept in the worker's builds)."""
+    build = lambda: cells.build_cells_process(process, self._size)
+    if self._builds is None:
+      return build()
+    return self._builds.get('cells', dict(process=id(process), size=self._size), build)
+
+
+class Member:
+  """One run's place in a `CellGroup`: what `launch.run.experiment` trains its rounds by."""
+
+  def __init__(self, group: CellGroup, member: int):
+    self._group = group
+    self._member = member
+    self._round = None
+    self._context = None
+
+  def prepare(self, process) -> None:
+    """Builds the group's computation of `process`, if it can be batched, as soon as the
+    process is: before the run makes its evaluation's Keras models. (A Keras model made
+    outside a graph fails its first call once another model has been made in a graph,
+    as tracing a TFF computation does; a run's evaluation is first called only after
+    its first round when it resumes.)"""
+    if cells.unbatchable_reason(process) is None:
+      self._group.cells_process(process)
+
+  def wrap(self, process, training_process, select: Callable, say=print):
+    """(training process, selection) for TFF's training loop: this run's rounds go to the
+    group; unchanged (and the run leaves the group, saying why) where they cannot."""
+    reason = cells.unbatchable_reason(process)
+    context = tff.framework.get_context_stack().current
+    if reason is None and not isinstance(context, in_process.InProcessContext):
+      reason = 'its runtime is not the in-process one'
+    if reason is not None:
+      say(f'batched cells: this run trains alone: {reason}', flush=True)
+      self._group._leave(self._member)  # pylint: disable=protected-access
+      return training_process, select
+    self._context = context
+
+    def selection(round_num):
+      self._round = round_num
+      return select(round_num)
+
+    return _GroupRounds(self, process, training_process), selection
+
+  def next(self, process, state, data):
+    output, devices = self._group.next(self._member, self._round, process, state, data,
+                                       self._context)
+    if devices:  # This run's record says where its clients ran (`runtime_choice`).
+      self._context.last_client_devices = devices
+      self._context.client_devices.update(devices)
+      self._context.rounds_run += 1
+    return output
+
+
+class _GroupRounds:
+  """A training process for TFF's loop whose `next` is the group's."""
+
+  def __init__(self, member: Member, process, training_process):
+    self._member = member
+    self._process = process
+    self._training_process = training_process
+
+  def initialize(self):
+    return self._training_process.initialize()
+
+  def next(self, state, data):
+    return self._member.next(self._process, state, data)
+
+
+class ThreadOutput:
+  """A stream that writes to the file its writing thread was given (`to`), else to
+  `default`: each run of a group prints to its own log."""
+
+  def __init__(self, default):
+    self._default = default
+    self._local = threading.local()
+
+  @contextlib.contextmanager
+  def to(self, stream):
+    self._local.stream = stream
+    try:
+      yield
+    finally:
+      self._local.stream = None
+
+  def _stream(self):
+    return getattr(self._local, 'stream', None) or self._default
+
+  def write(self, text):
+    return self._stream().write(text)
+
+  def flush(self):
+    self._stream().flush()
+
+  def __getattr__(self, name):
+    return getattr(self._stream(), name)
+
+
+@contextlib.contextmanager
+def thread_outputs():
+  """sys.stdout and sys.stderr as `ThreadOutput`s inside the block."""
+  saved = sys.stdout, sys.stderr
+  sys.stdout, sys.stderr = ThreadOutput(saved[0]), ThreadOutput(saved[1])
+  try:
+    yield sys.stdout, sys.stderr
+  finally:
+    sys.stdout, sys.stderr = saved
