@@ -17,6 +17,7 @@ the in-process one, trains its runs one after another, each saying so in one lin
 
 import collections
 import contextlib
+import functools
 import sys
 import threading
 from typing import Any, Callable, Optional
@@ -36,7 +37,7 @@ class CellGroup:
     self._builds = builds
     self._turn = threading.Condition()
     self._live = set(range(size))
-    # member -> (round, process, state, data, its runtime context)
+    # member -> (round, process, state, its clients' datasets to make, its runtime context)
     self._asking: dict[int, tuple[int, Any, Any, Any, Any]] = {}
     self._answers: dict[int, Any] = {}
     self._stopping = False
@@ -58,12 +59,13 @@ class CellGroup:
       self._stopping = True
       self._turn.notify_all()
 
-  def next(self, member: int, round_num: int, process, state, data, context):
+  def next(self, member: int, round_num: int, process, state, clients: Callable, context):
     """`member`'s round `round_num`: its (state, metrics) and where the clients ran, once
-    the group has trained it in one of its members' runtime `context`s."""
+    the group has trained it in one of its members' runtime `context`s on the datasets
+    `clients()` makes (one member's: the group's members select the same)."""
     if self._stopping:
       raise KeyboardInterrupt
-    self._asking[member] = (round_num, process, state, data, context)
+    self._asking[member] = (round_num, process, state, clients, context)
     self._train_if_all_ask()
     while member not in self._answers:
       if self._stopping:
@@ -88,7 +90,7 @@ class CellGroup:
     round_num, process = min((r, id(p)) for r, p, *_ in self._asking.values())
     members = sorted(m for m, (r, p, *_) in self._asking.items()
                      if r == round_num and id(p) == process)
-    _, process, _, data, context = self._asking[members[0]]
+    _, process, _, clients, context = self._asking[members[0]]
     states = [self._asking.pop(m)[2] for m in members]
     # The computation keeps its size: places of members that left train a copy.
     states += states[:1] * (self._size - len(states))
@@ -97,7 +99,7 @@ class CellGroup:
       # counts the round's clients in its own context, this one's included.
       counted = collections.Counter(context.client_devices), context.rounds_run
       with tff.framework.get_context_stack().install(context):
-        output = self.cells_process(process).next(tuple(states), data)
+        output = self.cells_process(process).next(tuple(states), clients())
       devices = list(context.last_client_devices)
       context.client_devices, context.rounds_run = counted
       for place, m in enumerate(members):
@@ -148,13 +150,14 @@ class Member:
     self._context = context
 
     def selection(round_num):
+      # The datasets are made only for the member whose are trained on.
       self._round = round_num
-      return select(round_num)
+      return functools.partial(select, round_num)
 
     return _GroupRounds(self, process, training_process), selection
 
-  def next(self, process, state, data):
-    output, devices = self._group.next(self._member, self._round, process, state, data,
+  def next(self, process, state, clients: Callable):
+    output, devices = self._group.next(self._member, self._round, process, state, clients,
                                        self._context)
     if devices:  # This run's record says where its clients ran (`runtime_choice`).
       self._context.last_client_devices = devices
@@ -174,8 +177,8 @@ class _GroupRounds:
   def initialize(self):
     return self._training_process.initialize()
 
-  def next(self, state, data):
-    return self._member.next(self._process, state, data)
+  def next(self, state, clients: Callable):
+    return self._member.next(self._process, state, clients)
 
 
 class ThreadOutput:
