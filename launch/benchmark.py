@@ -50,9 +50,13 @@ once (`--concurrency`); an empty list skips either table. The contenders' rounds
 
 With `--sweep`, only what a sweep's cells cost: `--sweep_cells` FedAvg cells of
 `--sweep_rounds` rounds (client learning rates 10^-3 ... 10^-1), each as its own
-`launch.train` process and then all in one warm worker (`launch.benchmarking.sweep`):
+`launch.train` process (unless --nosweep_cold), then all in one warm worker one after
+another, then (with --sweep_batch_cells=K) batched, K at once, in one warm worker
+(`launch.benchmarking.sweep`):
 
   python -m launch.benchmark --sweep --data_source=synthetic
+  python -m launch.benchmark --sweep --nosweep_cold --sweep_batch_cells=9 \
+      --data_source=synthetic --examples_per_client=40
 
 Exit status: as every program's (docs/operations.md, "Exit statuses").
 """
@@ -136,6 +140,12 @@ _SWEEP_CELLS = flags.DEFINE_integer('sweep_cells', 9, 'With --sweep: the cells.'
                                     lower_bound=2)
 _SWEEP_ROUNDS = flags.DEFINE_integer('sweep_rounds', 10, 'With --sweep: rounds per cell.',
                                      lower_bound=1)
+_SWEEP_COLD = flags.DEFINE_bool(
+    'sweep_cold', True, 'With --sweep: also time each cell as its own launch.train process.')
+_SWEEP_BATCH_CELLS = flags.DEFINE_integer(
+    'sweep_batch_cells', 0,
+    'With --sweep: also time the cells batched, this many at once in one warm worker'
+    ' (launch.sweeps.batched_cells); 0: not.', lower_bound=0)
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the results as JSON here.')
 _EVALUATION = flags.DEFINE_bool(
     'evaluation', True,
@@ -316,17 +326,27 @@ def _time_sweep() -> dict:
   common = [f'--task={_TASK.value}', '--algo=fedavg', *data,
             f'--clients_per_round={_CLIENTS.value}', '--server_learning_rate=1']
   client_lrs = np.geomspace(1e-3, 1e-1, _SWEEP_CELLS.value)
+  batch = _SWEEP_BATCH_CELLS.value
   print(f'sweep: {len(client_lrs)} cells x {_SWEEP_ROUNDS.value} rounds of {_TASK.value}'
-        ' fedavg, each as its own launch.train process, then all in one warm worker',
+        ' fedavg, ' + ', then '.join(
+            (['each as its own launch.train process'] if _SWEEP_COLD.value else [])
+            + ['all in one warm worker']
+            + ([f'batched, {batch} at once, in one warm worker'] if batch else [])),
         flush=True)
   with tempfile.TemporaryDirectory(prefix='tff_zmg-sweep-') as root:
     cold_cells = sweep.cells(common, client_lrs, _SWEEP_ROUNDS.value, f'{root}/cold')
     warm_cells = sweep.cells(common, client_lrs, _SWEEP_ROUNDS.value, f'{root}/warm')
-    # The data is made (or checked) once before either is timed.
+    # The data is made (or checked) once before any is timed.
     sweep.time_cold(sweep.cells(common, client_lrs[:1], 1, f'{root}/data'), root)
-    cold = sweep.time_cold(cold_cells, root)
+    cold = sweep.time_cold(cold_cells, root) if _SWEEP_COLD.value else []
     warm, warm_whole = sweep.time_warm(warm_cells, root)
     lines, results = sweep.lines(cold_cells, cold, warm_cells, warm, warm_whole)
+    if batch:
+      batched_cells = sweep.cells(common, client_lrs, _SWEEP_ROUNDS.value, f'{root}/batched')
+      walls, whole = sweep.time_batched(batched_cells, root, batch)
+      more_lines, more = sweep.batched_lines(batched_cells, walls, whole, batch, warm_whole)
+      lines += more_lines
+      results.update(more)
   for line in lines:
     print(line, flush=True)
   return results

@@ -273,7 +273,8 @@ def main(argv) -> int:
   search = search_from_flags()
   grid_dir, axis, grids = _grids(search)
   if calibration.DRY_RUN.value:
-    grid_outputs.dry_run(grids, search, grid_dir, runner.PARALLEL.value)
+    grid_outputs.dry_run(grids, search, grid_dir, runner.PARALLEL.value,
+                         runner.BATCH_CELLS.value)
     return 0
   (outcome,) = lr_grid.run_search(grids, search, parallel=runner.PARALLEL.value,
                                   log_dir=os.path.join(grid_dir, lr_grid.LOGS_DIRNAME),

@@ -1,15 +1,19 @@
-"""What a sweep's cells cost by warm workers against one `launch.train` process each.
+"""What a sweep's cells cost by warm workers against one `launch.train` process each, and
+batched against one after another.
 
-`launch.benchmark --sweep` trains the same cells both ways, one after another, in one
-program run: each as its own `python -m launch.train` process (cold), then all of them in
-one warm worker (`launch.sweeps.local_workers`). Each cell is timed from its start to its
-end as the program that runs it sees it, beside its own rounds (the training and
-evaluation seconds its metrics.csv records), so that
+`launch.benchmark --sweep` trains the same cells up to three ways, one after another, in
+one program run: each as its own `python -m launch.train` process (cold), all of them in
+one warm worker (`launch.sweeps.local_workers`), one after another (warm), and in one warm
+worker as batched cells, K at once (`launch.sweeps.batched_cells`). Each cold and warm
+cell is timed from its start to its end as the program that runs it sees it, beside its
+own rounds (the training and evaluation seconds its metrics.csv records), so that
 
-  ratio (a cell)        = its wall time / its rounds' time
-  warm / cold (the grid) = the warm worker's wall time / the cold processes'
+  ratio (a cell)            = its wall time / its rounds' time
+  warm / cold (the grid)    = the warm worker's wall time / the cold processes'
+  batched / warm (the grid) = the batching worker's wall time / the warm worker's
 
-say what start-up costs: a warm worker pays it once, for its first cell.
+say what start-up costs (a warm worker pays it once, for its first cell) and what
+training cells together saves.
 """
 
 import collections
@@ -93,9 +97,46 @@ def time_warm(cells_: list[Cell], log_dir: str) -> tuple[list[float], float]:
   return walls, time.monotonic() - start
 
 
+def time_batched(cells_: list[Cell], log_dir: str, batch: int) -> tuple[list[float], float]:
+  """Each group's wall seconds as `batch` batched cells in one warm worker, group after
+  group, and the whole's (the worker's start and its closing included)."""
+  walls = []
+  start = time.monotonic()
+  with local_workers.LocalWorkers(1, log_dir) as workers:
+    for first in range(0, len(cells_), batch):
+      group = cells_[first:first + batch]
+      logs = tuple(os.path.join(log_dir, f'batched-{cell.name}.log') for cell in group)
+      began = time.monotonic()
+      workers.start(0, workers_lib.Task(tuple(group), logs), key=None)
+      ended = []
+      while not ended:
+        ended = workers.wait(_POLL_S)
+      ((_, statuses),) = ended
+      failed = {name: code for name, code in statuses.items() if code}
+      if failed:
+        raise RuntimeError(f'batched cells failed ({failed}): see {log_dir}')
+      walls.append(time.monotonic() - began)
+  return walls, time.monotonic() - start
+
+
+def batched_lines(cells_: list[Cell], walls: list[float], whole: float, batch: int,
+                  warm_whole: float) -> tuple[list[str], dict]:
+  """The batched cells' lines and results, against the warm worker's whole."""
+  out, results = [], collections.OrderedDict()
+  for index, wall in enumerate(walls):
+    names = [c.name for c in cells_[index * batch:(index + 1) * batch]]
+    results[f'batched/{names[0]}-{names[-1]}'] = dict(wall_s=wall)
+    out.append(f'sweep/batched/{names[0]}-{names[-1]} wall_s={wall:.2f}')
+  ratio = whole / warm_whole if warm_whole else float('nan')
+  results['batched'] = dict(wall_s=whole, batch_cells=batch, ratio_to_warm=ratio)
+  out.append(f'sweep/batched wall_s={whole:.2f} ratio_to_warm={ratio:.2f} (bound 0.5;'
+             f' {batch} cells at once)')
+  return out, results
+
+
 def lines(cold_cells: list[Cell], cold: list[float], warm_cells: list[Cell],
           warm: list[float], warm_whole: float) -> tuple[list[str], dict]:
-  """The benchmark's lines, and its results for --output."""
+  """The benchmark's lines, and its results for --output (`cold` empty: not timed)."""
   out, results = [], collections.OrderedDict()
   for kind, cells_, walls in (('cold', cold_cells, cold), ('warm', warm_cells, warm)):
     for cell, wall in zip(cells_, walls):
@@ -105,10 +146,13 @@ def lines(cold_cells: list[Cell], cold: list[float], warm_cells: list[Cell],
                  f' ratio={wall / own:.2f}')
   later = [results[f'warm/{c.name}']['ratio'] for c in warm_cells[1:]]
   worst = max(later, default=float('nan'))
-  results['cold'] = dict(wall_s=sum(cold))
-  results['warm'] = dict(wall_s=warm_whole, ratio_to_cold=warm_whole / sum(cold),
-                         max_ratio_after_first=worst)
-  out.append(f'sweep/cold wall_s={sum(cold):.2f} (one launch.train process per cell)')
-  out.append(f'sweep/warm wall_s={warm_whole:.2f} ratio_to_cold={warm_whole / sum(cold):.2f}'
-             f' (bound 0.5) max_cell_ratio_after_first={worst:.2f} (bound 1.1)')
+  results['warm'] = dict(wall_s=warm_whole, max_ratio_after_first=worst)
+  to_cold = ''
+  if cold:
+    results['cold'] = dict(wall_s=sum(cold))
+    results['warm']['ratio_to_cold'] = warm_whole / sum(cold)
+    out.append(f'sweep/cold wall_s={sum(cold):.2f} (one launch.train process per cell)')
+    to_cold = f' ratio_to_cold={warm_whole / sum(cold):.2f} (bound 0.5)'
+  out.append(f'sweep/warm wall_s={warm_whole:.2f}{to_cold}'
+             f' max_cell_ratio_after_first={worst:.2f} (bound 1.1)')
   return out, results

@@ -82,5 +82,6 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
     print(f'table {table.number}: {runner.duration_text(per_table[table.number])}', file=stream)
   print(f'estimated time: {runner.duration_text(total)} at {parallel} at a time (runs the'
         ' tables share counted once)', file=stream, flush=True)
+  calibration.say_if_batched(runner.BATCH_CELLS.value, stream)
   return dict(counts, seconds=total, tables=per_table,
               timings={k: dataclasses.asdict(t) for k, t in timings.items()})

@@ -303,6 +303,14 @@ def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], par
             file=stream)
 
 
+def say_if_batched(batch_cells: int, stream) -> None:
+  """One line when cells will train batched: the estimate times them one at a time."""
+  if batch_cells > 1:
+    print(f'--batch_cells={batch_cells}: the estimate times the cells one at a time; batched,'
+          ' a grid takes less (docs/performance.md, "Batched cells")', file=stream,
+          flush=True)
+
+
 def estimate(planned: Sequence[PlannedRun], directory: str, parallel: int, stream) -> float:
   """Wall seconds of `planned` at `parallel` at a time, each kind timed first if
   `directory` has no timing of it (`calibrate`); prints the timings and the estimate."""

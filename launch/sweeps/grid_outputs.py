@@ -132,7 +132,7 @@ def grid_directory(root_output_dir: str, name: str) -> str:
 
 
 def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str,
-            parallel: int) -> float:
+            parallel: int, batch_cells: int = 1) -> float:
   """Prints the search's runs and rounds at most and their time here; returns the seconds."""
   planned = lr_grid.planned_runs(grids, search)
   print(f'dry run: {len(planned)} runs, {sum(p.rounds for p in planned)} rounds at most'
@@ -147,5 +147,7 @@ def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str,
     print(f'  {runs} run{"s" * (runs != 1)} of {more}{rounds} rounds: {what}')
   # The dry run's folder makes the grid's folder: `logs/` marks it as a grid's.
   os.makedirs(os.path.join(grid_dir, lr_grid.LOGS_DIRNAME), exist_ok=True)
-  return calibration.estimate(planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME),
-                              parallel, sys.stdout)
+  seconds = calibration.estimate(
+      planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME), parallel, sys.stdout)
+  calibration.say_if_batched(batch_cells, sys.stdout)
+  return seconds
