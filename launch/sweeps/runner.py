@@ -283,16 +283,17 @@ def run_all(
           workers.start(slot, workers_lib.Task(tuple(r for _, r in taken), tuple(logs)),
                         keys[taken[0][1].name])
         for task, statuses in workers.wait(_POLL_S):
-          for run in task.runs:
-            i, run, log_path, start = running.pop(run.name)
-            seconds = time.monotonic() - start
-            results[run.name] = state = _outcome(run, statuses[run.name], log_path, seconds)
+          ended = [running.pop(run.name) for run in task.runs]  # Batched runs end together.
+          for i, run, log_path, start in ended:
+            results[run.name] = _outcome(run, statuses[run.name], log_path,
+                                         time.monotonic() - start)
             progress.done(run)
+          left = progress.text([r for _, r in pending], [r for _, r, _, _ in running.values()])
+          for i, run, _, start in ended:
+            state = results[run.name]
             extra = f'  {describe(run, state)}' if describe else ''
-            left = progress.text([r for _, r in pending],
-                                 [r for _, r, _, _ in running.values()])
-            print(f'[{i + 1}/{total}] {run.name}: {state} in {seconds:.0f} s{extra}{left}',
-                  file=stream, flush=True)
+            print(f'[{i + 1}/{total}] {run.name}: {state} in {time.monotonic() - start:.0f} s'
+                  f'{extra}{left}', file=stream, flush=True)
     except BaseException:
       workers.close()  # Stops the runs still going: they resume next time.
       raise
