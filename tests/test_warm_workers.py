@@ -3,6 +3,7 @@ runner's promises: a worker that dies costs one retry of its run, Ctrl-C stops e
 and the same command resumes to the same results, and no worker outlives the program."""
 
 import dataclasses
+import io
 import json
 import os
 import re
@@ -45,17 +46,21 @@ def _run(args, name) -> runner.Run:
 @pytest.mark.parametrize('algo, rebuilds', [('fedzmg', False), ('scaffold', True)])
 def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(
     algo, rebuilds, synthetic_cache_dir, tmp_path):
-  """Two cells in one warm worker, the second at other rates: the same metrics (but
-  times) and checkpoint as `python -m launch.train` of the second. FedZMG's state holds its
-  rates, so the worker built its process once; SCAFFOLD's clients keep state, and its
-  cells are built each."""
+  """Two cells given to one warm worker together (--batch_cells=2), the second at other
+  rates: the same metrics (but times) and checkpoint as `python -m launch.train` of the
+  second. FedZMG's state holds its rates, so the worker built its process once and trained
+  the two as batched cells; SCAFFOLD's clients keep state: its cells are built each and
+  train one after another, which the runner says once."""
   warm, cold = tmp_path / 'warm', tmp_path / 'cold'
   runs = [_run(_args(synthetic_cache_dir, warm, algo, name, lr), name)
           for name, lr in (('a', 0.1), ('b', 0.03))]
+  stream = io.StringIO()
   with local_workers.LocalWorkers(1, str(tmp_path / 'logs')) as workers:
     states = runner.run_all(runs, parallel=1, log_dir=str(tmp_path / 'logs'),
-                            workers=workers)
+                            workers=workers, batch_cells=2, stream=stream)
   assert states == {'a': runner.FINISHED, 'b': runner.FINISHED}
+  alone = f'batched cells: {algo} cells train one after another: its clients keep state'
+  assert (alone in stream.getvalue()) == rebuilds, stream.getvalue()
   proc = subprocess.run(
       [sys.executable, '-m', 'launch.train', *_args(synthetic_cache_dir, cold, algo, 'b', 0.03)],
       cwd=small_runs.REPO, capture_output=True, text=True, timeout=600)
@@ -65,8 +70,7 @@ def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(
                           strict=True):
     np.testing.assert_array_equal(ours, theirs)
   worker_log = open(next((tmp_path / 'logs' / 'workers').iterdir())).read()
-  assert f"b: exit status 0; built so far: {{'task': 1, 'process': {2 if rebuilds else 1}" in (
-      worker_log)
+  assert f"built so far: {{'task': 1, 'process': {2 if rebuilds else 1}" in worker_log
   # The cell's log reads as `launch.train`'s output, under the command that trains it alone.
   log = open(tmp_path / 'logs' / 'b.log').read()
   assert log.startswith('=== start ') and ' -m launch.train --task=emnist' in log

@@ -29,6 +29,10 @@ from tff_zmg.runtime import in_process
 from tff_zmg.templates import cells
 
 
+# How the log of a run that cannot be batched says so, before why (the runner repeats it).
+ALONE = 'batched cells: this run trains alone:'
+
+
 class CellGroup:
   """The rounds of `size` runs trained together (each run holds a `member(k)`)."""
 
@@ -50,7 +54,7 @@ class CellGroup:
       try:
         yield Member(self, member)
       finally:
-        self._leave(member)
+        self.leave(member)
 
   def stop(self) -> None:
     """Every member waiting for a round, or asking for one later, gets a
@@ -77,7 +81,8 @@ class CellGroup:
       raise answer
     return answer
 
-  def _leave(self, member: int) -> None:
+  def leave(self, member: int) -> None:
+    """`member` trains no more rounds with the group (its run ended, or trains alone)."""
     self._live.discard(member)
     self._asking.pop(member, None)
     self._train_if_all_ask()
@@ -136,7 +141,7 @@ class Member:
     if cells.unbatchable_reason(process) is None:
       self._group.cells_process(process)
 
-  def wrap(self, process, training_process, select: Callable, say=print):
+  def wrap(self, process, training_process, select: Callable):
     """(training process, selection) for TFF's training loop: this run's rounds go to the
     group; unchanged (and the run leaves the group, saying why) where they cannot."""
     reason = cells.unbatchable_reason(process)
@@ -144,8 +149,8 @@ class Member:
     if reason is None and not isinstance(context, in_process.InProcessContext):
       reason = 'its runtime is not the in-process one'
     if reason is not None:
-      say(f'batched cells: this run trains alone: {reason}', flush=True)
-      self._group._leave(self._member)  # pylint: disable=protected-access
+      print(f'{ALONE} {reason}', flush=True)
+      self._group.leave(self._member)
       return training_process, select
     self._context = context
 

@@ -33,6 +33,7 @@ from launch.run import errors
 from launch.run import resumption
 from launch.run import run_config
 from launch.run import settings as run_settings
+from launch.sweeps import batched_cells
 from launch.sweeps import local_workers
 from launch.sweeps import ray_workers
 from launch.sweeps import workers as workers_lib
@@ -183,6 +184,14 @@ def _tail(path: str) -> str:
     return ''.join(f.readlines()[-_LOG_TAIL_LINES:])
 
 
+def _why_alone(path: str) -> Optional[str]:
+  """Why a run given to a worker with others trained alone, as its log says (None: it did
+  not)."""
+  with open(path, errors='replace') as f:
+    line = next((l for l in f if l.startswith(batched_cells.ALONE)), None)
+  return None if line is None else line[len(batched_cells.ALONE):].strip()
+
+
 def _last_error_line(path: str, default: str = 'training diverged') -> str:
   lines = [l.strip() for l in _tail(path).splitlines() if 'error:' in l]
   return lines[-1] if lines else default
@@ -263,6 +272,7 @@ def run_all(
     workers = workers_for(parallel, log_dir)
   keys = {run.name: build_key(run.config) for _, run in pending}
   running = {}  # name -> (index, run, log path, start time)
+  said = set()  # Why batched runs trained alone, said once each.
   progress = Progress([run for _, run in pending], workers.size * batch_cells, later)
   with _deferred_stop_signals() as stop_requested:
     try:
@@ -289,6 +299,12 @@ def run_all(
                                          time.monotonic() - start)
             progress.done(run)
           left = progress.text([r for _, r in pending], [r for _, r, _, _ in running.values()])
+          if len(ended) > 1:
+            why = _why_alone(ended[0][2])
+            if why and why not in said:  # Once: cells of one build say the same.
+              said.add(why)
+              print(f'batched cells: {ended[0][1].config.algo} cells train one after another:'
+                    f' {why}', file=stream, flush=True)
           for i, run, _, start in ended:
             state = results[run.name]
             extra = f'  {describe(run, state)}' if describe else ''

@@ -38,7 +38,8 @@ class Task:
       return dict(answer['statuses'])
     return {run.name: answer['status'] for run in self.runs}
 
-  def all(self, status: int) -> dict[str, int]:
+  def each_ended(self, status: int) -> dict[str, int]:
+    """Every run's exit status `status` (their worker died)."""
     return {run.name: status for run in self.runs}
 
 
@@ -99,4 +100,4 @@ class Workers:
     for path in task.logs:
       with open(path, 'a') as log:
         log.write(f'train: error: its warm worker died again ({how})\n')
-    return task.all(status)
+    return task.each_ended(status)
