@@ -175,7 +175,8 @@ def quiet_machine():
 _FILE_SECONDS = {
     'test_trust.py': 341, 'test_warm_workers.py': 265, 'test_ray_workers.py': 220,
     'test_train.py': 187, 'test_remote_workers.py': 176, 'test_failures.py': 156,
-    'test_algorithms.py': 127, 'test_experiments.py': 101, 'test_cifar10.py': 96,
+    'test_algorithms.py': 127, 'test_batched_cells.py': 120, 'test_cells.py': 110,
+    'test_experiments.py': 101, 'test_cifar10.py': 96,
     'test_evaluation.py': 93, 'test_reproduce.py': 86, 'test_in_process.py': 84,
     'test_aggregation_launch.py': 82, 'test_notebooks.py': 72, 'test_aggregation.py': 69,
     'test_benchmark.py': 67, 'test_cpp_worker.py': 63, 'test_fedgps.py': 48,
