@@ -1,7 +1,7 @@
 """A grid's cells trained batched (`--batch_cells`, launch/sweeps/batched_cells.py) end as
 the same cells trained one by one: every metric but times, every checkpoint variable, a
-cell diverging in round 2 included; a batched group whose worker is killed with SIGKILL
-resumes to the same end."""
+cell diverging in round 2 included; a batched group stopped by Ctrl-C, then by its worker's
+death, resumes to the same end."""
 
 import json
 import os
@@ -84,20 +84,45 @@ def test_four_batched_cells_equal_the_cells_trained_one_by_one(
   assert "'cells': 1" in open(os.path.join(logs, 'workers', worker_log)).read()
 
 
-def test_a_batched_group_whose_worker_is_killed_resumes_to_the_same_end(
+def _when_logged(log, pattern, proc):
+  """Waits until `log` has a line matching `pattern` (`proc` still running)."""
+  deadline = time.monotonic() + 600
+  while not (os.path.exists(log) and re.search(pattern, open(log).read(), re.M)):
+    assert time.monotonic() < deadline and proc.poll() is None, f'no {pattern} in {log}'
+    time.sleep(0.2)
+
+
+def _warm_worker(proc):
+  (worker,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if 'launch.sweeps.warm_worker' in ' '.join(p.cmdline())]
+  return worker
+
+
+def test_a_batched_group_stopped_by_ctrl_c_then_by_its_workers_death_ends_the_same(
     cell_by_cell, synthetic_cache_dir, tmp_path):
-  proc = subprocess.Popen(_grid_command(synthetic_cache_dir, tmp_path, 4),
-                          cwd=small_runs.REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  """Ctrl-C in round 2: every cell stops (status 130, no worker left); the same command
+  resumes them, and its worker SIGKILLed in round 4 costs one retry of the group."""
+  command = _grid_command(synthetic_cache_dir, tmp_path, 4)
   log = os.path.join(_grid(tmp_path), 'logs', 'clr0.1_slr1.log')
+  proc = subprocess.Popen(command, cwd=small_runs.REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
   try:
-    deadline = time.monotonic() + 600
-    while not (os.path.exists(log) and re.search(r'^round 2/', open(log).read(), re.M)):
-      assert time.monotonic() < deadline and proc.poll() is None, 'no round 2'
-      time.sleep(0.2)
-    (worker,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                 if 'launch.sweeps.warm_worker' in ' '.join(p.cmdline())]
-    worker.send_signal(signal.SIGKILL)
+    _when_logged(log, r'^round 2/', proc)
+    worker = _warm_worker(proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 130, err
+  assert err.strip().splitlines()[-1].startswith('grid_search: error: interrupted'), err
+  assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+  assert 'train: error: interrupted' in open(log).read()
+  proc = subprocess.Popen(command, cwd=small_runs.REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    _when_logged(log, r'^round 4/', proc)
+    _warm_worker(proc).send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=900)
   finally:
     if proc.poll() is None:

@@ -34,7 +34,8 @@ ALONE = 'batched cells: this run trains alone:'
 
 
 class CellGroup:
-  """The rounds of `size` runs trained together (each run holds a `member(k)`)."""
+  """The rounds of `size` runs trained together (each run trains in its `turn`, with the
+  `Member` it yields)."""
 
   def __init__(self, size: int, builds: Optional[builds_lib.Builds] = None):
     self._size = size
@@ -56,11 +57,15 @@ class CellGroup:
       finally:
         self.leave(member)
 
+  @property
+  def stopping(self) -> bool:
+    return self._stopping
+
   def stop(self) -> None:
     """Every member waiting for a round, or asking for one later, gets a
     `KeyboardInterrupt` (its run stops as on Ctrl-C and resumes next time)."""
+    self._stopping = True  # Set before the lock: a member training alone holds it.
     with self._turn:
-      self._stopping = True
       self._turn.notify_all()
 
   def next(self, member: int, round_num: int, process, state, clients: Callable, context):
@@ -151,7 +156,7 @@ class Member:
     if reason is not None:
       print(f'{ALONE} {reason}', flush=True)
       self._group.leave(self._member)
-      return training_process, select
+      return _StoppedWithGroup(self._group, training_process), select
     self._context = context
 
     def selection(round_num):
@@ -184,6 +189,22 @@ class _GroupRounds:
 
   def next(self, state, clients: Callable):
     return self._member.next(self._process, state, clients)
+
+
+class _StoppedWithGroup:
+  """A training process for TFF's loop that trains alone but stops with its group."""
+
+  def __init__(self, group: CellGroup, training_process):
+    self._group = group
+    self._training_process = training_process
+
+  def initialize(self):
+    return self._training_process.initialize()
+
+  def next(self, *args):
+    if self._group.stopping:
+      raise KeyboardInterrupt
+    return self._training_process.next(*args)
 
 
 class ThreadOutput:
