@@ -78,43 +78,35 @@ def time_cold(cells_: list[Cell], log_dir: str) -> list[float]:
 def time_warm(cells_: list[Cell], log_dir: str) -> tuple[list[float], float]:
   """Each cell's wall seconds in one warm worker, in turn, and the whole's (the worker's
   start and its closing included)."""
-  walls = []
-  start = time.monotonic()
-  with local_workers.LocalWorkers(1, log_dir) as workers:
-    for cell in cells_:
-      log_path = os.path.join(log_dir, f'warm-{cell.name}.log')
-      began = time.monotonic()
-      workers.start(0, workers_lib.Task((cell,), (log_path,)), key=None)
-      ended = []
-      while not ended:
-        ended = workers.wait(_POLL_S)
-      ((_, statuses),) = ended
-      code = statuses[cell.name]
-      if code:
-        raise RuntimeError(f'{cell.name} failed ({local_workers.signal_text(code)}): see'
-                           f' {log_path}')
-      walls.append(time.monotonic() - began)
-  return walls, time.monotonic() - start
+  return _time_in_one_worker(cells_, log_dir, 1, 'warm')
 
 
 def time_batched(cells_: list[Cell], log_dir: str, batch: int) -> tuple[list[float], float]:
   """Each group's wall seconds as `batch` batched cells in one warm worker, group after
   group, and the whole's (the worker's start and its closing included)."""
+  return _time_in_one_worker(cells_, log_dir, batch, 'batched')
+
+
+def _time_in_one_worker(cells_: list[Cell], log_dir: str, batch: int,
+                        kind: str) -> tuple[list[float], float]:
+  """Each task's wall seconds (`batch` cells at a time, one warm worker, logs named
+  `<kind>-<cell>.log`), and the whole's."""
   walls = []
   start = time.monotonic()
   with local_workers.LocalWorkers(1, log_dir) as workers:
     for first in range(0, len(cells_), batch):
       group = cells_[first:first + batch]
-      logs = tuple(os.path.join(log_dir, f'batched-{cell.name}.log') for cell in group)
+      logs = tuple(os.path.join(log_dir, f'{kind}-{cell.name}.log') for cell in group)
       began = time.monotonic()
       workers.start(0, workers_lib.Task(tuple(group), logs), key=None)
       ended = []
       while not ended:
         ended = workers.wait(_POLL_S)
       ((_, statuses),) = ended
-      failed = {name: code for name, code in statuses.items() if code}
+      failed = {name: local_workers.signal_text(code) for name, code in statuses.items()
+                if code}
       if failed:
-        raise RuntimeError(f'batched cells failed ({failed}): see {log_dir}')
+        raise RuntimeError(f'{kind} cells failed ({failed}): see {", ".join(logs)}')
       walls.append(time.monotonic() - began)
   return walls, time.monotonic() - start
 
