@@ -95,6 +95,9 @@ class CellGroup:
   def _train_if_all_ask(self) -> None:
     """Once every live member asks: trains those at the earliest round (sharing a process)
     as cells, and wakes everyone."""
+    if self._stopping:  # No new round: each asking member stops as it wakes.
+      self._turn.notify_all()
+      return
     if not self._asking or set(self._asking) != self._live:
       return
     round_num, process = min((r, id(p)) for r, p, *_ in self._asking.values())
