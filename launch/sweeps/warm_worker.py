@@ -107,15 +107,22 @@ def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
   group = batched_cells.CellGroup(len(runs), builds)
   logs = {run['name']: open(run['log'], 'a') for run in runs}  # pylint: disable=consider-using-with
 
+  # Set as each run's thread ends. (Not `Thread.join`: on Python 3.11 a signal landing
+  # in it marks a thread that still runs as ended, and a run was cut off unreported.)
+  ended = [threading.Event() for _ in runs]
+
   def train(member: int, name: str, stdout, stderr):
-    with stdout.to(logs[name]), stderr.to(logs[name]), group.turn(member) as cell:
-      if name in statuses:
-        return
-      try:
-        training.train(settings[name], builds, cell)
-        statuses[name] = exit_status.OK
-      except BaseException as e:  # pylint: disable=broad-except
-        statuses[name] = failures.report(_RUN_PROGRAM, e)
+    try:
+      with stdout.to(logs[name]), stderr.to(logs[name]), group.turn(member) as cell:
+        if name in statuses:
+          return
+        try:
+          training.train(settings[name], builds, cell)
+          statuses[name] = exit_status.OK
+        except BaseException as e:  # pylint: disable=broad-except
+          statuses[name] = failures.report(_RUN_PROGRAM, e)
+    finally:
+      ended[member].set()
 
   try:
     with batched_cells.thread_outputs() as (stdout, stderr):
@@ -125,17 +132,27 @@ def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
       for thread in threads:
         thread.start()
       try:
-        for thread in threads:
-          while thread.is_alive():
-            thread.join(0.5)  # Not join(): a stop signal must reach this thread.
+        _wait_for(ended)
       except KeyboardInterrupt:
         group.stop()  # Each run stops as on Ctrl-C, saying what it keeps.
-        for thread in threads:
-          thread.join()
+        _wait_for(ended, through_stops=True)
   finally:
     for log in logs.values():
       log.close()
   return {run['name']: statuses.get(run['name'], exit_status.INTERRUPTED) for run in runs}
+
+
+def _wait_for(events: list[threading.Event], through_stops: bool = False) -> None:
+  """Returns once every event is set; a stop signal reaches this (main) thread meanwhile,
+  or, `through_stops`, is ignored (the runs already stop)."""
+  for event in events:
+    while True:
+      try:
+        if event.wait(0.5):
+          break
+      except KeyboardInterrupt:
+        if not through_stops:
+          raise
 
 
 def answer(request: Mapping, builds: builds_lib.Builds) -> dict:
