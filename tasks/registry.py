@@ -12,6 +12,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import checks
+from tasks import client_tensors
 from tasks import models
 from tasks import preprocessing
 from tasks import sources
@@ -158,13 +159,16 @@ class Task(tff.simulation.baselines.BaselineTask):
     keras_model_fn: Builds the bare Keras model (for masks and centralized baselines).
     train_preprocess_fn_for_seed: `seed -> preprocess_fn`, the training preprocessing with
       another shuffle seed (the training loop uses one seed per client and round).
+    train_client_tensors: `client id -> its examples`, the training clients held in
+      memory once read (`client_tensors.ClientTensors`), for `Preprocess.from_tensors`.
   """
 
   spec: TaskSpec = attrs.field(kw_only=True)
   keras_model_fn: Callable[[], tf.keras.Model] = attrs.field(kw_only=True)
-  train_preprocess_fn_for_seed: Callable[[int], preprocessing.DatasetFn] = attrs.field(
+  train_preprocess_fn_for_seed: Callable[[int], preprocessing.Preprocess] = attrs.field(
       kw_only=True
   )
+  train_client_tensors: client_tensors.ClientTensors = attrs.field(kw_only=True)
 
   @property
   def name(self) -> str:
@@ -248,6 +252,7 @@ def get(
       spec=spec,
       keras_model_fn=keras_model_fn,
       train_preprocess_fn_for_seed=train_preprocess_fn_for_seed,
+      train_client_tensors=client_tensors.ClientTensors(train_data),
   )
 
 
@@ -283,7 +288,7 @@ def _load_client_data(name, data_source, cache_dir, synthetic_settings, partitio
 def _train_preprocess_fn_for_seed(spec, batch_size, num_epochs, max_elements):
   """`seed -> preprocess_fn`: the training preprocessing with that shuffle seed."""
 
-  def for_seed(seed: Optional[int]) -> preprocessing.DatasetFn:
+  def for_seed(seed: Optional[int]) -> preprocessing.Preprocess:
     return spec.preprocess_fn(batch_size, num_epochs, shuffle_seed=seed, max_elements=max_elements)
 
   return for_seed

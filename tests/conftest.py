@@ -175,7 +175,7 @@ def quiet_machine():
 _FILE_SECONDS = {
     'test_trust.py': 341, 'test_warm_workers.py': 265, 'test_ray_workers.py': 220,
     'test_train.py': 187, 'test_remote_workers.py': 176, 'test_failures.py': 156,
-    'test_algorithms.py': 127, 'test_batched_cells.py': 120, 'test_cells.py': 110,
+    'test_cells.py': 310, 'test_algorithms.py': 127, 'test_batched_cells.py': 170,
     'test_experiments.py': 101, 'test_cifar10.py': 96,
     'test_evaluation.py': 93, 'test_reproduce.py': 86, 'test_in_process.py': 84,
     'test_aggregation_launch.py': 82, 'test_notebooks.py': 72, 'test_aggregation.py': 69,
@@ -184,7 +184,7 @@ _FILE_SECONDS = {
     'test_shakespeare_gru.py': 36, 'test_in_process_shapes.py': 28, 'test_tff_baselines.py': 26,
     'test_speed_settings.py': 25, 'test_tuned_comparison.py': 23, 'test_synthetic.py': 20,
     'test_readme.py': 19, 'test_scaffold.py': 18, 'test_setup.py': 15, 'test_layout.py': 14,
-    'test_tasks.py': 9, 'test_imports.py': 6, 'test_client_states.py': 6,
+    'test_tasks.py': 9, 'test_client_tensors.py': 20, 'test_imports.py': 6, 'test_client_states.py': 6,
 }
 
 

@@ -212,10 +212,9 @@ def _selection_fn(config: run_config.ExperimentConfig, task, stateful: bool) -> 
 
   def training_selection_fn(round_num):
     ids = sample_clients(round_num, clients_per_round)
-    datasets = [
-        task.train_preprocess_fn_for_seed(_client_seed(config.seed, round_num, i))(
-            train_data.create_tf_dataset_for_client(cid)
-        )
+    datasets = [  # From the clients in memory: no tf.data function traced a client.
+        task.train_preprocess_fn_for_seed(_client_seed(config.seed, round_num, i)).from_tensors(
+            task.train_client_tensors(cid))
         for i, cid in enumerate(ids)
     ]
     if stateful:  # The trainer needs the ids to find the clients' states.
