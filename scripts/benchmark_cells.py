@@ -48,8 +48,9 @@ def main() -> None:
   ids = train_data.client_ids[:args.clients]
 
   def clients(round_num):
-    return [task.train_preprocess_fn_for_seed(round_num * 1000 + i)(
-        train_data.create_tf_dataset_for_client(c)) for i, c in enumerate(ids)]
+    # As a run makes them (launch/run/experiment.py): from the clients held in memory.
+    return [task.train_preprocess_fn_for_seed(round_num * 1000 + i).from_tensors(
+        task.train_client_tensors(c)) for i, c in enumerate(ids)]
 
   with in_process.in_process_context():
     processes, batched, states = {}, {}, {}

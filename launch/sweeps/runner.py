@@ -47,7 +47,8 @@ BATCH_CELLS = flags.DEFINE_integer(
     'batch_cells', 1,
     'Grid cells that differ only in their learning rates trained together as one'
     ' computation, at most this many at once in each worker (tff_zmg.templates.cells;'
-    ' algorithms whose clients keep state train alone); 1: each cell alone.',
+    ' algorithms whose clients keep state train alone); 1: each cell alone. On a CPU'
+    ' it measured no faster than 1 (docs/performance.md, "Batched cells").',
     lower_bound=1,
 )
 FINISHED, DIVERGED, PENDING = 'finished', 'diverged', 'pending'
