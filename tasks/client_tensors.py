@@ -37,6 +37,7 @@ class ClientTensors:
   def __init__(self, client_data, max_bytes: int = DEFAULT_MAX_BYTES):
     self._client_data = client_data
     self._max_bytes = max_bytes
+    # client id -> (its examples, their bytes), the client read longest ago first.
     self._kept: collections.OrderedDict = collections.OrderedDict()
     self._bytes = 0
     self._lock = threading.Lock()  # A warm worker's batched runs share one store.
@@ -45,16 +46,16 @@ class ClientTensors:
     with self._lock:
       if client_id in self._kept:
         self._kept.move_to_end(client_id)
-        return self._kept[client_id]
+        return self._kept[client_id][0]
     client = read_client(self._client_data.create_tf_dataset_for_client(client_id))
     size = _nbytes(client)
     with self._lock:
       if size <= self._max_bytes and client_id not in self._kept:
-        self._kept[client_id] = client
+        self._kept[client_id] = client, size
         self._bytes += size
         while self._bytes > self._max_bytes:
-          _, dropped = self._kept.popitem(last=False)
-          self._bytes -= _nbytes(dropped)
+          _, (_, dropped_size) = self._kept.popitem(last=False)
+          self._bytes -= dropped_size
     return client
 
 
