@@ -184,7 +184,8 @@ _FILE_SECONDS = {
     'test_shakespeare_gru.py': 36, 'test_in_process_shapes.py': 28, 'test_tff_baselines.py': 26,
     'test_speed_settings.py': 25, 'test_tuned_comparison.py': 23, 'test_synthetic.py': 20,
     'test_readme.py': 19, 'test_scaffold.py': 18, 'test_setup.py': 15, 'test_layout.py': 14,
-    'test_tasks.py': 9, 'test_client_tensors.py': 20, 'test_imports.py': 6, 'test_client_states.py': 6,
+    'test_tasks.py': 9, 'test_client_tensors.py': 20, 'test_imports.py': 6,
+    'test_client_states.py': 6,
 }
 
 

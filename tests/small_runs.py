@@ -1,13 +1,17 @@
-"""Flags of the small synthetic `launch.train` runs the program tests start, a run killed
-with SIGKILL mid-way, runs made once for the tests that only read or copy them, runs
+"""Flags of the small synthetic `launch.train` runs the program tests start, a program
+running while a test acts on it (and its warm workers), a run killed with SIGKILL mid-way,
+runs made once for the tests that only read or copy them, runs
 written as `launch.train` leaves them, and what a trained run holds (its metrics but
 times, its last checkpoint)."""
 
+import contextlib
 import csv
 import json
 import os
 import signal
 import subprocess
+
+import psutil
 
 from launch.sweeps import comparison
 from tff_zmg import run_files
@@ -57,22 +61,39 @@ def made_once(key, make):
   return _MADE[key]
 
 
-def kill_when(command, line_start: str) -> list[str]:
-  """Runs `command` (a program's process, from the repository root) and SIGKILLs it as
-  soon as it prints a line starting with `line_start`; its stdout lines until then."""
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True, cwd=REPO)
-  lines = []
+@contextlib.contextmanager
+def running(command, stderr=subprocess.PIPE):
+  """`command` (a program's process, from the repository root, its stdout piped) running
+  inside the block; killed if it still runs at the block's end (a failed test)."""
+  proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr,
+                          text=True)
   try:
+    yield proc
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+
+
+def warm_workers(parent: int) -> list[psutil.Process]:
+  """The warm workers (`launch.sweeps.warm_worker`) among the processes below `parent`."""
+  try:
+    children = psutil.Process(parent).children(recursive=True)
+  except psutil.NoSuchProcess:
+    return []
+  return [p for p in children if 'launch.sweeps.warm_worker' in ' '.join(p.cmdline())]
+
+
+def kill_when(command, line_start: str) -> list[str]:
+  """Runs `command` and SIGKILLs it as soon as it prints a line starting with
+  `line_start`; its stdout lines until then."""
+  lines = []
+  with running(command, stderr=subprocess.DEVNULL) as proc:
     for line in proc.stdout:
       lines.append(line)
       if line.startswith(line_start):
         proc.send_signal(signal.SIGKILL)
         break
     proc.communicate(timeout=120)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
   return lines
 
 

@@ -96,42 +96,27 @@ def _when_logged(log, pattern, proc):
     time.sleep(0.2)
 
 
-def _warm_worker(proc):
-  (worker,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
-               if 'launch.sweeps.warm_worker' in ' '.join(p.cmdline())]
-  return worker
-
-
 def test_a_batched_group_stopped_by_ctrl_c_then_by_its_workers_death_ends_the_same(
     cell_by_cell, synthetic_cache_dir, tmp_path):
   """Ctrl-C in round 2: every cell stops (status 130, no worker left); the same command
   resumes them, and its worker SIGKILLed in round 4 costs one retry of the group."""
   command = _grid_command(synthetic_cache_dir, tmp_path, 4)
   log = _log(tmp_path, 'clr0.1_slr1')
-  proc = subprocess.Popen(command, cwd=small_runs.REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  try:
+  with small_runs.running(command) as proc:
     _when_logged(log, r'^round 2/', proc)
-    worker = _warm_worker(proc)
+    (worker,) = small_runs.warm_workers(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
   assert proc.returncode == 130, err
   assert err.strip().splitlines()[-1].startswith('grid_search: error: interrupted'), err
   assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
   for cell in _CELLS[:-1]:  # The last diverged in round 2.
     assert 'train: error: interrupted' in open(_log(tmp_path, cell)).read(), cell
-  proc = subprocess.Popen(command, cwd=small_runs.REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  try:
+  with small_runs.running(command) as proc:
     _when_logged(log, r'^round 4/', proc)
-    _warm_worker(proc).send_signal(signal.SIGKILL)
+    (worker,) = small_runs.warm_workers(proc.pid)
+    worker.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=900)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
   assert proc.returncode == 0, err
   assert 'its warm worker died (killed by SIGKILL' in open(log).read()
   _assert_same(_results(tmp_path), cell_by_cell)

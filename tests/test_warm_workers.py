@@ -101,14 +101,6 @@ def whole_grid(tmp_path_factory, synthetic_cache_dir):
   return _grid_results(root)
 
 
-def _warm_worker_pids(parent: int) -> list[int]:
-  try:
-    children = psutil.Process(parent).children(recursive=True)
-  except psutil.NoSuchProcess:
-    return []
-  return [p.pid for p in children if 'launch.sweeps.warm_worker' in ' '.join(p.cmdline())]
-
-
 def _when_training(root, pid):
   """Waits until the grid program `pid` trains a round of a cell; that cell's log."""
   logs = os.path.join(root, 'grid_emnist_fedavg', 'logs')
@@ -124,16 +116,11 @@ def _when_training(root, pid):
 
 def test_a_worker_killed_mid_cell_costs_one_retry_and_the_same_best(
     whole_grid, synthetic_cache_dir, tmp_path):
-  proc = subprocess.Popen(_grid_command(synthetic_cache_dir, tmp_path), cwd=small_runs.REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
+  with small_runs.running(_grid_command(synthetic_cache_dir, tmp_path)) as proc:
     log = _when_training(tmp_path, proc.pid)
-    (worker,) = _warm_worker_pids(proc.pid)
-    os.kill(worker, signal.SIGKILL)
+    (worker,) = small_runs.warm_workers(proc.pid)
+    worker.send_signal(signal.SIGKILL)
     out, err = proc.communicate(timeout=900)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
   assert proc.returncode == 0, err
   assert 'its warm worker died (killed by SIGKILL' in open(log).read()
   assert _grid_results(tmp_path) == whole_grid
@@ -143,21 +130,16 @@ def test_a_worker_killed_mid_cell_costs_one_retry_and_the_same_best(
 def test_ctrl_c_mid_search_then_the_same_command_gives_the_same_results(
     whole_grid, synthetic_cache_dir, tmp_path):
   command = _grid_command(synthetic_cache_dir, tmp_path)
-  proc = subprocess.Popen(command, cwd=small_runs.REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  try:
+  with small_runs.running(command) as proc:
     _when_training(tmp_path, proc.pid)
-    workers = _warm_worker_pids(proc.pid)
+    workers = small_runs.warm_workers(proc.pid)
     assert workers
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
   assert proc.returncode == 130, err
   assert err.strip().splitlines()[-1].startswith('grid_search: error: interrupted'), err
-  for pid in workers:
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+  for worker in workers:
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
   again = subprocess.run(command, cwd=small_runs.REPO, capture_output=True, text=True,
                          timeout=900)
   assert again.returncode == 0, again.stderr
