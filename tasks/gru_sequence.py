@@ -35,8 +35,16 @@ def _gates(matrix_x, matrix_inner):
 
 
 def _time_loop(step, length, initial, sequences_out):
-  """Runs `step(t, carry) -> (carry, per-step outputs)` for t in [0, length), stacking outputs."""
-  arrays = tuple(tf.TensorArray(dtype, size=length) for dtype in sequences_out)
+  """Runs `step(t, carry) -> (carry, per-step outputs)` for t in [0, length), stacking outputs.
+
+  Every per-step output is a matrix. Saying so gives each array's shape input a rank: an
+  array of unknown rank has the scalar -1 there, which the in-process runtime's import of a
+  client loop over an iterator (lowered while loops, ops copied one at a time) cannot read.
+  """
+  arrays = tuple(
+      tf.TensorArray(dtype, size=length, element_shape=tf.TensorShape([None, None]))
+      for dtype in sequences_out
+  )
 
   def body(t, carry, arrays):
     carry, outs = step(t, carry)
