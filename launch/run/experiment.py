@@ -281,7 +281,10 @@ def _train(
   returns this process's session (`record_session`), recorded even if the loop stops.
   A run without a checkpoint starts from `initial_state` (None: `process.initialize()`);
   a run with a `cell` trains its rounds with its group's (`run`)."""
-  state_manager = rounds.FiniteStateManager(config, keep_total=3)
+  # A client-state store commits the files a checkpoint needs once it is written, so a
+  # run with one saves in the round's time.
+  checkpoints = rounds.FiniteStateManager(config, keep_total=3, in_background=store is None)
+  state_manager = checkpoints
   training_process = process if initial_state is None else _StartingFrom(process,
                                                                           initial_state)
   if store is not None:
@@ -289,7 +292,7 @@ def _train(
     training_process = client_states.StatefulClientsTrainer(
         process, store, states_in_worker=not config.workers
     )
-    state_manager = client_states.ClientStateCheckpointManager(state_manager, store)
+    state_manager = client_states.ClientStateCheckpointManager(checkpoints, store)
   if cell is not None:
     training_process, select = cell.wrap(process, training_process, select)
   progress.managers = [tff.program.CSVFileReleaseManager(config.metrics_csv)]
@@ -312,9 +315,13 @@ def _train(
         metrics_managers=[progress],
     )
   except BaseException:
-    with contextlib.suppress(Exception):  # The error that stopped the run is the news.
+    # The error that stopped the run is the news; the checkpoint being written is kept.
+    with contextlib.suppress(Exception):
+      checkpoints.close()
+    with contextlib.suppress(Exception):
       record_session()
     raise
+  checkpoints.close()
   evaluate.close()
   return record_session()
 
