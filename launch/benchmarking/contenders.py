@@ -16,6 +16,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from launch.run import run_config
 from tasks import evaluation
 from tff_zmg import client_states
 from tff_zmg.algorithms import registry
@@ -127,6 +128,7 @@ def build(algo: str, task):
   return registry.build(
       algo, task.model_fn, keras_model_fn=task.keras_model_fn,
       num_clients=len(task.datasets.train_data.client_ids),
+      loop_implementation=run_config.CLIENT_LOOP,
   )
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow.python.eager import context as eager_context
 
+from launch.run import run_config
 import tasks
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
@@ -69,7 +70,7 @@ def fedavg(task_name: str, clients: int, cache_dir: str, gpu_kernels: bool):
   )
   process = registry.build(
       'fedavg', task.model_fn,
-      loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR,
+      loop_implementation=run_config.CLIENT_LOOP,
   )
   return task, process
 

@@ -169,10 +169,6 @@ def _build(config: run_config.ExperimentConfig, flags_agree: bool,
   identity = resumption.identity(config, task)
   if not config.overwrite:
     resumption.check_identity(config, identity, flags_agree)
-  # On an accelerator a dataset cannot be reduced on the device; on this CPU the iterator's
-  # loop made rounds 0.43x (EMNIST), 0.58x (CIFAR-100) and 0.99x (Shakespeare) of
-  # dataset.reduce's (scripts/benchmark_cells.py, docs/performance.md).
-  loop = tff.learning.LoopImplementation.DATASET_ITERATOR
   num_clients = len(task.datasets.train_data.client_ids)
   aggregator = config.aggregator_settings(num_clients)
   hparams = registry.resolve(config.algo, config.hparams)
@@ -183,14 +179,16 @@ def _build(config: run_config.ExperimentConfig, flags_agree: bool,
       warnings.filterwarnings('ignore', message=r'aggregator .* averages client updates')
       return registry.build(
           config.algo, task.model_fn, keras_model_fn=task.keras_model_fn,
-          num_clients=num_clients, loop_implementation=loop, aggregator=aggregator,
+          num_clients=num_clients, loop_implementation=run_config.CLIENT_LOOP,
+          aggregator=aggregator,
           **config.hparams,
       )
 
   if builds is None:
     return task, task_arguments, identity, aggregator, build(), {}
   process, start_rates = builds.process(
-      dict(algo=config.algo, task=task_arguments, loop=loop.name, aggregator=aggregator),
+      dict(algo=config.algo, task=task_arguments, loop=run_config.CLIENT_LOOP.name,
+           aggregator=aggregator),
       hparams, build)
   return task, task_arguments, identity, aggregator, process, start_rates
 
