@@ -294,6 +294,7 @@ def _train(
   if cell is not None:
     training_process, select = cell.wrap(process, training_process, select)
   progress.managers = [tff.program.CSVFileReleaseManager(config.metrics_csv)]
+  progress.checkpoints = checkpoints
   # TensorBoard's writer opens a new events file when made: a finished run run again, which
   # trains nothing, must leave its folder as it was.
   if resumption.rounds_done(config) < config.total_rounds:

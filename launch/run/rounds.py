@@ -114,9 +114,9 @@ class FiniteStateManager(tff.program.FileProgramStateManager):
   the run before it is written. Writing TFF's SavedModel is about 0.13 s of Python a
   save, most of a small round's time outside its training and evaluation; in the
   background the saves still run one at a time, in order, each written under a
-  temporary name and renamed when whole, and `wait` (which a run calls before it ends,
-  however it ends) returns when the last is on the disk, and `close` when its writer has
-  ended too (a warm worker runs many runs).
+  temporary name and renamed when whole, and `wait` (which the next round's release and
+  the run's end call, however it ends) returns when the last is on the disk, and `close`
+  when its writer has ended too (a warm worker runs many runs).
   """
 
   def __init__(self, config: run_config.ExperimentConfig, keep_total: int,
@@ -177,6 +177,9 @@ class RoundReleaseManager(tff.program.ReleaseManager):
     self._epsilon_after = epsilon_after
     self._total_rounds = config.total_rounds
     self.managers = []  # The run's CSV and TensorBoard managers, once it has made them.
+    # The run's `FiniteStateManager`: a round is written only once the checkpoint before it
+    # is, so a round in metrics.csv or printed means at most that round is lost to a kill.
+    self.checkpoints: Optional[FiniteStateManager] = None
     self._stream = stream
     self._start = None
     self._first_key = None
@@ -204,6 +207,8 @@ class RoundReleaseManager(tff.program.ReleaseManager):
       raise diverged_error(self._config, key, reason)
     if key == 0 and 'evaluation/loss' in flat:
       self.set_reference(float(flat['evaluation/loss']))
+    if self.checkpoints is not None:
+      self.checkpoints.wait()
     for manager in self.managers:
       await manager.release(value, key)
     self.last_key = key
