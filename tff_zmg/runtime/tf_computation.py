@@ -19,6 +19,7 @@ rest, model arithmetic included, goes to the client's device.
 Values cross the boundary flat, in the order of their TFF type (`flatten`, `pack`).
 """
 
+import functools
 import itertools
 from typing import Any, Optional, Sequence
 
@@ -65,10 +66,14 @@ def _stays_on_host(node, device_type: str) -> bool:
     return True
   # A DEFAULT kernel serves every device type without one of its own (GPU's variable ops,
   # `Enter`, `NoOp`, ... are registered only so).
-  return not any(
-      k.device_type in (device_type, 'DEFAULT')
-      for k in kernels.get_registered_kernels_for_op(op).kernel
-  )
+  return not _kernel_device_types(op) & {device_type, 'DEFAULT'}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_device_types(op: str) -> frozenset:
+  """The device types with a kernel of `op`: TensorFlow serializes its whole kernel list
+  for each ask (about a millisecond), and a graph of K cells has thousands of nodes."""
+  return frozenset(k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel)
 
 
 _FORWARDING_OPS = frozenset(['Identity', 'Switch', 'Merge', 'Enter', 'Exit', 'NextIteration'])
