@@ -213,7 +213,8 @@ def read_held_out(
 
 
 class Evaluator:
-  """Evaluates model weights on a `HeldOut` set: `evaluator(weights) -> metrics`.
+  """Evaluates model weights on a `HeldOut` set: `evaluator(weights) -> metrics`, or
+  several at once (`evaluate_many`: the cells of a batched group).
 
   `weights` is a `tff.learning.models.ModelWeights` (what a learning process's
   `get_model_weights` returns). The metrics are TFF's model metrics (`loss`,
@@ -225,24 +226,33 @@ class Evaluator:
   def __init__(self, model_fn, held_out: HeldOut, *, parallel: int = 1,
                device: Optional[str] = None):
     self._held_out = held_out
-    parallel = max(1, min(parallel, len(held_out.groups)))
-    with tf.device(device) if device else contextlib.nullcontext():
-      self._models = [model_fn() for _ in range(parallel)]
+    self._device = device
+    self._parallel = max(1, parallel)
+    self._traced = 0  # The first this many models have traced their tf.functions.
+    with self._on_device():
+      # Made now, not when first needed: a Keras model made outside a graph after another
+      # was made in one (as tracing a TFF computation does) fails its first call.
+      self._models = [model_fn() for _ in range(self._parallel)]
       # Finalizes pooled sums: TFF's `metric_finalizers` build a Keras metric in a
       # tf.function, which runs once per process only outside TFF's graph mode.
       self._finalizing = {m.name: m for m in model_fn().get_metrics()}
-    self._pool = concurrent.futures.ThreadPoolExecutor(
-        parallel, thread_name_prefix='tff_zmg-evaluation') if parallel > 1 else None
-    self._traced = False
+    self._pool = None
 
-  def _group_sums(self, slot: int, weights) -> list:
-    """The unfinalized metric sums of groups slot, slot + parallel, ..., one model."""
+  def _on_device(self):
+    return tf.device(self._device) if self._device else contextlib.nullcontext()
+
+  def _slot_sums(self, slot: int, pieces: Sequence[tuple[int, int]], weights) -> list:
+    """The unfinalized metric sums of `pieces` ((weights index, group index)), in order, on
+    slot `slot`'s model."""
     model = self._models[slot]
-    weights.assign_weights_to(model)
+    assigned = None
     sums = []
-    for group in self._held_out.groups[slot::len(self._models)]:
+    for index, group in pieces:
+      if index != assigned:
+        weights[index].assign_weights_to(model)
+        assigned = index
       model.reset_metrics()
-      for batch in group:
+      for batch in self._held_out.groups[group]:
         model.forward_pass(batch, training=False)
       sums.append(tf.nest.map_structure(np.asarray, model.report_local_unfinalized_metrics()))
     return sums
@@ -258,19 +268,36 @@ class Evaluator:
     return results
 
   def __call__(self, weights) -> collections.OrderedDict:
-    slots = range(len(self._models))
-    if self._pool is None or not self._traced:
-      # The first call traces each model's tf.functions, one model after another: two
-      # threads tracing at once crashed TensorFlow 2.14 (SIGSEGV in op creation, once in
-      # ~600 runs). Each model sees the same groups every call, so later calls only run
-      # the traced graphs, which threads may do at once.
-      per_slot = [self._group_sums(s, weights) for s in slots]
-      self._traced = True
+    return self.evaluate_many([weights])[0]
+
+  def evaluate_many(self, weights: Sequence) -> list[collections.OrderedDict]:
+    """The metrics of each of `weights`, as `evaluator(w)` gives them: each (weights,
+    group) piece is summed on its own and a weights' groups are added in group order, so
+    neither `parallel` nor how the pieces share the slots changes a number."""
+    num_groups = len(self._held_out.groups)
+    pieces = [(i, g) for i in range(len(weights)) for g in range(num_groups)]
+    slots = min(self._parallel, len(pieces))
+    per_slot = [pieces[s::slots] for s in range(slots)]
+    if slots == 1 or self._traced < slots:
+      # A model's first call traces its tf.functions, one model after another: two threads
+      # tracing at once crashed TensorFlow 2.14 (SIGSEGV in op creation, once in ~600
+      # runs). A model sees the same groups every call, so later calls only run traced
+      # graphs, which threads may do at once.
+      sums = [self._slot_sums(s, per_slot[s], weights) for s in range(slots)]
+      self._traced = max(self._traced, slots)
     else:
-      per_slot = list(self._pool.map(lambda s: self._group_sums(s, weights), slots))
-    # Back in group order: group g was the (g // parallel)-th of slot g % parallel.
-    groups = [per_slot[g % len(slots)][g // len(slots)]
-              for g in range(len(self._held_out.groups))]
+      if self._pool is None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self._parallel, thread_name_prefix='tff_zmg-evaluation')
+      sums = list(self._pool.map(lambda s: self._slot_sums(s, per_slot[s], weights),
+                                 range(slots)))
+    # Piece p was the (p // slots)-th of slot p % slots.
+    by_piece = [sums[p % slots][p // slots] for p in range(len(pieces))]
+    return [self._metrics(by_piece[i * num_groups:(i + 1) * num_groups])
+            for i in range(len(weights))]
+
+  def _metrics(self, groups: list) -> collections.OrderedDict:
+    """One weights' metrics from its groups' sums, in group order."""
     pooled = tf.nest.map_structure(lambda *parts: np.sum(parts, axis=0), *groups)
     metrics = collections.OrderedDict(self._finalize(pooled))
     if self._held_out.kind == PER_CLIENT:

@@ -117,6 +117,21 @@ def test_results_do_not_depend_on_how_many_groups_run_at_once(small_task):
     assert one == three
 
 
+def test_several_weights_at_once_give_each_its_own_metrics(small_task):
+  """A batched group's cells evaluated together (`evaluate_many`), spread over the slots
+  (one group a cell, or three), give what each gives alone, to the bit."""
+  task = small_task('emnist')
+  cells = [_weights(task, seed)[0] for seed in (1, 2, 3)]
+  for kind in evaluation.KINDS:
+    held_out = evaluation.read_held_out(task, kind)
+    alone = [evaluation.Evaluator(task.model_fn, held_out)(w) for w in cells]
+    evaluator = evaluation.Evaluator(task.model_fn, held_out, parallel=2)
+    for _ in range(2):  # The first call traces; the second runs the slots in threads.
+      assert evaluator.evaluate_many(cells) == alone, kind
+    evaluator.close()
+  assert len({m['loss'] for m in alone}) == len(cells)  # The cells differ.
+
+
 def test_threads_run_only_graphs_the_first_call_traced_in_its_own_thread(small_task):
   """Tracing in two threads at once crashed TensorFlow (SIGSEGV) in one validation run."""
   task = small_task('emnist')

@@ -292,7 +292,8 @@ def _train(
     )
     state_manager = client_states.ClientStateCheckpointManager(checkpoints, store)
   if cell is not None:
-    training_process, select = cell.wrap(process, training_process, select)
+    training_process, select, evaluate = cell.wrap(process, training_process, select,
+                                                   evaluate)
   progress.managers = [tff.program.CSVFileReleaseManager(config.metrics_csv)]
   progress.checkpoints = checkpoints
   # TensorBoard's writer opens a new events file when made: a finished run run again, which

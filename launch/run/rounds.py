@@ -270,6 +270,10 @@ class Evaluation:
       return collections.OrderedDict()
     return self._evaluator(self._process.get_model_weights(state))
 
+  def with_evaluator(self, wrap: Callable) -> 'Evaluation':
+    """This evaluation, its evaluator `wrap(evaluator)` (which `close` closes)."""
+    return Evaluation(self.held_out, wrap(self._evaluator), self._process, self._kept)
+
   def close(self) -> None:
     if not self._kept:
       self._evaluator.close()

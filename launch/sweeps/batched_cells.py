@@ -7,7 +7,9 @@ so are its resumption, its divergence and its exit status. The runs train in thr
 their own, one thread at a time (a lock they hand over only while they wait for a round),
 and a run's round goes to a `CellGroup`: once every run still training has asked for its
 round, the group trains them as the cells of `tff_zmg.templates.cells` and hands each
-its own state and metrics. Runs at different rounds (resumed from checkpoints of
+its own state and metrics. Their evaluations meet the same way and are evaluated together
+(`tasks.evaluation.Evaluator.evaluate_many`: the cells share the evaluator's slots, where
+one after another each would have one slot of a small test set). Runs at different rounds (resumed from checkpoints of
 different rounds) catch up with each other first; a run that ends (finished, diverged,
 failed) leaves the group and the others go on, its place in the computation filled.
 
@@ -44,6 +46,7 @@ class CellGroup:
     self._live = set(range(size))
     # member -> (round, process, state, its clients' datasets to make, its runtime context)
     self._asking: dict[int, tuple[int, Any, Any, Any, Any]] = {}
+    self._evaluating: dict[int, tuple[Any, Any]] = {}  # member -> (evaluator, weights)
     self._answers: dict[int, Any] = {}
     self._stopping = False
 
@@ -75,10 +78,24 @@ class CellGroup:
     if self._stopping:
       raise KeyboardInterrupt
     self._asking[member] = (round_num, process, state, clients, context)
+    return self._answer(member)
+
+  def evaluate(self, member: int, evaluator, weights):
+    """`evaluator(weights)` for `member`, once the group has evaluated every member that
+    asks with the others' (`Evaluator.evaluate_many`)."""
+    if self._stopping:
+      raise KeyboardInterrupt
+    self._evaluating[member] = (evaluator, weights)
+    return self._answer(member)
+
+  def _answer(self, member: int):
+    """What `member` asked for, once every live member asks (its turn handed over while
+    it waits)."""
     self._train_if_all_ask()
     while member not in self._answers:
       if self._stopping:
         self._asking.pop(member, None)
+        self._evaluating.pop(member, None)
         raise KeyboardInterrupt
       self._turn.wait()
     answer = self._answers.pop(member)
@@ -90,15 +107,21 @@ class CellGroup:
     """`member` trains no more rounds with the group (its run ended, or trains alone)."""
     self._live.discard(member)
     self._asking.pop(member, None)
+    self._evaluating.pop(member, None)
     self._train_if_all_ask()
 
   def _train_if_all_ask(self) -> None:
-    """Once every live member asks: trains those at the earliest round (sharing a process)
-    as cells, and wakes everyone."""
+    """Once every live member asks: evaluates those that ask for an evaluation, else
+    trains those at the earliest round (sharing a process) as cells, and wakes everyone."""
     if self._stopping:  # No new round: each asking member stops as it wakes.
       self._turn.notify_all()
       return
-    if not self._asking or set(self._asking) != self._live:
+    waiting = set(self._asking) | set(self._evaluating)
+    if not waiting or waiting != self._live:
+      return
+    if self._evaluating:
+      self._evaluate_all()
+      self._turn.notify_all()
       return
     round_num, process = min((r, id(p)) for r, p, *_ in self._asking.values())
     members = sorted(m for m, (r, p, *_) in self._asking.items()
@@ -122,6 +145,20 @@ class CellGroup:
       for m in members:  # Each member's run ends with the error, as it would alone.
         self._answers[m] = e
     self._turn.notify_all()
+
+  def _evaluate_all(self) -> None:
+    """Answers every member asking for an evaluation, those of one evaluator together."""
+    by_evaluator: dict[int, tuple[Any, list]] = {}
+    for member in sorted(self._evaluating):
+      evaluator, weights = self._evaluating.pop(member)
+      by_evaluator.setdefault(id(evaluator), (evaluator, []))[1].append((member, weights))
+    for evaluator, asked in by_evaluator.values():
+      try:
+        results = evaluator.evaluate_many([weights for _, weights in asked])
+      except Exception as e:  # pylint: disable=broad-except
+        results = [e] * len(asked)  # Each member's run ends with it, as it would alone.
+      for (member, _), result in zip(asked, results):
+        self._answers[member] = result
 
   def cells_process(self, process):
     """The computation of this group's cells of `process` (kept in the worker's builds)."""
@@ -149,9 +186,10 @@ class Member:
     if cells.unbatchable_reason(process) is None:
       self._group.cells_process(process)
 
-  def wrap(self, process, training_process, select: Callable):
-    """(training process, selection) for TFF's training loop: this run's rounds go to the
-    group; unchanged (and the run leaves the group, saying why) where they cannot."""
+  def wrap(self, process, training_process, select: Callable, evaluate):
+    """(training process, selection, evaluation) for TFF's training loop: this run's
+    rounds and evaluations (a `launch.run.rounds.Evaluation`) go to the group; unchanged
+    (and the run leaves the group, saying why) where they cannot."""
     reason = cells.unbatchable_reason(process)
     context = tff.framework.get_context_stack().current
     if reason is None and not isinstance(context, in_process.InProcessContext):
@@ -159,7 +197,7 @@ class Member:
     if reason is not None:
       print(f'{ALONE} {reason}', flush=True)
       self._group.leave(self._member)
-      return _StoppedWithGroup(self._group, training_process), select
+      return _StoppedWithGroup(self._group, training_process), select, evaluate
     self._context = context
 
     def selection(round_num):
@@ -167,7 +205,9 @@ class Member:
       self._round = round_num
       return functools.partial(select, round_num)
 
-    return _GroupRounds(self, process, training_process), selection
+    group_evaluation = evaluate.with_evaluator(
+        lambda evaluator: _GroupEvaluator(self._group, self._member, evaluator))
+    return _GroupRounds(self, process, training_process), selection, group_evaluation
 
   def next(self, process, state, clients: Callable):
     output, devices = self._group.next(self._member, self._round, process, state, clients,
@@ -192,6 +232,21 @@ class _GroupRounds:
 
   def next(self, state, clients: Callable):
     return self._member.next(self._process, state, clients)
+
+
+class _GroupEvaluator:
+  """A run's evaluator whose calls go to its group (`CellGroup.evaluate`)."""
+
+  def __init__(self, group: CellGroup, member: int, evaluator):
+    self._group = group
+    self._member = member
+    self._evaluator = evaluator
+
+  def __call__(self, weights):
+    return self._group.evaluate(self._member, self._evaluator, weights)
+
+  def close(self) -> None:
+    self._evaluator.close()
 
 
 class _StoppedWithGroup:
