@@ -36,7 +36,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 
 from launch.cli import exit_status  # Imports nothing: safe before TensorFlow.
 
@@ -51,51 +50,6 @@ _STARTING_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # behaviour): this package is then being imported on the way to running a program.
 _PROGRAM = (sys.orig_argv[sys.orig_argv.index('-m') + 1].rpartition('.')[2]
             if sys.argv[:1] == ['-m'] and '-m' in sys.orig_argv[:-1] else None)
-_SIGNAL_AGAIN_AFTER_S = 0.01
-
-
-class _StopWhileStarting(SystemExit):
-  """Leaves quietly, through any `finally`, with status 130."""
-
-  def __init__(self, signum: int):
-    super().__init__(exit_status.INTERRUPTED)
-    self.signum = signum
-
-
-def _stop_while_starting(signum, frame) -> None:
-  del frame
-  print(f'{_PROGRAM}: error: interrupted by {signal.Signals(signum).name} while starting;'
-        ' nothing was done', file=sys.stderr, flush=True)
-  signal.signal(signum, _stop_again)  # One line, however often it has to be raised.
-  raise _StopWhileStarting(signum)
-
-
-def _stop_again(signum, frame) -> None:
-  del frame
-  raise _StopWhileStarting(signum)
-
-
-def _signal_swallowed_stop_again(unraisable) -> None:
-  """A stop raised where Python only prints it (a callback of the garbage collector, as
-  JAX's, which TFF imports: the run once went on to train and exit 0) is sent again, to
-  land in the code after; `launch.cli.failures` does the same once the program runs."""
-  stop = unraisable.exc_value
-  if isinstance(stop, _StopWhileStarting):
-    again = threading.Timer(_SIGNAL_AGAIN_AFTER_S, os.kill, (os.getpid(), stop.signum))
-    again.daemon = True
-    again.start()
-    return
-  _python_unraisablehook(unraisable)
-
-
-_python_unraisablehook = sys.unraisablehook
-if _PROGRAM is not None:
-  for _signum in _STARTING_STOP_SIGNALS:
-    signal.signal(_signum, _stop_while_starting)
-  sys.unraisablehook = _signal_swallowed_stop_again
-
-# pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
-import tasks  # Hides TensorFlow's C++ logs before it loads (tasks/quiet.py).
 
 
 def remove_new_keras_config() -> None:
@@ -108,5 +62,27 @@ def remove_new_keras_config() -> None:
       os.rmdir(_KERAS_DIR)
 
 
+def _stop_while_starting(signum, frame) -> None:
+  """Ends the program at once, with its line and status 130.
+
+  Raising here (as the program's own handlers do later) was not reliable: a stop raised in
+  the middle of an import may be turned into `ImportError: initialization failed` by an
+  extension module's initialization (pybind11's, in TensorFlow), or swallowed by a
+  library's handler or a garbage-collector callback, leaving half-imported modules that
+  fail later (jax's `version`), or a program that goes on as if not stopped. Nothing of
+  the user's has been written yet but keras.json, which is removed first.
+  """
+  del frame
+  print(f'{_PROGRAM}: error: interrupted by {signal.Signals(signum).name} while starting;'
+        ' nothing was done', file=sys.stderr, flush=True)
+  remove_new_keras_config()
+  os._exit(exit_status.INTERRUPTED)  # pylint: disable=protected-access
+
+
 if _PROGRAM is not None:
+  for _signum in _STARTING_STOP_SIGNALS:
+    signal.signal(_signum, _stop_while_starting)
   atexit.register(remove_new_keras_config)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
+import tasks  # Hides TensorFlow's C++ logs before it loads (tasks/quiet.py).

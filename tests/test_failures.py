@@ -427,37 +427,28 @@ def test_a_stop_signal_landing_in_a_weakref_callback_still_stops_the_program():
     assert landed_in_callback and reference() is None
 
 
-def test_a_stop_while_starting_that_lands_in_a_weakref_callback_still_stops_the_program(
-    capsys):
-  """Issue 47: a SIGTERM during a program's imports, handled by `launch`'s start-up
-  handler, landed in JAX's garbage-collector callback, was printed and ignored, and the
-  run trained and exited 0. Here in a weakref callback, which Python treats alike."""
-  import launch  # pylint: disable=g-import-not-at-top
-
-  def callback(_):
-    os.kill(os.getpid(), signal.SIGTERM)  # Handled as this call returns: in the callback.
-
-  class Referent:
-    pass
-
-  handler, python_hook = signal.getsignal(signal.SIGTERM), sys.unraisablehook
-  try:
-    signal.signal(signal.SIGTERM, launch._stop_while_starting)
-    sys.unraisablehook = launch._signal_swallowed_stop_again
-    referent = Referent()
-    reference = weakref.ref(referent, callback)
-    with pytest.raises(SystemExit) as stop:
-      del referent
-      deadline = time.monotonic() + 10
-      while time.monotonic() < deadline:  # Signalled again: raised here, in ordinary code.
-        pass
-  finally:
-    signal.signal(signal.SIGTERM, handler)
-    sys.unraisablehook = python_hook
-  assert stop.value.code == exit_status.INTERRUPTED and reference() is None
-  err = capsys.readouterr().err
-  assert err.count('interrupted by SIGTERM while starting') == 1, err
-  assert 'Exception ignored' not in err, err
+def test_a_stop_while_starting_ends_the_program_even_where_exceptions_are_swallowed(tmp_path):
+  """Issue 47: a SIGTERM during a program's imports landed in JAX's garbage-collector
+  callback, was printed and ignored, and the run trained and exited 0; CI saw another
+  turned into `ImportError: initialization failed` by an extension module's import (exit
+  1, a traceback). The start-up handler now ends the process itself: here the stop lands
+  in a handler that swallows every exception, and the program still ends, 130, one line."""
+  script = (
+      'import os, signal, time, launch\n'
+      'launch._PROGRAM = "train"\n'
+      'signal.signal(signal.SIGTERM, launch._stop_while_starting)\n'
+      'try:\n'
+      '  os.kill(os.getpid(), signal.SIGTERM)\n'
+      '  time.sleep(5)\n'
+      'except BaseException:\n'
+      '  pass\n'
+      'print("went on")\n'
+  )
+  proc = subprocess.run([sys.executable, '-c', script], cwd=_REPO, capture_output=True,
+                        text=True, env=_environment(tmp_path / 'tmp'), timeout=120)
+  assert proc.returncode == exit_status.INTERRUPTED, proc.stderr
+  assert proc.stdout == ''
+  assert proc.stderr == 'train: error: interrupted by SIGTERM while starting; nothing was done\n'
 
 
 def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done():
