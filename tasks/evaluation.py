@@ -226,13 +226,15 @@ class Evaluator:
   def __init__(self, model_fn, held_out: HeldOut, *, parallel: int = 1,
                device: Optional[str] = None):
     self._held_out = held_out
+    self._model_fn = model_fn
     self._device = device
     self._parallel = max(1, parallel)
     self._traced = 0  # The first this many models have traced their tf.functions.
     with self._on_device():
-      # Made now, not when first needed: a Keras model made outside a graph after another
-      # was made in one (as tracing a TFF computation does) fails its first call.
-      self._models = [model_fn() for _ in range(self._parallel)]
+      # A model a call of one weights uses; `evaluate_many` makes more as it needs them,
+      # and calls each at once: a Keras model made outside a graph is invalid once another
+      # is made in one (as tracing a TFF computation does) unless it was called before.
+      self._models = [model_fn() for _ in range(min(self._parallel, len(held_out.groups)))]
       # Finalizes pooled sums: TFF's `metric_finalizers` build a Keras metric in a
       # tf.function, which runs once per process only outside TFF's graph mode.
       self._finalizing = {m.name: m for m in model_fn().get_metrics()}
@@ -277,6 +279,9 @@ class Evaluator:
     num_groups = len(self._held_out.groups)
     pieces = [(i, g) for i in range(len(weights)) for g in range(num_groups)]
     slots = min(self._parallel, len(pieces))
+    with self._on_device():
+      while len(self._models) < slots:
+        self._models.append(self._model_fn())
     per_slot = [pieces[s::slots] for s in range(slots)]
     if slots == 1 or self._traced < slots:
       # A model's first call traces its tf.functions, one model after another: two threads

@@ -132,6 +132,22 @@ def test_several_weights_at_once_give_each_its_own_metrics(small_task):
   assert len({m['loss'] for m in alone}) == len(cells)  # The cells differ.
 
 
+def test_several_weights_at_once_after_a_model_was_made_in_a_graph(small_task):
+  """A warm worker's evaluator, used by a run alone (one slot), then by a batched group,
+  whose process made models in a graph: Keras invalidates models made outside a graph
+  and not yet called, so the second slot's model is made when first needed."""
+  task = small_task('emnist')
+  cells = [_weights(task, seed)[0] for seed in (1, 2)]
+  held_out = evaluation.read_held_out(task)
+  assert len(held_out.groups) == 1
+  evaluator = evaluation.Evaluator(task.model_fn, held_out, parallel=2)
+  alone = [evaluator(w) for w in cells]
+  with tf.Graph().as_default():
+    task.model_fn()
+  assert evaluator.evaluate_many(cells) == alone
+  evaluator.close()
+
+
 def test_threads_run_only_graphs_the_first_call_traced_in_its_own_thread(small_task):
   """Tracing in two threads at once crashed TensorFlow (SIGSEGV) in one validation run."""
   task = small_task('emnist')
