@@ -9,9 +9,10 @@ and a run's round goes to a `CellGroup`: once every run still training has asked
 round, the group trains them as the cells of `tff_zmg.templates.cells` and hands each
 its own state and metrics. Their evaluations meet the same way and are evaluated together
 (`tasks.evaluation.Evaluator.evaluate_many`: the cells share the evaluator's slots, where
-one after another each would have one slot of a small test set). Runs at different rounds (resumed from checkpoints of
-different rounds) catch up with each other first; a run that ends (finished, diverged,
-failed) leaves the group and the others go on, its place in the computation filled.
+one after another each would have one slot of a small test set). Runs at different rounds
+(resumed from checkpoints of different rounds) catch up with each other first; a run that
+ends (finished, diverged, failed) leaves the group and the others go on, its place in the
+computation filled.
 
 A process that cannot be batched (clients that keep state), or a runtime other than
 the in-process one, trains its runs one after another, each saying so in one line.
