@@ -141,9 +141,16 @@ class FiniteStateManager(tff.program.FileProgramStateManager):
 
   def wait(self) -> None:
     """Returns when every save asked for is written; raises the error of one that failed."""
-    pending, self._pending = self._pending, None
-    if pending is not None:
+    pending = self._pending
+    if pending is None:
+      return
+    try:
       pending.result()
+    finally:
+      # A stop signal raised while this waits leaves the save to wait for again (`close`,
+      # before the run says which checkpoint it keeps).
+      if pending.done():
+        self._pending = None
 
   def close(self) -> None:
     """`wait`, then ends the writer."""
