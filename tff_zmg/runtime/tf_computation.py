@@ -72,7 +72,7 @@ def _stays_on_host(node, device_type: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _kernel_device_types(op: str) -> frozenset:
   """The device types with a kernel of `op`: TensorFlow serializes its whole kernel list
-  for each ask (about a millisecond), and a graph of K cells has thousands of nodes."""
+  for each ask (0.3 ms here), and a graph of K cells has thousands of nodes."""
   return frozenset(k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel)
 
 
