@@ -9,6 +9,13 @@ computation's serialized proto and TFF's version, and a process that builds the 
 round builds the same proto, so a file is only ever read for the computation it was
 compiled from. `TFF_ZMG_FORM_CACHE` names the folder (default
 `$XDG_CACHE_HOME/tff_zmg/map_reduce_forms`, `~/.cache/...`); empty turns the disk off.
+
+The compile optimizes each piece with Grappler as TFF does (`GRAPPLER_CONFIG`), except its
+memory scheduling: that pass rewrites an `AddN` into a `TemporaryVariable` accumulator whose
+name is fixed in the graph, and a `TemporaryVariable` lives in the step container, which all
+eager calls of a process share. Two clients trained at once then create the same variable
+and one fails with AlreadyExistsError (FedGPS's CIFAR-100 round, 2 tries in 5). The runtime
+optimizes what it imports the same way (`tf_computation.call_options`).
 """
 
 import base64
@@ -22,6 +29,7 @@ from typing import Optional
 
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
+from tensorflow_federated.python.core.backends.mapreduce import form_utils
 
 from tasks import cache
 
@@ -29,12 +37,35 @@ from tasks import cache
 _CACHE_SIZE = 8
 # Forms kept on disk: the newest by use; each is a few hundred kB to a few MB.
 _DISK_FILES = 64
-_FORMAT = 1  # Of the files' content; part of their name.
+_FORMAT = 2  # Of the files' content and the compile's options; part of their name.
 _TMP_PREFIX = '.form-'
 _PIECES = ('prepare', 'work', 'zero', 'accumulate', 'merge', 'report', 'secure_sum_bitwidth',
            'secure_sum_max_input', 'secure_modular_sum_modulus', 'update')
 _forms: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
+
+
+def turn_off_memory_scheduling(config) -> None:
+  """Grappler's memory scheduling off in a `ConfigProto`; its swapping (a GPU's) stays."""
+  rewrites = config.graph_options.rewrite_options
+  rewrites.memory_optimization = rewrites.SWAPPING_HEURISTICS
+
+
+def _grappler_config():
+  """TFF's compile options with memory scheduling off."""
+  config = type(form_utils._GRAPPLER_DEFAULT_CONFIG)()  # pylint: disable=protected-access
+  config.CopyFrom(form_utils._GRAPPLER_DEFAULT_CONFIG)  # pylint: disable=protected-access
+  turn_off_memory_scheduling(config)
+  return config
+
+
+GRAPPLER_CONFIG = _grappler_config()
+
+
+def compile_form(comp) -> tff.backends.mapreduce.MapReduceForm:
+  """TFF's MapReduceForm of `comp`, compiled with `GRAPPLER_CONFIG`."""
+  return tff.backends.mapreduce.get_map_reduce_form_for_computation(
+      comp, grappler_config=GRAPPLER_CONFIG)
 
 
 def map_reduce_form(comp) -> tff.backends.mapreduce.MapReduceForm:
@@ -48,7 +79,7 @@ def map_reduce_form(comp) -> tff.backends.mapreduce.MapReduceForm:
   path = _disk_path(comp)
   form = _read(path, comp) if path else None
   if form is None:
-    form = tff.backends.mapreduce.get_map_reduce_form_for_computation(comp)
+    form = compile_form(comp)
     if path:
       _write(path, form)
   with _lock:

@@ -150,7 +150,7 @@ class _Round:
       if form.securely_aggregates_tensors:
         # Compiled again, lowered: a second compile only for the rare secure round,
         # instead of a lowering pass (seconds of pure-Python protobuf) for every round.
-        form = tff.backends.mapreduce.get_map_reduce_form_for_computation(
+        form = forms.compile_form(
             tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
         )
     except Exception as e:  # pylint: disable=broad-except

@@ -17,8 +17,13 @@ dataset variant cannot be copied to an accelerator, so everything that touches t
 rest, model arithmetic included, goes to the client's device.
 
 Values cross the boundary flat, in the order of their TFF type (`flatten`, `pack`).
+
+Grappler optimizes an imported function, and each function it calls, without its memory
+scheduling (`without_memory_scheduling`, `call_options`), as `forms` compiles them: see
+`forms.GRAPPLER_CONFIG` for the AlreadyExistsError that pass causes when clients run at once.
 """
 
+import contextlib
 import functools
 import itertools
 from typing import Any, Optional, Sequence
@@ -26,12 +31,16 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.eager import context
 from tensorflow.python.framework import kernels
 from tensorflow_federated.proto.v0 import computation_pb2
 from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
+
+from tff_zmg.runtime import forms
 
 HOST_DEVICE = '/device:CPU:0'
 _import_counter = itertools.count()
@@ -147,6 +156,37 @@ def rename_functions(graph_def: tf.compat.v1.GraphDef, suffix: str) -> tf.compat
   return graph_def
 
 
+def without_memory_scheduling(graph_def: tf.compat.v1.GraphDef) -> tf.compat.v1.GraphDef:
+  """Memory scheduling off in the Grappler config of every function call of the graph and
+  its library (a call's body not inlined is optimized with the call's `config_proto`)."""
+  for nodes in (graph_def.node, *(f.node_def for f in graph_def.library.function)):
+    for node in nodes:
+      if 'config_proto' in node.attr:
+        config = config_pb2.ConfigProto.FromString(node.attr['config_proto'].s)
+        forms.turn_off_memory_scheduling(config)
+        node.attr['config_proto'].s = config.SerializeToString(deterministic=True)
+  return graph_def
+
+
+@functools.lru_cache(maxsize=None)
+def _call_options(default_config: bytes) -> context.FunctionCallOptions:
+  config = config_pb2.ConfigProto.FromString(default_config)
+  forms.turn_off_memory_scheduling(config)
+  return context.FunctionCallOptions(config_proto=config)
+
+
+@contextlib.contextmanager
+def call_options():
+  """This thread's eager function calls optimized without memory scheduling."""
+  ctx = context.context()
+  default = ctx.function_call_options
+  ctx.function_call_options = _call_options(default.config_proto_serialized)
+  try:
+    yield
+  finally:
+    ctx.function_call_options = default
+
+
 class ImportedComputation:
   """A TF computation imported into this process, callable on flat values.
 
@@ -167,6 +207,7 @@ class ImportedComputation:
     suffix = f'tff_zmg_{next(_import_counter)}'
     graph_def = tensorflow_utils._uniquify_shared_names_with_suffix(graph_def, suffix)
     graph_def = rename_functions(graph_def, suffix)
+    without_memory_scheduling(graph_def)
     if device is not None:
       place_nodes(graph_def, device)
     parameter_names = []
@@ -209,9 +250,10 @@ class ImportedComputation:
     ]
     if self._token is not None:
       flat_args.append(self._token)
-    if self._initialize is not None:
-      self._initialize(*flat_args)
-    return list(self._run(*flat_args))
+    with call_options():
+      if self._initialize is not None:
+        self._initialize(*flat_args)
+      return list(self._run(*flat_args))
 
 
 def flatten(value: Any, type_spec: tff.Type) -> list[Any]:
