@@ -10,6 +10,7 @@ from keras.src.layers.rnn import gru as keras_gru
 import tensorflow as tf
 
 from tasks import gru_sequence
+from tasks import keyed_randomness
 
 EMNIST_NUM_CLASSES = 62
 CIFAR100_NUM_CLASSES = 100
@@ -68,6 +69,8 @@ def cifar100_cnn(seed: int = 0) -> tf.keras.Model:
   [Conv2D(32, 3x3, same, relu) x2 - MaxPool 2 - Dropout .25] -
   [Conv2D(64, 3x3, same, relu) x2 - MaxPool 2 - Dropout .25] -
   Flatten - Dense(512, relu) - Dropout .5 - Dense(100) (logits). Input: (32, 32, 3) in [0, 1].
+  The dropouts are `KeyedDropout`s (salts 0, 1, 2): their masks are keyed by the batch, so
+  the model trains on batches that carry keys (`keyed_randomness`).
   """
   init = tf.keras.initializers.GlorotUniform
   layers = [tf.keras.layers.InputLayer(input_shape=(32, 32, 3))]
@@ -84,12 +87,12 @@ def cifar100_cnn(seed: int = 0) -> tf.keras.Model:
       )
     layers += [
         tf.keras.layers.MaxPool2D(2),
-        tf.keras.layers.Dropout(0.25, seed=seed + block),
+        keyed_randomness.KeyedDropout(0.25, salt=block),
     ]
   layers += [
       tf.keras.layers.Flatten(),
       tf.keras.layers.Dense(512, activation='relu', kernel_initializer=init(seed + 4)),
-      tf.keras.layers.Dropout(0.5, seed=seed + 2),
+      keyed_randomness.KeyedDropout(0.5, salt=2),
       tf.keras.layers.Dense(CIFAR100_NUM_CLASSES, kernel_initializer=init(seed + 5)),
   ]
   return tf.keras.Sequential(layers, name='cifar100_cnn')

@@ -20,6 +20,8 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
+from tasks import keyed_randomness
+
 DatasetFn = Callable[[tf.data.Dataset], tf.data.Dataset]
 # One client's examples in their stored order: feature name -> a tensor of all of them.
 ClientTensors = Mapping[str, tf.Tensor]
@@ -155,23 +157,33 @@ def image_preprocess_fn(
     image_key: str,
     scale: float,
     add_channel_axis: bool,
+    keyed: bool = False,
 ) -> DatasetFn:
-  """Images: x = float32(batch[image_key]) * scale (+ a channel axis); y = int32 label."""
+  """Images: x = float32(batch[image_key]) * scale (+ a channel axis); y = int32 label;
+  with `keyed`, each example's key (`keyed_randomness`) beside them."""
 
   def to_xy(batch):
     x = tf.cast(batch[image_key], tf.float32) * scale
     if add_channel_axis:
       x = tf.expand_dims(x, -1)
-    return collections.OrderedDict(x=x, y=tf.cast(batch['label'], tf.int32))
+    xy = collections.OrderedDict(x=x, y=tf.cast(batch['label'], tf.int32))
+    if keyed:
+      xy[keyed_randomness.KEY] = batch[keyed_randomness.KEY]
+    return xy
 
   def preprocess(dataset):
     dataset = _shuffle_repeat_take(dataset, num_epochs, shuffle_seed, max_elements)
+    if keyed:
+      dataset = keyed_randomness.with_keys(dataset, shuffle_seed)
     return without_autotune(dataset.batch(batch_size).map(to_xy))
 
   def from_tensors(client):
     # to_xy acts on each example alone: on all of them at once it gives the same values.
     order = pass_order(_client_size(client), shuffle_seed, num_epochs, max_elements)
-    xy = to_xy(_examples(client, order))
+    examples = _examples(client, order)
+    if keyed:
+      examples = keyed_randomness.examples_with_keys(examples, shuffle_seed)
+    xy = to_xy(examples)
     return without_autotune(tf.data.Dataset.from_tensor_slices(xy).batch(batch_size))
 
   return Preprocess(preprocess, from_tensors)
@@ -204,8 +216,10 @@ def shakespeare_preprocess_fn(
     batch_size: int, num_epochs: int = 1, shuffle_seed: Optional[int] = None,
     max_elements: Optional[int] = None,
     sequence_length: int = SHAKESPEARE_SEQUENCE_LENGTH,
+    keyed: bool = False,
 ) -> DatasetFn:
-  """Shakespeare: snippets -> (x, y) int64 (B, 80) character ids, y shifted by one.
+  """Shakespeare: snippets -> (x, y) int64 (B, 80) character ids, y shifted by one; with
+  `keyed`, each piece's key (`keyed_randomness`) beside them.
 
   Each snippet is mapped to ids (unknown characters -> 65), padded with -1 to a multiple of
   `sequence_length + 1` and cut into pieces of that length; x = piece[:-1], y = piece[1:].
@@ -221,14 +235,19 @@ def shakespeare_preprocess_fn(
         [ids, tf.fill([pad], tf.constant(SHAKESPEARE_PAD_LABEL, tf.int64))], 0
     )
 
-  def to_xy(pieces):
-    return collections.OrderedDict(
-        x=tf.maximum(pieces[:, :-1], 0), y=pieces[:, 1:]
-    )
+  def to_xy(batch):
+    pieces = batch['pieces']
+    xy = collections.OrderedDict(x=tf.maximum(pieces[:, :-1], 0), y=pieces[:, 1:])
+    if keyed:
+      xy[keyed_randomness.KEY] = batch[keyed_randomness.KEY]
+    return xy
 
   def preprocess(dataset):
     dataset = _shuffle_repeat_take(dataset, num_epochs, shuffle_seed, max_elements)
     dataset = dataset.map(to_ids).unbatch().batch(piece, drop_remainder=True)
+    dataset = dataset.map(lambda pieces: {'pieces': pieces})
+    if keyed:
+      dataset = keyed_randomness.with_keys(dataset, shuffle_seed)
     return without_autotune(dataset.batch(batch_size).map(to_xy))
 
   def from_tensors(client):
@@ -239,7 +258,10 @@ def shakespeare_preprocess_fn(
     rows = [np.concatenate([row, np.full((-len(row)) % piece, SHAKESPEARE_PAD_LABEL)])
             for row in np.split(ids.flat_values.numpy(), ids.row_splits.numpy()[1:-1])]
     pieces = np.concatenate(rows or [np.zeros([0], np.int64)]).astype(np.int64)
-    xy = to_xy(tf.constant(pieces.reshape(-1, piece)))
+    examples = {'pieces': tf.constant(pieces.reshape(-1, piece))}
+    if keyed:
+      examples = keyed_randomness.examples_with_keys(examples, shuffle_seed)
+    xy = to_xy(examples)
     return without_autotune(tf.data.Dataset.from_tensor_slices(xy).batch(batch_size))
 
   return Preprocess(preprocess, from_tensors)

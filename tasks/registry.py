@@ -13,6 +13,7 @@ import tensorflow_federated as tff
 
 from tasks import checks
 from tasks import client_tensors
+from tasks import keyed_randomness
 from tasks import models
 from tasks import preprocessing
 from tasks import sources
@@ -232,23 +233,24 @@ def get(
   checks.check_positive('batch_size', batch_size)
   checks.check_positive('eval_batch_size', eval_batch_size)
   checks.check_positive('num_epochs', num_epochs)
+  keras_model_fn = _keras_model_fn(spec, model_seed, gpu_kernels)
+  keyed = _keyed(keras_model_fn)
   train_data, test_data = _load_client_data(
       name, data_source, cache_dir, synthetic_settings,
       _partition_settings(partition, dirichlet_alpha, num_clients, partition_seed),
   )
   train_preprocess_fn_for_seed = _train_preprocess_fn_for_seed(
-      spec, batch_size, num_epochs, max_elements
+      spec, batch_size, num_epochs, max_elements, keyed
   )
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train_data,
       test_data=test_data,
       train_preprocess_fn=train_preprocess_fn_for_seed(shuffle_seed),
-      eval_preprocess_fn=spec.preprocess_fn(eval_batch_size),
+      eval_preprocess_fn=spec.preprocess_fn(eval_batch_size, keyed=keyed),
   )
-  keras_model_fn = _keras_model_fn(spec, model_seed, gpu_kernels)
   return Task(
       datasets=datasets,
-      model_fn=_tff_model_fn(spec, keras_model_fn, datasets.element_type_structure),
+      model_fn=_tff_model_fn(spec, keras_model_fn, datasets.element_type_structure, keyed),
       spec=spec,
       keras_model_fn=keras_model_fn,
       train_preprocess_fn_for_seed=train_preprocess_fn_for_seed,
@@ -285,11 +287,12 @@ def _load_client_data(name, data_source, cache_dir, synthetic_settings, partitio
   )
 
 
-def _train_preprocess_fn_for_seed(spec, batch_size, num_epochs, max_elements):
+def _train_preprocess_fn_for_seed(spec, batch_size, num_epochs, max_elements, keyed):
   """`seed -> preprocess_fn`: the training preprocessing with that shuffle seed."""
 
   def for_seed(seed: Optional[int]) -> preprocessing.Preprocess:
-    return spec.preprocess_fn(batch_size, num_epochs, shuffle_seed=seed, max_elements=max_elements)
+    return spec.preprocess_fn(batch_size, num_epochs, shuffle_seed=seed,
+                              max_elements=max_elements, keyed=keyed)
 
   return for_seed
 
@@ -302,10 +305,25 @@ def _keras_model_fn(spec, model_seed, gpu_kernels) -> Callable[[], tf.keras.Mode
   return keras_model_fn
 
 
-def _tff_model_fn(spec, keras_model_fn, input_spec):
-  """The TFF model builder: a fresh Keras model with the task's loss and metrics."""
+def _keyed(keras_model_fn) -> bool:
+  """Whether the model draws keyed random numbers; refuses one that draws them from a
+  generator's state (`keyed_randomness.check_keyed`). Built eagerly, not in a spare graph:
+  a Keras model made in a graph invalidates the models made outside one before it."""
+  keras_model = keras_model_fn()
+  keyed_randomness.check_keyed(keras_model)
+  return keyed_randomness.is_keyed(keras_model)
+
+
+def _tff_model_fn(spec, keras_model_fn, input_spec, keyed):
+  """The TFF model builder: a fresh Keras model with the task's loss and metrics; where
+  the model is keyed, one whose forward pass gives its layers the batch's keys."""
 
   def model_fn() -> tff.learning.models.VariableModel:
+    if keyed:
+      # TFF's from_keras_model with one loss, as it builds its own model.
+      return keyed_randomness.KeyedKerasModel(
+          keras_model_fn(), input_spec=input_spec, loss_fns=[spec.loss_fn()],
+          loss_weights=[1.0], metrics=spec.metrics_fn())
     return tff.learning.models.from_keras_model(
         keras_model_fn(),
         loss=spec.loss_fn(),

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from conftest import SMALL_SYNTHETIC
 import tasks
+from tasks import keyed_randomness
 from tasks import models
 from tasks import preprocessing
 from tasks import sources
@@ -56,6 +57,10 @@ def test_preprocessed_batches_have_model_shapes(
   assert tuple(batch['y'].shape) == y_shape and batch['y'].dtype == y_dtype
   if name != 'shakespeare':
     assert 0.0 <= float(tf.reduce_min(batch['x'])) and float(tf.reduce_max(batch['x'])) <= 1.0
+  # Only the model with dropout trains on keyed batches: (shuffle seed 0, example j).
+  assert ('key' in batch) == (name == 'cifar100')
+  if name == 'cifar100':
+    np.testing.assert_array_equal(batch['key'], [[0, j] for j in range(20)])
 
 
 @pytest.mark.parametrize('name', ['emnist', 'cifar100', 'shakespeare'])
@@ -198,3 +203,40 @@ def test_task_is_a_tff_baseline_task_whose_model_matches_its_data(small_task):
     model = task.model_fn()
   assert model.input_spec == task.datasets.element_type_structure
   assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == 2_214_532
+
+
+def test_keyed_dropout_masks_are_a_function_of_the_key_and_the_layer():
+  x = tf.ones([64, 100])
+  layer = keyed_randomness.KeyedDropout(0.25, salt=1)
+
+  def mask(batch_key, salt_layer=layer):
+    with keyed_randomness.key(tf.constant(batch_key, tf.int64)):
+      return salt_layer(x, training=True).numpy()
+
+  first = mask([[7, 0]])
+  np.testing.assert_array_equal(first, mask([[7, 0]]))
+  assert not np.array_equal(first, mask([[7, 20]]))  # The next step's batch.
+  assert not np.array_equal(first, mask([[8, 0]]))  # Another client or round.
+  assert not np.array_equal(first, mask([[7, 0]], keyed_randomness.KeyedDropout(0.25, salt=2)))
+  # Kept units scaled by 1 / (1 - rate), as Keras's Dropout; about a quarter dropped.
+  assert set(np.unique(first)) == {0.0, np.float32(1 / 0.75)}
+  assert 0.2 < np.mean(first == 0) < 0.3
+  np.testing.assert_array_equal(layer(x, training=False), x)
+  with pytest.raises(ValueError, match='outside a key scope'):
+    layer(x, training=True)
+
+
+@pytest.mark.parametrize('layer, refused', [
+    (lambda: tf.keras.layers.Dropout(0.5), 'Dropout'),
+    (lambda: tf.keras.layers.GaussianNoise(0.1), 'GaussianNoise'),
+    (lambda: tf.keras.layers.GRU(4, dropout=0.1), 'GRU'),
+    (lambda: tf.keras.layers.GRU(4), None),  # Random in Keras's class tree; draws nothing.
+    (lambda: keyed_randomness.KeyedDropout(0.5, salt=0), None),
+])
+def test_a_model_drawing_from_a_generators_state_is_refused(layer, refused):
+  model = tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape=(3, 2)), layer()])
+  if refused is None:
+    keyed_randomness.check_keyed(model)
+  else:
+    with pytest.raises(ValueError, match=f"generator's state .*{refused}"):
+      keyed_randomness.check_keyed(model)

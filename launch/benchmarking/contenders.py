@@ -18,6 +18,7 @@ import tensorflow_federated as tff
 
 from launch.run import run_config
 from tasks import evaluation
+from tasks import keyed_randomness
 from tff_zmg import client_states
 from tff_zmg.algorithms import registry
 from tff_zmg.algorithms import rules
@@ -91,7 +92,7 @@ def plain_tf_round_fn(
   specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)  # reduce() packs lists.
 
   def gradients(batch):
-    with tf.GradientTape() as tape:
+    with tf.GradientTape() as tape, keyed_randomness.key(batch.get(keyed_randomness.KEY)):
       loss = loss_fn(batch['y'], model(batch['x'], training=True))
     return tuple(tape.gradient(loss, variables))
 

@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import keyed_randomness
 from tff_zmg import validation
 from tff_zmg.algorithms import fedavg
 from tff_zmg.templates import compose
@@ -185,6 +186,11 @@ def _xy(batch):
   if isinstance(batch, Mapping):
     return batch['x'], batch['y']
   return batch
+
+
+def _key(batch):
+  """The batch's keys for a keyed model's random layers (`tasks.keyed_randomness`)."""
+  return batch.get(keyed_randomness.KEY) if isinstance(batch, Mapping) else None
 
 
 def _metric_finalizers():
@@ -328,7 +334,7 @@ def _fedgps_rule(
     current = tuple(v.read_value() for v in trainable)
     for variable, value, shift in zip(trainable, current, context.offset):
       variable.assign(value + shift)
-    with tf.GradientTape() as tape:
+    with tf.GradientTape() as tape, keyed_randomness.key(_key(batch)):
       features, logits, terms = objective_terms(context, x, y, x_s, y_s)
     gradients = tape.gradient(terms['objective'], trainable)
     gradients = tuple(tf.convert_to_tensor(g) for g in gradients)
