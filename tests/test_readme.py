@@ -90,7 +90,8 @@ def test_the_benchmark_table_replaces_only_the_marked_section_of_performance_md(
   benchmark_table = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(benchmark_table)
   report = {
-      'command': ['--algos=fedavg'], 'date': '2026-01-02', 'cpus': 2,
+      'command': ['--algos=fedavg', '--output=/home/me/bench.json', '--cache_dir', '/data'],
+      'date': '2026-01-02', 'cpus': 2,
       'contenders': {
           'plain_tf': dict(median_s=1.0, bound='plain_tf', peak_rss_mib=900.0,
                            paired=dict(bound=1.0, plain_sgd=1.0, tff_fedavg=0.9)),
@@ -100,7 +101,7 @@ def test_the_benchmark_table_replaces_only_the_marked_section_of_performance_md(
       'scaling': [[10, 1.5], [20, 2.8]], 'concurrency': [[1, 2.0], [-1, 1.5]],
   }
   table = benchmark_table.render(report)
-  assert '`python -m launch.benchmark --algos=fedavg`' in table
+  assert '`python -m launch.benchmark --algos=fedavg`.' in table  # No path of the machine.
   assert '| fedavg | 1.50 s | 1.50 | 1.50 (`plain_tf`) | 1.00 | 2,048 MiB |' in table
   assert '| 20 | 2.80 s | 0.140 s |' in table and '| unlimited | 1.50 s |' in table
   page = _read(os.path.join(_DOCS, 'performance.md'))
