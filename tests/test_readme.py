@@ -62,6 +62,25 @@ def test_readme_is_at_most_6_kb_and_every_link_into_docs_resolves():
   assert checked >= len(readme_links)
 
 
+# An absolute path of one machine: its work tree, temporary files or home folders. A
+# reader's machine has none of them; a page gives paths relative to the checkout, `~/...`,
+# or an example such as `/shared/runs` that says it is one.
+_MACHINE_PATH = re.compile(r'(?<![\w.~$/-])/(?:work|tmp|root|home|Users|mnt)(?:/|\b)')
+
+
+def test_the_readme_and_docs_name_no_path_of_one_machine():
+  assert _MACHINE_PATH.findall('--output=/work/notes/b.json, /tmp, ~/.tff, a/tmp/b, /home/x')
+  assert len(_MACHINE_PATH.findall('--output=/work/notes/b.json, /tmp, ~/.tff, a/tmp/b')) == 2
+  pages = [_README] + sorted(
+      os.path.join(_DOCS, name) for name in os.listdir(_DOCS) if name.endswith('.md'))
+  found = [
+      f'{os.path.relpath(page, _REPO)}:{number}: {line.strip()}'
+      for page in pages for number, line in enumerate(_read(page).splitlines(), 1)
+      if _MACHINE_PATH.search(line)
+  ]
+  assert not found, '\n'.join(found)
+
+
 def test_ci_runs_exactly_the_readmes_test_command():
   (test_command,) = _commands(_COMMAND_PREFIX + 'pytest')
   assert test_command == _COMMAND_PREFIX + 'pytest tests'
