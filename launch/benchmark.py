@@ -10,7 +10,7 @@ after a warm-up round each, with the median and spread over `--repeats`:
   `tf.function` running TFF's SGD in `dataset.reduce`, every client from the same
   weights: the floor on this hardware;
 - `plain_tf_keras`: the loop most users write, Keras SGD in a `for` loop over the
-  dataset (the reference issue 8 was first measured against);
+  dataset;
 - `plain_tf/<algo>`: each algorithm's client arithmetic without federation, its bound:
   a stateless algorithm's client rule stepped in `plain_tf`'s loop (so
   `plain_tf/fedavg` is `plain_tf`; Mime-Lite's after a pass that sums the gradients

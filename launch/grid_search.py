@@ -37,8 +37,11 @@ score averages, the rungs, the stability check and the cost (rounds trained and 
 seconds, from the runs' metrics.csv).
 
 Each cell is an ordinary training run in `<root_output_dir>/<experiment_name>/<cell>/`
-(experiment_name defaults to grid_<task>_<algo>), trained by its own `launch.train`
-process, `--parallel` at a time; a cell's output is in `logs/<cell>.log` there.
+(experiment_name defaults to grid_<task>_<algo>), trained as `launch.train` would train it,
+to the bit, by warm worker processes (`launch.sweeps.warm_worker`): `--parallel` of them on
+this machine, or Ray actors with --ray_address, each training one cell after another and
+paying once for what cells share (imports, data, the process's build). A cell's output is
+in `logs/<cell>.log` there, under the `launch.train` command that trains it alone.
 Re-running the same command resumes an interrupted search: finished cells are not run
 again, unfinished ones resume from their checkpoints. A diverging cell is recorded as
 diverged (score NaN); --overwrite retrains every cell from scratch. Outputs, next to the

@@ -4,7 +4,8 @@ r"""Peak memory of FedRKMGC's client states as the population grows at a fixed c
 
 Each (store, population) pair is an ordinary `launch.run.experiment` run of `fedrkmgc` on
 synthetic data in its own child process, so that its peak resident memory is its
-own. The peak is sampled over the child and its TFF worker together. With the disk
+own. The peak is sampled over the child and the processes it starts (a TFF worker, if its
+runtime uses one) together. With the disk
 store the peak must stay flat as the population grows (only the cohort's states are
 ever in memory); with the memory store it grows with the clients that have taken
 part, which shows the benchmark can see growth. One line per run, then one line per
@@ -101,5 +102,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  # It measures `launch.train` subprocesses and runs no TFF computation itself.
+  # It measures its own --child subprocesses and runs no TFF computation itself.
   failures.run_program('memory_benchmark', main, tff_context=False)

@@ -7,7 +7,9 @@
 `--write` replaces what lies between the lines `<!-- benchmark-table: begin -->` and
 `<!-- benchmark-table: end -->` of that file (with `--section=NAME`, between
 `<!-- benchmark-table NAME: begin -->` and `... NAME: end -->`: a second table from another
-run), so the published figures are the measured ones, never copied by hand. Pure Python: reading the JSON needs neither TensorFlow nor TFF.
+run), so the published figures are the measured ones, never copied by hand. The command shown
+above them leaves out `--output` and `--cache_dir`, paths of the machine that measured them.
+Pure Python: reading the JSON needs neither TensorFlow nor TFF.
 """
 
 import argparse
@@ -16,10 +18,27 @@ import sys
 
 BEGIN = '<!-- benchmark-table: begin -->'
 END = '<!-- benchmark-table: end -->'
+# Where one machine kept its data and wrote its report: nothing a reader re-runs needs them,
+# and a published page names no path of the machine that measured it.
+_MACHINE_FLAGS = ('--output', '--cache_dir')
 
 
 def _ratio(value) -> str:
   return '' if value is None else f'{value:.2f}'
+
+
+def shown_command(command) -> list[str]:
+  """`command` without the flags that name this machine's paths (`_MACHINE_FLAGS`), in
+  either of absl's forms, `--flag=value` and `--flag value`."""
+  shown, skip = [], False
+  for arg in command:
+    if skip:
+      skip = False
+    elif arg in _MACHINE_FLAGS:
+      skip = True
+    elif arg.partition('=')[0] not in _MACHINE_FLAGS:
+      shown.append(arg)
+  return shown
 
 
 def render(report: dict) -> str:
@@ -28,7 +47,7 @@ def render(report: dict) -> str:
   if report.get('command'):
     lines.append(
         f"Measured {report.get('date', '(date not recorded)')} on {report.get('cpus', '?')}"
-        f" CPUs: `python -m launch.benchmark {' '.join(report['command'])}`."
+        f" CPUs: `python -m launch.benchmark {' '.join(shown_command(report['command']))}`."
     )
     lines.append('')
   lines += [

@@ -62,6 +62,25 @@ def test_readme_is_at_most_6_kb_and_every_link_into_docs_resolves():
   assert checked >= len(readme_links)
 
 
+# An absolute path of one machine: its work tree, temporary files or home folders. A
+# reader's machine has none of them; a page gives paths relative to the checkout, `~/...`,
+# or an example such as `/shared/runs` that says it is one.
+_MACHINE_PATH = re.compile(r'(?<![\w.~$/-])/(?:work|tmp|root|home|Users|mnt)(?:/|\b)')
+
+
+def test_the_readme_and_docs_name_no_path_of_one_machine():
+  assert _MACHINE_PATH.findall('--output=/work/notes/b.json, /tmp, ~/.tff, a/tmp/b, /home/x')
+  assert len(_MACHINE_PATH.findall('--output=/work/notes/b.json, /tmp, ~/.tff, a/tmp/b')) == 2
+  pages = [_README] + sorted(
+      os.path.join(_DOCS, name) for name in os.listdir(_DOCS) if name.endswith('.md'))
+  found = [
+      f'{os.path.relpath(page, _REPO)}:{number}: {line.strip()}'
+      for page in pages for number, line in enumerate(_read(page).splitlines(), 1)
+      if _MACHINE_PATH.search(line)
+  ]
+  assert not found, '\n'.join(found)
+
+
 def test_ci_runs_exactly_the_readmes_test_command():
   (test_command,) = _commands(_COMMAND_PREFIX + 'pytest')
   assert test_command == _COMMAND_PREFIX + 'pytest tests'
@@ -90,7 +109,8 @@ def test_the_benchmark_table_replaces_only_the_marked_section_of_performance_md(
   benchmark_table = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(benchmark_table)
   report = {
-      'command': ['--algos=fedavg'], 'date': '2026-01-02', 'cpus': 2,
+      'command': ['--algos=fedavg', '--output=/home/me/bench.json', '--cache_dir', '/data'],
+      'date': '2026-01-02', 'cpus': 2,
       'contenders': {
           'plain_tf': dict(median_s=1.0, bound='plain_tf', peak_rss_mib=900.0,
                            paired=dict(bound=1.0, plain_sgd=1.0, tff_fedavg=0.9)),
@@ -100,7 +120,7 @@ def test_the_benchmark_table_replaces_only_the_marked_section_of_performance_md(
       'scaling': [[10, 1.5], [20, 2.8]], 'concurrency': [[1, 2.0], [-1, 1.5]],
   }
   table = benchmark_table.render(report)
-  assert '`python -m launch.benchmark --algos=fedavg`' in table
+  assert '`python -m launch.benchmark --algos=fedavg`.' in table  # No path of the machine.
   assert '| fedavg | 1.50 s | 1.50 | 1.50 (`plain_tf`) | 1.00 | 2,048 MiB |' in table
   assert '| 20 | 2.80 s | 0.140 s |' in table and '| unlimited | 1.50 s |' in table
   page = _read(os.path.join(_DOCS, 'performance.md'))

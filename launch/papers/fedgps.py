@@ -1,5 +1,8 @@
 """FedGPS: its protocol, Table 1 and its numbers.
 
+Yang et al., "FedGPS: Statistical Rectification Against Data Heterogeneity in Federated
+Learning", NeurIPS 2025, arXiv:2510.20250.
+
 `--protocol=fedgps` trains as the paper's section 5 does (cross-silo: 10 clients, half
 of them per round); `launch.reproduce --paper=fedgps` runs FedAvg and FedGPS on the five
 heterogeneous scenarios of Table 1.
@@ -52,7 +55,7 @@ PUBLISHED = base.by_number(
 
 PAPER = base.Paper(
     name='fedgps',
-    title='FedGPS, section 5',
+    title='FedGPS (NeurIPS 2025, arXiv 2510.20250), section 5',
     algos=('fedavg', 'fedgps'),
     seeds=(0,),
     total_rounds=500,

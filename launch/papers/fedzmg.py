@@ -1,5 +1,8 @@
 """The FedZMG paper: its learning-rate grid, its comparison and its Tables 3-8.
 
+Zantalis, Zervas and Koulouras, "FedZMG: Efficient Client-Side Optimization in Federated
+Learning", arXiv:2602.18384.
+
 docs/specification.md section 6. FedZMG has no `--protocol` (its runs use the tasks' own clients
 and launch.train's defaults); its protocol is the grid search (every pair of client and
 server learning rates 10^-3, 10^-2.5, ..., 10^1, 50 rounds, 10 clients per round, scored
@@ -83,7 +86,7 @@ PUBLISHED = base.by_number(
 
 PAPER = base.Paper(
     name='fedzmg',
-    title='FedZMG (docs/specification.md section 6; paper sections 5.2-6.2)',
+    title='FedZMG (arXiv 2602.18384; docs/specification.md section 6; paper sections 5.2-6.2)',
     algos=('fedzmg', 'fedavg', 'fedadam'),
     seeds=(0, 1, 2, 3, 4),
     total_rounds=1000,

@@ -1,4 +1,4 @@
-"""GC-Fed (Seo et al. 2025, arXiv 2503.13180): its protocol, Tables 4-5 and their numbers.
+"""GC-Fed (Seo et al. 2025, arXiv:2503.13180): its protocol, Tables 4-5 and their numbers.
 
 `--protocol=gcfed` trains as the paper's section 4 does; `launch.reproduce --paper=gcfed`
 runs FedAvg, LocalGC, GlobalGC and GC-Fed on the columns of Tables 4 and 5.

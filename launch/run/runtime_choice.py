@@ -36,10 +36,10 @@ from tff_zmg.runtime import in_process
 
 IN_PROCESS, TFF_WORKER = 'in_process', 'tff_worker'
 RUNTIMES = ('auto', IN_PROCESS, TFF_WORKER)
-# `--executor=cpu --runtime=auto` runs in process: on this 2-core CPU its rounds were faster
-# than TFF's worker's for fedavg, fedzmg, gcfed and fedrkmgc (0.87-0.96x; FedGPS's 1.13x)
-# and it starts sooner (docs/performance.md; launch.benchmark's `in_process` contenders
-# re-measure it).
+# `--executor=cpu --runtime=auto` runs in process: it starts sooner, and on a 2-core CPU its
+# rounds were faster than TFF's worker's for fedavg, fedzmg, gcfed and fedrkmgc (0.87-0.96x;
+# FedGPS's 1.13x; 2026-11-23), then within 8% of them or faster for every algorithm
+# (2026-11-25; docs/performance.md; launch.benchmark's `in_process` contenders re-measure it).
 CPU_RUNTIME = IN_PROCESS
 _PROCESS_START = time.time()  # A session's start in runtime.json.
 

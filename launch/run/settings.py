@@ -62,9 +62,10 @@ _SYNTHETIC_SEED = flags.DEFINE_integer(
 )
 _TOTAL_ROUNDS = flags.DEFINE_integer(
     'total_rounds', 10,
-    'Number of training rounds. Raising it continues a finished run; a value below the'
-    ' rounds a run already trained is refused (a run is never cut back: read the earlier'
-    ' rounds in its metrics.csv).',
+    'Number of training rounds (launch.grid_search: each cell\'s,'
+    f' {papers.fedzmg.GRID.total_rounds} unless given). Raising it continues a finished run;'
+    ' a value below the rounds a run already trained is'
+    ' refused (a run is never cut back: read the earlier rounds in its metrics.csv).',
 )
 _CLIENTS_PER_ROUND = flags.DEFINE_integer('clients_per_round', 10, 'Clients per round.')
 _EPOCHS = flags.DEFINE_integer('client_epochs_per_round', 1, 'Local epochs per round.')
@@ -177,9 +178,9 @@ _ROOT_OUTPUT_DIR = flags.DEFINE_string(
 )
 _EXPERIMENT_NAME = flags.DEFINE_string(
     'experiment_name', None,
-    'Experiment directory name inside --root_output_dir (default'
-    ' <task>_<algo>_seed<seed>); names may nest (a/b), but no component may be empty,'
-    ' "." or "..", or longer than 255 bytes.',
+    'Experiment directory name inside --root_output_dir (default <task>_<algo>_seed<seed>;'
+    ' launch.grid_search: the grid\'s, grid_<task>_<algo>); names may nest (a/b), but no'
+    ' component may be empty, "." or "..", or longer than 255 bytes.',
 )
 _EXECUTOR = flags.DEFINE_enum(
     'executor', 'cpu', ['cpu', 'gpu'],
@@ -191,8 +192,9 @@ _RUNTIME = flags.DEFINE_enum(
     'Who runs the rounds: in_process (this process\'s TensorFlow), tff_worker (TFF\'s C++'
     f' worker_binary, CPU only: its pip build has no CUDA), or auto: in_process for'
     f' --executor=gpu, tff_worker with --workers, and {runtime_choice.CPU_RUNTIME} for'
-    ' --executor=cpu, the faster of the two on the CPU in launch.benchmark (docs/'
-    'performance.md). The devices each client ran on are written to runtime.json.',
+    ' --executor=cpu (it starts sooner, and its rounds were within 8% of the worker\'s or'
+    ' faster in launch.benchmark: docs/performance.md). The devices each client ran on are'
+    ' written to runtime.json.',
 )
 _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
     'max_concurrent_clients', -1,
@@ -203,7 +205,7 @@ _MAX_CONCURRENT_CLIENTS = flags.DEFINE_integer(
 _INTRA_OP_THREADS = flags.DEFINE_integer(
     'intra_op_threads', 0,
     'Threads each TF op may use where clients run on this machine\'s CPU (TFF\'s local'
-    ' worker, or this process with --runtime=in_process); 0: cores // clients run at once'
+    ' worker, or this process on the in-process runtime); 0: cores // clients run at once'
     ' (at least 1), the fast choice when a round\'s clients already keep every core busy.',
 )
 _CLIENT_STATE_STORE = flags.DEFINE_enum(
@@ -215,8 +217,8 @@ _CLIENT_STATE_STORE = flags.DEFINE_enum(
 _WORKERS = flags.DEFINE_list(
     'workers', [],
     'host:port of remote TFF workers (`python -m launch.worker --port=PORT` on each'
-    ' machine, same TFF version) that share every round\'s clients; empty: one local'
-    ' worker. Results equal a local run\'s up to float32 summation order.',
+    ' machine, same TFF version) that share every round\'s clients; empty: this machine'
+    ' (--runtime). Results equal a local run\'s up to float32 summation order.',
 )
 _WORKER_TIMEOUT = flags.DEFINE_float(
     'worker_timeout_s', cpp_worker.REMOTE_CONNECT_TIMEOUT_S,

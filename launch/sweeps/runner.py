@@ -40,7 +40,9 @@ from launch.sweeps import workers as workers_lib
 from tff_zmg import run_files
 
 PARALLEL = flags.DEFINE_integer(
-    'parallel', 1, 'How many training runs go at once, each in its own process.',
+    'parallel', 1,
+    'How many warm worker processes on this machine train runs at once, each one run after'
+    ' another (launch.sweeps.warm_worker); with --ray_address the cluster sets that.',
     lower_bound=1,
 )
 BATCH_CELLS = flags.DEFINE_integer(
@@ -74,7 +76,7 @@ def train_run(name: str, overrides: Mapping[str, object]) -> Run:
 
   The flags the user gave and the overridden ones make the run's command line; its
   config is computed from the same settings by the code `launch.train` uses
-  (`launch.run.settings`), so it is exactly what the subprocess will record (and it fails
+  (`launch.run.settings`), so it is exactly what the run will record (and it fails
   here, early, on settings it would refuse). This program's global flags are left as they are.
 
   Raises:

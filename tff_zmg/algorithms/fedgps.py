@@ -6,8 +6,8 @@ the package's longest (surrogate batches, the look-ahead, the objective, prototy
 and its mechanisms already live in `tff_zmg.transforms` (`surrogate`, `prototypes`,
 `rectification`).
 
-specification.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Wu et
-al., eqs. 6-8). Client rule: SGD(M) on
+specification.md section 2 ("FedGPS client") and section 4; the FedGPS paper (Yang et
+al., NeurIPS 2025, arXiv:2510.20250; eqs. 6-8). Client rule: SGD(M) on
 
     F_k = CE(local) + CE(surrogate) + lambda1 d(P_k, P_k^s) + lambda2 d(P^s, P_k^s)
           + lambda3 ||w||^2,

@@ -4,7 +4,8 @@ Client rule: SGD(M) on the corrected gradient `g - D_n`, then the correction upd
 (`tff_zmg.transforms.correction`), with `D_n`, `Dt_n` kept by each client across the rounds it
 takes part in. Server rule: the relaxation `w <- (1 - rho) w + rho * mean_n w_n`,
 which is server SGD with learning rate `rho` on the uniform mean of the client
-updates `u_n = w^t - w_n` (specification.md sections 2-4).
+updates `u_n = w^t - w_n` (specification.md sections 2-4; the FedRKMGC paper, by anonymous
+authors under double-blind review).
 
 The ablations of the FedRKMGC paper (Table 9) differ in the correction update (how
 `D_new` follows from the raw correction `Dt_new`) and in the default `rho`:

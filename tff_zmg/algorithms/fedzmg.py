@@ -1,6 +1,7 @@
 """FedZMG, FedZMG-Adam and FedZMG-Yogi: zero-mean-gradient client momentum SGD.
 
-specification.md section 2 (ZMG-SGDM) and section 4; FedZMG paper, eqs. 5-8:
+specification.md section 2 (ZMG-SGDM) and section 4; the FedZMG paper (Zantalis, Zervas and
+Koulouras, arXiv:2602.18384), eqs. 5-8:
 
     client k:  g~ = P(g)                   (every weight matrix; biases as is)
                v  <- mu v + g~             (v = 0 at the start of a round)

@@ -146,7 +146,7 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             server_rule='sgd',
             client_weighting=_EXAMPLES,
             description='FedZMG: zero-mean-gradient client SGDM with decoupled weight '
-            'decay, server SGD.',
+            'decay, server SGD (Zantalis, Zervas and Koulouras 2026).',
         ),
         AlgorithmSpec(
             name='fedzmg_adam',
@@ -306,7 +306,8 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             server_rule='sgd',
             client_weighting=_UNIFORM,
             description='FedGPS: surrogate-prototype objective, gradients at a look-ahead'
-            ' along the other clients\' last update (stateful clients).',
+            ' along the other clients\' last update (Yang et al., NeurIPS 2025; stateful'
+            ' clients).',
             stateful=True,
             needs_keras_model=True,
         ),
