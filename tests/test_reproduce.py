@@ -219,7 +219,8 @@ def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
                           lr_grid.cell_name(real_c, real_s))
   recorded = json.load(open(os.path.join(real_dir, 'flags.json')))
   assert (recorded['total_rounds'], recorded['clients_per_round']) == (1, 10)
-  assert recorded['hparams'] == dict(client_learning_rate=real_c, server_learning_rate=real_s)
+  assert recorded['hparams'] == dict(client_learning_rate=real_c, server_learning_rate=real_s,
+                                     client_momentum=0.0, weight_decay=0.0)
   assert list(_accuracy(real_dir)[0]) == [1]
   _check_report(plan, path, _THRESHOLDS, tuple(range(5)))
   text = open(path).read()

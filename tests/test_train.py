@@ -442,14 +442,16 @@ def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
   recorded, identity = (__import__('json').loads(p.read_text())
                         for p in (flags_json, identity_json))
   assert recorded['hparams'] == identity['settings']['hparams'] == {
-      'client_learning_rate': 0.1, 'server_learning_rate': 1.0}
+      'client_learning_rate': 0.1, 'server_learning_rate': 1.0, 'client_momentum': 0.0,
+      'weight_decay': 0.0}
   recorded['hparams'] = identity['settings']['hparams'] = {}
   flags_json.write_text(__import__('json').dumps(recorded))
   identity_json.write_text(__import__('json').dumps(identity))
   rc, _, err = run_main(*base)
   assert rc == 0, err
   assert __import__('json').loads(flags_json.read_text())['hparams'] == {
-      'client_learning_rate': 0.1, 'server_learning_rate': 1.0}
+      'client_learning_rate': 0.1, 'server_learning_rate': 1.0, 'client_momentum': 0.0,
+      'weight_decay': 0.0}
   rc, _, err = run_main(*base, '--client_learning_rate=0.5')
   assert rc == 2 and 'other settings' in err and '--overwrite' in err
   ckpt_dir = exp / 'checkpoints'

@@ -191,7 +191,9 @@ def client_momentum(default: float) -> Any:
 def weight_decay(default: float) -> Any:
   return hparam(
       default, NON_NEGATIVE,
-      'Client weight decay (decoupled for FedZMG, coupled L2 for LocalGC).',
+      'Client weight decay: decoupled for the FedZMG family (w <- w - eta_l wd w beside'
+      ' the step), coupled L2 for the others (wd w added to the gradient, as'
+      ' torch.optim.SGD).',
   )
 
 
