@@ -431,6 +431,38 @@ def test_bad_flags_are_refused_with_what_is_allowed(args, message, tmp_path):
     flags.FLAGS.unparse_flags()
 
 
+# The client optimizer each paper trains every method with, from its text: (learning rate,
+# momentum, weight decay). GC-Fed section 4.1; FedRKMGC section 5 (no decay named); FedGPS
+# section 5 and Table 7 (FedGPS's decay is its lambda3). FedZMG tunes the rate (None) and
+# gives momentum and decay to FedZMG alone (section 5.2.2; specification.md section 2).
+_PAPER_SGD = {
+    'gcfed': {algo: (0.01, 0.9, 1e-5) for algo in ('fedavg', 'local_gc', 'global_gc', 'gcfed')},
+    'fedrkmgc': {'fedavg': (0.01, 0.8, 0.0), 'fedrkmgc': (0.01, 0.8, 0.0)},
+    'fedgps': {'fedavg': (0.01, 0.9, 1e-5), 'fedgps': (0.01, 0.9, 1e-5)},
+    'fedzmg': {'fedavg': (None, 0.0, 0.0), 'fedadam': (None, 0.0, 0.0),
+               'fedzmg': (None, 0.9, 1e-4)},
+}
+
+
+@pytest.mark.parametrize('paper', sorted(_PAPER_SGD))
+def test_every_algorithm_of_a_paper_trains_with_the_papers_client_optimizer(paper, tmp_path):
+  """Each comparison run of each paper's tables records its paper's client optimizer."""
+  _parse(f'--paper={paper}', f'--root_output_dir={tmp_path}')
+  try:
+    runs = reproduce.comparison_runs(reproduce.make_plan())
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert {run.config.algo for run in runs} == set(_PAPER_SGD[paper])
+  for run in runs:
+    hparams = run.config.recorded()['hparams']
+    lr, momentum, decay = _PAPER_SGD[paper][run.config.algo]
+    if lr is not None:
+      assert hparams['client_learning_rate'] == lr, run.name
+    assert hparams['client_momentum'] == momentum, run.name
+    assert hparams.get('lambda3' if run.config.algo == 'fedgps' else 'weight_decay',
+                       0.0) == decay, run.name
+
+
 def test_tfds_papers_need_their_data_but_not_for_a_dry_run(designed, tmp_path):
   _parse('--paper=gcfed', '--table=5', f'--cache_dir={tmp_path}',
          f'--root_output_dir={designed[0]}')
