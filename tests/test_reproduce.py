@@ -138,6 +138,9 @@ def _check_report(plan, path, thresholds, seeds):
 
 _THRESHOLDS = (0.4, 0.6)
 _REAL_CELL = ('fedavg', 10.0 ** -3, 10.0 ** -3)  # Left out, so reproduce trains it.
+# Each grid's designed optimum (client, server): FedAvg's and FedAdam's are their registry
+# defaults, which the report must still call tuned; FedZMG's is not.
+_OPTIMUM = {'fedzmg': (10.0 ** -1.5, 10.0 ** -0.5), 'fedavg': (0.1, 1.0), 'fedadam': (0.1, 0.01)}
 
 
 def _designed_args(root, cache_dir):
@@ -172,10 +175,12 @@ def designed(tmp_path_factory, synthetic_cache_dir):
         # A smooth optimum away from the corners, 0.9 at its peak (a real 1-round cell
         # on synthetic data scores far below), and one corner diverged in round 1 (so,
         # as launch.train leaves it, with no round recorded).
-        score = 0.9 - 0.05 * (math.log10(c) + 1.5) ** 2 - 0.05 * (math.log10(s) + 0.5) ** 2
+        c_top, s_top = _OPTIMUM[algo]
+        score = (0.9 - 0.05 * math.log10(c / c_top) ** 2
+                 - 0.05 * math.log10(s / s_top) ** 2)
         corner = (c, s) == (10.0, 10.0)
         _write_run(grid.run((c, s), rounds), [] if corner else [score], diverged=corner)
-        if (c, s) == (10.0 ** -1.5, 10.0 ** -0.5):
+        if (c, s) == _OPTIMUM[algo]:
           best[(key, algo)] = dict(client_learning_rate=c, server_learning_rate=s)
           # Its stability re-run with seed 1, finished: stable.
           _write_run(grid.run((c, s), rounds, seed=1), [score])
@@ -228,12 +233,18 @@ def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
   assert ('**Not a result: the learning rates were not tuned honestly at this scale**'
           " (cells scored after 1 of the paper's 50 rounds)") in text
   assert json.load(open(os.path.join(plan.directory, 'report.json')))['tuned_honestly'] is False
+  compared = open(os.path.join(plan.directory, 'compare', 'emnist', 'report.md')).read()
+  assert '**Untuned:**' not in compared
   for algo in _ALGOS:
     rows = [line for line in text.splitlines() if line.startswith(f'| emnist | {algo} |')]
     communication, tuning = sorted(rows, key=lambda line: 'not recorded' not in line)
-    assert '| 0.0316 | 0.316 | 0.9000 | 1-1 | 81 x 1 | stable with seed 1 |' in tuning, tuning
+    c, s = _OPTIMUM[algo]
+    assert f'| {c:.3g} | {s:.3g} | 0.9000 | 1-1 | 81 x 1 | stable with seed 1 |' in tuning, tuning
     # These runs are written by the test, without launch.train's communication.json.
     assert communication == f'| emnist | {algo} | mean | not recorded | not recorded |'
+    # A grid's pick is tuned, equal to the registry defaults (fedavg's, fedadam's) or not.
+    row = next(line for line in compared.splitlines() if line.startswith(f'| {algo} |'))
+    assert f'| tuned: client_learning_rate={c:g}, server_learning_rate={s:g} |' in row, row
   assert 'exhaustive: 81 x 1 (cells x rounds)' in text
   for algo in _ALGOS:  # Designed so that every run reaches both thresholds.
     row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))

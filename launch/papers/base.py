@@ -193,6 +193,23 @@ class Setting:
   def task_for(self, data_source: str) -> str:
     return self.synthetic_task if data_source == 'synthetic' and self.synthetic_task else self.task
 
+  def describe(self, data_source: str) -> str:
+    """What the setting is, for a figure's title: 'cifar10_n100_a0.05 (cifar10, Dirichlet
+    α=0.05 over 100 clients; synthetic cifar100 data in its place)'."""
+    flags = dict(self.flags)
+    parts = []
+    if flags.pop('partition', None) == 'dirichlet':
+      parts.append(f'Dirichlet α={flags.pop("dirichlet_alpha"):g} over'
+                   f' {flags.pop("num_clients")} clients')
+    parts += [f'{name.replace("_", " ")} {value}' for name, value in flags.items()]
+    what = ', '.join([self.task, *parts])
+    stand_in = self.task_for(data_source)
+    if stand_in != self.task:
+      what += f'; synthetic {stand_in} data in its place'
+    elif data_source == 'synthetic':
+      what += '; synthetic data'
+    return what if self.key == self.task else f'{self.key} ({what})'
+
 
 def dirichlet_setting(*, key, task, num_clients, alpha, **flags) -> Setting:
   """A column trained on a Dirichlet split of a tfds task (synthetic: TFF's CIFAR-100).
