@@ -493,7 +493,7 @@ def test_bad_flags_are_refused_with_what_is_allowed(args, message, tmp_path):
 
 
 # The client optimizer each paper trains every method with, from its text: (learning rate,
-# momentum, weight decay). GC-Fed section 4.1; FedRKMGC section 5 (no decay named); FedGPS
+# momentum, weight decay). GC-Fed section 4.1; FedRKMGC section 4 (no decay named); FedGPS
 # section 5 and Table 7 (FedGPS's decay is its lambda3). FedZMG tunes the rate (None) and
 # gives momentum and decay to FedZMG alone (section 5.2.2; specification.md section 2).
 _PAPER_SGD = {

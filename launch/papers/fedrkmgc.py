@@ -1,12 +1,13 @@
 """FedRKMGC: its protocol, Table 1 and its numbers.
 
-`--protocol=fedrkmgc` trains as the paper's section 5 does; `launch.reproduce
---paper=fedrkmgc` runs FedAvg and FedRKMGC on the Dirichlet columns of Table 1.
+`--protocol=fedrkmgc` trains as the paper's section 4 (Training Settings) does;
+`launch.reproduce --paper=fedrkmgc` runs FedAvg and FedRKMGC on the Dirichlet columns of
+Table 1.
 """
 
 from launch.papers import base
 
-_RKM = 'FedRKMGC section 5 (Training Settings)'
+_RKM = 'FedRKMGC section 4 (Training Settings)'
 
 PROTOCOL = base.Protocol(
     name='fedrkmgc',
@@ -24,7 +25,7 @@ PROTOCOL = base.Protocol(
     sources=dict(
         num_clients=_RKM,
         dirichlet_alpha='our choice of the paper\'s {0.3, 0.5} (its Table 4 uses 0.3)',
-        dirichlet_alphas='FedRKMGC section 5, Tables 1-4',
+        dirichlet_alphas='FedRKMGC section 4, Tables 1-4',
         clients_per_round=_RKM,
         client_epochs_per_round=_RKM,
         client_batch_size=_RKM,

@@ -44,7 +44,7 @@ class FedAvgHparams(hp.Hparams):
   SGD, and the FedZMG paper's (section 5.2.2 gives both to FedZMG alone). The papers that
   train every method with SGD momentum and weight decay set theirs through their
   protocol (`launch/papers`: GC-Fed section 4.1 and FedGPS section 5, momentum 0.9 and
-  weight decay 1e-5; FedRKMGC section 5, momentum 0.8); the decay is coupled, as the
+  weight decay 1e-5; FedRKMGC section 4, momentum 0.8); the decay is coupled, as the
   `torch.optim.SGD` those papers name.
   """
 
