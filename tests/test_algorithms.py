@@ -46,7 +46,7 @@ SPEC_TABLE = {
     'fedzmg_prox': ('prox_zmg_sgdm', 'sgd', EXAMPLES),
     'mime_lite': ('sgdm', 'sgd', EXAMPLES),
     'local_gc': ('local_gc', 'sgd', UNIFORM),
-    'global_gc': ('sgdm', 'global_gc', UNIFORM),
+    'global_gc': ('sgd', 'global_gc', UNIFORM),
     'gcfed': ('local_gc', 'global_gc', UNIFORM),
     # Stateful clients (tests/test_fedrkmgc.py checks their math).
     'fedrkmgc': ('corrected_sgdm', 'sgd', UNIFORM),
@@ -352,7 +352,7 @@ def test_one_local_step_matches_numpy(
   spec = registry.get(name)
   hparams = {**spec.defaults, 'client_learning_rate': CLIENT_LR}
   weight_decay = None
-  if 'weight_decay' in hparams:
+  if hparams.get('weight_decay'):  # Built with a decay: a hyperparameter of its state.
     weight_decay = hparams['weight_decay'] = WEIGHT_DECAY
   w0, step, u_sgd = _one_step(
       emnist_process(name), tff_fed_avg, one_step_data, weight_decay
@@ -398,7 +398,8 @@ def test_gcfed_server_step_projects_exactly_the_classifier_kernels(
 def test_uniform_weighting_averages_clients_equally(
     tff_context, emnist, emnist_process, tff_fed_avg, one_step_preprocess_fn
 ):
-  """GlobalGC, one local step on clients of unequal size: P(mean_k u_k)."""
+  """GlobalGC, one local step on clients of unequal size: P(mean_k u_k), each client's
+  `u_k` its SGD update plus the coupled decay `lr * wd * w0`."""
   del tff_context
   client_ids = emnist.datasets.train_data.client_ids[:NUM_CLIENTS]
   data = _client_datasets(emnist, one_step_preprocess_fn, client_ids)
@@ -410,9 +411,11 @@ def test_uniform_weighting_averages_clients_equally(
   w0 = _weights(process, state)
   step = _update(w0, _weights(process, process.next(state, data).state))
   per_client = [_reference_update(tff_fed_avg, weights, [d]) for d in data]
-  eta_g = registry.get('global_gc').defaults['server_learning_rate']
+  eta_g, weight_decay = (registry.get('global_gc').defaults[k]
+                         for k in ('server_learning_rate', 'weight_decay'))
   for i, is_kernel in enumerate(KERNELS['all']):
-    u = np.mean([u_k[i] for u_k in per_client], axis=0)
+    u = (np.mean([u_k[i] for u_k in per_client], axis=0)
+         + CLIENT_LR * weight_decay * np.float64(w0[i]))
     expected = eta_g * (_np_project(u) if is_kernel else u)
     np.testing.assert_allclose(step[i], expected, rtol=0, atol=1e-6)
 
@@ -527,6 +530,11 @@ def test_defaults_follow_the_spec_and_papers():
   assert (defaults['gcfed']['local_gc_layers'],
           defaults['gcfed']['global_gc_layers']) == ('feature', 'classifier')
   assert defaults['fedavg']['server_learning_rate'] == 1.0
+  assert defaults['global_gc']['weight_decay'] == 1e-5  # GC-Fed, section 4.1, every method.
+  # The original FedAvg's client SGD (the FedZMG paper's baselines', section 5.2.2): no
+  # momentum, no decay; a paper's protocol sets its own.
+  for name in ('fedavg', 'fedadam', 'fedyogi', 'fedadagrad', 'fedprox'):
+    assert (defaults[name]['client_momentum'], defaults[name]['weight_decay']) == (0, 0)
   # Reddi et al. 2021: b1 = 0.9, b2 = 0.99, tau = 1e-3, v_{-1} = tau^2.
   for name in ('fedyogi', 'fedzmg_yogi'):
     assert (defaults[name]['yogi_beta_1'], defaults[name]['yogi_beta_2'],
@@ -569,8 +577,8 @@ def test_unknown_algorithm_raises_listing_the_valid_names():
 
 
 def test_registry_build_rejects_unknown_hyperparameters():
-  with pytest.raises(ValueError, match=r"\['client_momentum'\].*'fedavg'"):
-    registry.build('fedavg', _never_called, client_momentum=0.9)
+  with pytest.raises(ValueError, match=r"\['client_momentum'\].*'scaffold'"):
+    registry.build('scaffold', _never_called, client_momentum=0.9)
   with pytest.raises(ValueError, match='learning_rate'):
     registry.build('gcfed', _never_called, learning_rate=0.1)
 

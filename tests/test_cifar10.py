@@ -147,17 +147,57 @@ def test_protocol_fills_only_unset_flags():
     config = run_settings.experiment_config(settings)
   finally:
     flags.FLAGS.unparse_flags()
-  # gcfed takes no beta/gamma/rho: the FedRKMGC protocol's are skipped, not refused.
+  # beta/gamma/rho are FedRKMGC's own, not gcfed's; its SGD is every method's: FedRKMGC
+  # section 5 gives momentum 0.8 and no weight decay (gcfed's own default is 1e-5).
   assert 'beta' not in applied and 'client_batch_size' not in applied
   assert config.client_batch_size == 7
   assert (config.partition, config.num_clients, config.dirichlet_alpha) == (
       'dirichlet', 100, 0.3)
   assert (config.clients_per_round, config.client_epochs_per_round) == (10, 5)
-  assert config.hparams == {'client_learning_rate': 0.01, 'client_momentum': 0.8}
+  assert config.hparams == {'client_learning_rate': 0.01, 'client_momentum': 0.8,
+                            'weight_decay': 0.0}
   for protocol in papers.PROTOCOLS.values():
     assert set(protocol.sources) == set(protocol.flag_values()) - {'partition'} | {
-        'dirichlet_alphas'}
+        'dirichlet_alphas', 'client_optimizer', *protocol.method_hparams}
     assert protocol.dirichlet_alpha in protocol.dirichlet_alphas
+
+
+@pytest.mark.parametrize('args, message', [
+    # SCAFFOLD's clients step plain SGD: no momentum to take GC-Fed's 0.9.
+    (['--algo=scaffold', '--protocol=gcfed'],
+     "--protocol=gcfed trains every method's clients with momentum 0.9 (GC-Fed section 4"),
+    (['--algo=fedrkmgc', '--protocol=fedgps'], '--algo=fedrkmgc has no weight decay'),
+    # FedZMG decays decoupled (its eq. 6), the papers' SGD coupled.
+    (['--algo=fedzmg', '--protocol=gcfed'],
+     '--algo=fedzmg decays its weights decoupled: give --weight_decay to train it with its'
+     ' own decay'),
+])
+def test_a_protocol_setting_an_algorithm_cannot_take_is_refused_in_one_line(args, message):
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', '--task=cifar10', *args])
+    with pytest.raises(ValueError) as error:
+      run_settings.apply_protocol(run_settings.settings_from_flags())
+    # Given on the command line, the decay is the run's own, and nothing is refused.
+    flags.FLAGS(['train', '--task=cifar10', '--weight_decay=1e-4', *args])
+    if 'decoupled' in message:
+      _, applied = run_settings.apply_protocol(run_settings.settings_from_flags())
+      assert 'weight_decay' not in applied and applied['client_momentum'] == 0.9
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert message in str(error.value) and '\n' not in str(error.value), error.value
+
+
+def test_an_ablation_keeps_the_value_its_name_stands_for():
+  """FedRKMGC's protocol gives its method rho = 1.5; the ablations without relaxation
+  (FedRKMGC Table 9: raw, km, fast_km) keep rho = 1, the others take the protocol's."""
+  protocol = papers.get_protocol('fedrkmgc')
+  for name in ('fedrkmgc_raw', 'fedrkmgc_km', 'fedrkmgc_fast_km'):
+    hparams = protocol.hparams_for(registry.get(name))
+    assert 'rho' not in hparams and registry.resolve(name, hparams)['rho'] == 1.0
+    assert (hparams['beta'], hparams['gamma']) == (0.03, 500.0)
+  for name in ('fedrkmgc', 'fedrkmgc_re', 'fedrkmgc_re_km'):
+    assert protocol.hparams_for(registry.get(name))['rho'] == 1.5
 
 
 def test_cifar10_from_the_command_line_is_always_partitioned():
@@ -190,10 +230,12 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
     other = runner.train_run('cell', {'algo': 'fedrkmgc'})
   finally:
     flags.FLAGS.unparse_flags()
-  assert run.config.hparams == {'client_learning_rate': 0.05, 'client_momentum': 0.8}
+  assert run.config.hparams == {'client_learning_rate': 0.05, 'client_momentum': 0.8,
+                                'weight_decay': 0.0}
   assert '--protocol=fedrkmgc' in run.args and '--client_learning_rate=0.05' in run.args
   assert (run.config.partition, run.config.dirichlet_alpha) == ('dirichlet', 0.3)
-  assert other.config.hparams == papers.get_protocol('fedrkmgc').hparams
+  assert other.config.hparams == dict(client_learning_rate=0.01, client_momentum=0.8,
+                                      beta=0.03, gamma=500.0, rho=1.5)
 
 
 @pytest.fixture
@@ -230,7 +272,11 @@ def test_two_rounds_on_cifar10_with_the_cnn(run_main, tmp_path, algo):
                 'local_gc_layers': 'feature', 'server_learning_rate': 1.0},
       'fedrkmgc': {'allow_unsafe_relaxation': False, 'km_clock': 'global'},
   }[algo]
-  assert recorded['hparams'] == {**others, **expected.hparams}
+  assert recorded['hparams'] == {**others, **expected.hparams_for(registry.get(algo))}
+  # The protocol's line says every hyperparameter it set, its client optimizer's too.
+  line = next(l for l in out.splitlines() if l.startswith(f'protocol {algo}: '))
+  logged = json.loads(line.removeprefix(f'protocol {algo}: '))
+  assert expected.hparams_for(registry.get(algo)).items() <= logged.items()
   with open(output / 'metrics.csv', newline='') as f:
     rows = list(csv.DictReader(f))
   trained = [r for r in rows if r.get('client_work/train/loss')]

@@ -124,7 +124,8 @@ def test_grid_search_completes_resumes_after_an_interruption_and_reports(
     cell = grid / lr_grid.cell_name(float(c), float(s))
     recorded = json.loads((cell / 'flags.json').read_text())
     assert recorded['hparams'] == {'client_learning_rate': float(c),
-                                   'server_learning_rate': float(s)}
+                                   'server_learning_rate': float(s),
+                                   'client_momentum': 0.0, 'weight_decay': 0.0}
     assert (recorded['partition'], recorded['num_clients'], recorded['total_rounds']) == (
         'dirichlet', 4, 2)
     if c == '0.05':
@@ -401,7 +402,7 @@ def test_compare_builds_one_training_run_per_algorithm_and_seed(tmp_path):
     assert flags.FLAGS.client_learning_rate == 0.2 and flags.FLAGS.algo is None  # Restored.
     assert runner.status(zmg) == runner.PENDING
     for bad, message in [
-        ('fedavg:weight_decay=0.1', 'does not apply to fedavg'),
+        ('fedavg:beta=0.1', 'does not apply to fedavg'),
         ('fedprox:client_learning_rate=1', 'algo one of'),
         ('fedzmg:client_learning_rate', 'name=value'),
         ('fedzmg:client_learning_rate=abc', 'abc'),

@@ -5,6 +5,7 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tff_zmg import optimizers
 
@@ -131,6 +132,13 @@ def build_server_adam(learning_rate, beta_1=0.9, beta_2=0.99, epsilon=1e-3, **kw
 
 
 build_global_gc_sgd = optimizers.build_global_gc_sgd
+
+
+def build_sgdm_coupled_decay(learning_rate, momentum=0.9, weight_decay=1e-5):
+  """TFF's SGDM with coupled decay: `torch.optim.SGD`, the GC-Fed and FedGPS papers' client
+  optimizer for every method (FedAvg's `client_sgd` with a decay)."""
+  return optimizers.build_coupled_weight_decay(
+      tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum), weight_decay)
 
 
 # ZMG-SGDM.
@@ -308,6 +316,12 @@ CASES = {
         lambda lr: build_global_gc_sgd(lr, mask=(True, True, False)),
         lambda w, g, lr: _np_global_gc_sgd(w, g, lr, mask=(True, True, False)),
     ),
+    # LocalGC's rule projecting nothing is torch.optim.SGD's: d = g + wd w inside v.
+    'sgdm_coupled_decay': (
+        lambda lr: build_sgdm_coupled_decay(lr, weight_decay=0.1),
+        lambda w, g, lr: _np_local_gc_sgdm(w, g, lr, weight_decay=0.1,
+                                           mask=(False,) * len(SHAPES))[0],
+    ),
 }
 
 
@@ -351,6 +365,24 @@ def test_set_hparams_rejects_unknown_key(name):
     opt.set_hparams(state, {'not_a_hparam': 1.0})
 
 
+def test_coupled_decay_hparams_are_sgdms_and_the_decay():
+  opt = build_sgdm_coupled_decay(0.1, momentum=0.8, weight_decay=0.01)
+  hparams = opt.get_hparams(opt.initialize([tf.TensorSpec([2], tf.float32)]))
+  assert dict(hparams) == pytest.approx(
+      {'learning_rate': 0.1, 'weight_decay': 0.01, 'momentum': 0.8})
+
+
+def test_coupled_decay_enters_the_momentum_unlike_zmgs_decoupled_one():
+  """With no projection the two rules differ only in where the decay goes."""
+  weights, grads = _problem(seed=8)
+  coupled, _ = _run(build_sgdm_coupled_decay(0.05, weight_decay=0.5), weights, grads)
+  decoupled, _ = _run(build_zmg_sgdm(0.05, weight_decay=0.5, mask=(False,) * len(SHAPES)),
+                      weights, grads)
+  _assert_all_close(coupled, _np_local_gc_sgdm(
+      weights, grads, 0.05, weight_decay=0.5, mask=(False,) * len(SHAPES))[0])
+  _assert_not_close(coupled, decoupled)
+
+
 def test_zmg_hparams_include_momentum_and_weight_decay():
   opt = build_zmg_sgdm(0.1, momentum=0.8, weight_decay=0.01)
   hparams = opt.get_hparams(opt.initialize([tf.TensorSpec([2], tf.float32)]))
@@ -386,6 +418,7 @@ BAD_HPARAMS = [
     (build_global_gc_sgd, dict(learning_rate=0.0), 'learning_rate'),
     (build_global_gc_sgd, dict(learning_rate=1.0, mask=[1, 0]),
      'mask'),
+    (build_sgdm_coupled_decay, dict(learning_rate=0.1, weight_decay=-1.0), 'weight_decay'),
 ]
 
 

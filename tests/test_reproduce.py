@@ -138,6 +138,9 @@ def _check_report(plan, path, thresholds, seeds):
 
 _THRESHOLDS = (0.4, 0.6)
 _REAL_CELL = ('fedavg', 10.0 ** -3, 10.0 ** -3)  # Left out, so reproduce trains it.
+# Each grid's designed optimum (client, server): FedAvg's and FedAdam's are their registry
+# defaults, which the report must still call tuned; FedZMG's is not.
+_OPTIMUM = {'fedzmg': (10.0 ** -1.5, 10.0 ** -0.5), 'fedavg': (0.1, 1.0), 'fedadam': (0.1, 0.01)}
 
 
 def _designed_args(root, cache_dir):
@@ -172,10 +175,12 @@ def designed(tmp_path_factory, synthetic_cache_dir):
         # A smooth optimum away from the corners, 0.9 at its peak (a real 1-round cell
         # on synthetic data scores far below), and one corner diverged in round 1 (so,
         # as launch.train leaves it, with no round recorded).
-        score = 0.9 - 0.05 * (math.log10(c) + 1.5) ** 2 - 0.05 * (math.log10(s) + 0.5) ** 2
+        c_top, s_top = _OPTIMUM[algo]
+        score = (0.9 - 0.05 * math.log10(c / c_top) ** 2
+                 - 0.05 * math.log10(s / s_top) ** 2)
         corner = (c, s) == (10.0, 10.0)
         _write_run(grid.run((c, s), rounds), [] if corner else [score], diverged=corner)
-        if (c, s) == (10.0 ** -1.5, 10.0 ** -0.5):
+        if (c, s) == _OPTIMUM[algo]:
           best[(key, algo)] = dict(client_learning_rate=c, server_learning_rate=s)
           # Its stability re-run with seed 1, finished: stable.
           _write_run(grid.run((c, s), rounds, seed=1), [score])
@@ -219,7 +224,8 @@ def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
                           lr_grid.cell_name(real_c, real_s))
   recorded = json.load(open(os.path.join(real_dir, 'flags.json')))
   assert (recorded['total_rounds'], recorded['clients_per_round']) == (1, 10)
-  assert recorded['hparams'] == dict(client_learning_rate=real_c, server_learning_rate=real_s)
+  assert recorded['hparams'] == dict(client_learning_rate=real_c, server_learning_rate=real_s,
+                                     client_momentum=0.0, weight_decay=0.0)
   assert list(_accuracy(real_dir)[0]) == [1]
   _check_report(plan, path, _THRESHOLDS, tuple(range(5)))
   text = open(path).read()
@@ -227,12 +233,18 @@ def test_grid_best_rates_feed_the_comparison_and_the_report(designed):
   assert ('**Not a result: the learning rates were not tuned honestly at this scale**'
           " (cells scored after 1 of the paper's 50 rounds)") in text
   assert json.load(open(os.path.join(plan.directory, 'report.json')))['tuned_honestly'] is False
+  compared = open(os.path.join(plan.directory, 'compare', 'emnist', 'report.md')).read()
+  assert '**Untuned:**' not in compared
   for algo in _ALGOS:
     rows = [line for line in text.splitlines() if line.startswith(f'| emnist | {algo} |')]
     communication, tuning = sorted(rows, key=lambda line: 'not recorded' not in line)
-    assert '| 0.0316 | 0.316 | 0.9000 | 1-1 | 81 x 1 | stable with seed 1 |' in tuning, tuning
+    c, s = _OPTIMUM[algo]
+    assert f'| {c:.3g} | {s:.3g} | 0.9000 | 1-1 | 81 x 1 | stable with seed 1 |' in tuning, tuning
     # These runs are written by the test, without launch.train's communication.json.
     assert communication == f'| emnist | {algo} | mean | not recorded | not recorded |'
+    # A grid's pick is tuned, equal to the registry defaults (fedavg's, fedadam's) or not.
+    row = next(line for line in compared.splitlines() if line.startswith(f'| {algo} |'))
+    assert f'| tuned: client_learning_rate={c:g}, server_learning_rate={s:g} |' in row, row
   assert 'exhaustive: 81 x 1 (cells x rounds)' in text
   for algo in _ALGOS:  # Designed so that every run reaches both thresholds.
     row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))
@@ -253,35 +265,61 @@ def test_a_second_run_trains_nothing_and_reuses_every_run(designed, synthetic_ca
   assert json.load(open(os.path.join(plan.directory, 'report.json'))) == before
 
 
-@pytest.mark.skipif(not _LONG, reason='15 real training runs, ~12 CPU minutes: set'
-                    ' TFF_ZMG_LONG_TESTS=1')
-def test_ci_scale_trains_the_whole_protocol_and_then_reuses_it(tmp_path, synthetic_cache_dir):
-  """The ci scale for real: 3 x 2 grid cells, 3 stability re-runs and 3 x 2 comparison
-  runs, then a re-run; the report says the rates were not tuned honestly."""
-  args = ['--paper=fedzmg', '--table=5,6', '--scale=ci', '--data_source=synthetic',
+@pytest.mark.skipif(not _LONG, reason='every table trained for real at the ci scale, ~15'
+                    ' to ~100 runs a paper, CPU minutes to an hour: set TFF_ZMG_LONG_TESTS=1')
+@pytest.mark.parametrize('paper, tables', [
+    ('fedzmg', '5,6'), ('fedzmg', '3,4,7,8'), ('gcfed', '4,5'), ('fedrkmgc', '1'),
+    ('fedgps', '1'),
+])
+def test_ci_scale_trains_each_table_and_then_reuses_it(
+    tmp_path, synthetic_cache_dir, paper, tables):
+  """Each paper's tables at the ci scale for real (FedZMG's: 2 x 1 grid cells per task and
+  algorithm, their picks' stability re-runs, 2 seeds; the others': every setting, algorithm
+  and seed), then a re-run that trains nothing; each run says its paper's client optimizer
+  in its protocol line, and FedZMG's report says its rates were not tuned honestly."""
+  args = [f'--paper={paper}', f'--table={tables}', '--scale=ci', '--data_source=synthetic',
           f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
-          '--parallel=2', '--thresholds=0.0,0.05']
+          '--parallel=2']
+  if paper == 'fedzmg':
+    args.append('--thresholds=0.0,0.05')
   plan, path, out = _reproduce(args)
-  assert 'grid search, 6 runs' in out and 'comparison, 6 runs' in out
-  assert len(re.findall(r': started', out)) == 15
-  for algo in _ALGOS:
-    chosen = json.load(open(os.path.join(plan.directory, 'grid', 'emnist', algo, 'best.json')))
-    for seed in (0, 1):
-      run_dir = os.path.join(plan.directory, 'runs', 'emnist', comparison.run_name('emnist', algo, seed))
-      recorded = json.load(open(os.path.join(run_dir, 'flags.json')))
-      assert recorded['hparams']['client_learning_rate'] == chosen['client_learning_rate']
-  _check_report(plan, path, (0.0, 0.05), (0, 1))
-  assert 'not tuned honestly at this scale** (a 2 x 1 grid' in open(path).read()
+  runs = reproduce.planned_runs(plan)
+  assert len(re.findall(r': started', out)) == len(runs)
+  text = open(path).read()
+  assert 'no runs' not in text
+  for planned in runs:
+    run = planned.run
+    recorded = json.load(open(os.path.join(run.config.output_dir, 'flags.json')))['hparams']
+    lr, momentum, decay = _PAPER_SGD[paper][run.config.algo]
+    assert recorded['client_momentum'] == momentum, run.name
+    assert recorded.get('lambda3' if run.config.algo == 'fedgps' else 'weight_decay',
+                        0.0) == decay, run.name
+    if lr is not None:
+      assert recorded['client_learning_rate'] == lr, run.name
+      log = open(os.path.join(plan.directory, 'logs', f'{run.name}.log')).read()
+      line = next(l for l in log.splitlines() if l.startswith(f'protocol {paper}: '))
+      assert json.loads(line.removeprefix(f'protocol {paper}: '))['client_momentum'] == momentum
+  if tables == '5,6':
+    for algo in _ALGOS:
+      chosen = json.load(open(os.path.join(plan.directory, 'grid', 'emnist', algo, 'best.json')))
+      for seed in (0, 1):
+        run_dir = os.path.join(plan.directory, 'runs', 'emnist',
+                               comparison.run_name('emnist', algo, seed))
+        recorded = json.load(open(os.path.join(run_dir, 'flags.json')))
+        assert recorded['hparams']['client_learning_rate'] == chosen['client_learning_rate']
+    _check_report(plan, path, (0.0, 0.05), (0, 1))
+  if paper == 'fedzmg':
+    assert 'not tuned honestly at this scale** (a 2 x 1 grid' in text
   mtimes = _metrics_mtimes(plan.directory)
   _, _, out = _reproduce(args)
-  assert ': started' not in out and len(re.findall(r': already', out)) == 15
+  assert ': started' not in out and len(re.findall(r': already', out)) == len(runs)
   assert _metrics_mtimes(plan.directory) == mtimes
 
 
-def _dry_run(root, *args, timing=None):
+def _dry_run(root, *args, timing=None, paper='fedzmg'):
   """The dry run of the flags; with `timing` ({runs at a time: Timing}), every kind of its
   runs is timed at it beforehand (so nothing trains)."""
-  _parse('--paper=fedzmg', '--dry_run', f'--root_output_dir={root}', *args)
+  _parse(f'--paper={paper}', '--dry_run', f'--root_output_dir={root}', *args)
   try:
     plan = reproduce.make_plan()
     if timing is not None:
@@ -385,12 +423,36 @@ def test_a_dry_runs_estimate_holds_for_a_plan_of_two_kinds(
   assert abs(measured - counts['seconds']) <= 0.3 * measured, (measured, counts)
 
 
-def test_small_scale_halves_the_whole_grid_up_to_the_papers_rounds(designed):
-  """81 cells x 10 rounds, the best 27 on to 20, the best 9 on to 50, per grid."""
-  counts, out = _dry_run(designed[0], '--table=5', '--scale=small')
-  assert (counts['grid'], counts['stability'], counts['comparison']) == (
-      3 * (81 + 27 + 9), 3, 3 * 3)
-  assert counts['rounds'] == 3 * (81 * 10 + 27 * 10 + 9 * 30) + 3 * 50 + 9 * 100
+# At --scale=small, from each paper's protocol: (settings of all its tables, algorithms,
+# seeds (the first 3), comparison rounds (a tenth, at least 10)).
+_SMALL = {
+    'fedzmg': (3, 3, 3, 100),  # Grids: 81 cells x 10 rounds, 27 on to 20, 9 on to 50.
+    'gcfed': (8 + 4, 4, 3, 80),  # No grid.
+    'fedrkmgc': (4, 2, 1, 100),
+    'fedgps': (5, 2, 1, 50),
+}
+
+
+@pytest.mark.parametrize('paper', papers.PAPER_NAMES)
+def test_small_scale_dry_run_of_every_table(designed, paper):
+  """Each paper's --dry_run of all its tables at --scale=small on synthetic data plans the
+  paper's runs (timings kept, so nothing trains); FedZMG's grids are halved up to the
+  paper's rounds: 81 cells x 10 rounds, the best 27 on to 20, the best 9 on to 50."""
+  timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept')
+  counts, out = _dry_run(designed[0], '--scale=small', '--data_source=synthetic',
+                         paper=paper, timing={1: timing})
+  settings, algos, seeds, rounds = _SMALL[paper]
+  comparisons = settings * algos * seeds
+  assert counts['comparison'] == comparisons and f'total: {counts["total"]} runs' in out
+  assert set(counts['tables']) == set(papers.get(paper).tables)
+  assert 'estimated time: ' in out and 'timing 3 rounds' not in out  # Nothing trained.
+  if paper != 'fedzmg':
+    assert (counts['grid'], counts['stability'], counts['rounds']) == (
+        0, 0, comparisons * rounds)
+    return
+  grids = 3 * settings
+  assert (counts['grid'], counts['stability']) == (grids * (81 + 27 + 9), grids)
+  assert counts['rounds'] == grids * (81 * 10 + 27 * 10 + 9 * 30 + 50) + comparisons * rounds
   assert 'successive halving: 81 x 10, 27 x 20, 9 x 50 (cells x rounds)' in out
   assert ('  emnist fedzmg, rung 2: the best 27 of 81 cells continue to 20 rounds (+10 each)'
           in out)
@@ -430,6 +492,38 @@ def test_bad_flags_are_refused_with_what_is_allowed(args, message, tmp_path):
     flags.FLAGS.unparse_flags()
 
 
+# The client optimizer each paper trains every method with, from its text: (learning rate,
+# momentum, weight decay). GC-Fed section 4.1; FedRKMGC section 4 (no decay named); FedGPS
+# section 5 and Table 7 (FedGPS's decay is its lambda3). FedZMG tunes the rate (None) and
+# gives momentum and decay to FedZMG alone (section 5.2.2; specification.md section 2).
+_PAPER_SGD = {
+    'gcfed': {algo: (0.01, 0.9, 1e-5) for algo in ('fedavg', 'local_gc', 'global_gc', 'gcfed')},
+    'fedrkmgc': {'fedavg': (0.01, 0.8, 0.0), 'fedrkmgc': (0.01, 0.8, 0.0)},
+    'fedgps': {'fedavg': (0.01, 0.9, 1e-5), 'fedgps': (0.01, 0.9, 1e-5)},
+    'fedzmg': {'fedavg': (None, 0.0, 0.0), 'fedadam': (None, 0.0, 0.0),
+               'fedzmg': (None, 0.9, 1e-4)},
+}
+
+
+@pytest.mark.parametrize('paper', sorted(_PAPER_SGD))
+def test_every_algorithm_of_a_paper_trains_with_the_papers_client_optimizer(paper, tmp_path):
+  """Each comparison run of each paper's tables records its paper's client optimizer."""
+  _parse(f'--paper={paper}', f'--root_output_dir={tmp_path}')
+  try:
+    runs = reproduce.comparison_runs(reproduce.make_plan())
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert {run.config.algo for run in runs} == set(_PAPER_SGD[paper])
+  for run in runs:
+    hparams = run.config.recorded()['hparams']
+    lr, momentum, decay = _PAPER_SGD[paper][run.config.algo]
+    if lr is not None:
+      assert hparams['client_learning_rate'] == lr, run.name
+    assert hparams['client_momentum'] == momentum, run.name
+    assert hparams.get('lambda3' if run.config.algo == 'fedgps' else 'weight_decay',
+                       0.0) == decay, run.name
+
+
 def test_tfds_papers_need_their_data_but_not_for_a_dry_run(designed, tmp_path):
   _parse('--paper=gcfed', '--table=5', f'--cache_dir={tmp_path}',
          f'--root_output_dir={designed[0]}')
@@ -443,39 +537,94 @@ def test_tfds_papers_need_their_data_but_not_for_a_dry_run(designed, tmp_path):
   assert (counts['grid'], counts['comparison']) == (0, 8 * 4 * 3)
 
 
-def test_accuracy_tables_fill_every_column_from_the_runs(tmp_path):
-  """FedGPS Table 1 (best accuracy per Dirichlet draw) over finished runs: nothing trains."""
-  _parse('--paper=fedgps', '--scale=ci', '--data_source=synthetic',
+# The accuracy thresholds each paper's figures draw: FedZMG's (its section 5.3,
+# specification.md section 6) and GC-Fed's (section 4.4) for their own tasks; the
+# others' tables name none.
+_FIGURE_THRESHOLDS = {
+    ('fedzmg', 'emnist'): '0.75, 0.85', ('fedzmg', 'cifar100'): '0.2, 0.33',
+    ('fedzmg', 'shakespeare'): '0.35, 0.45', ('gcfed', 'cifar10'): '0.55, 0.6',
+    ('gcfed', 'cifar100_tfds'): '0.25, 0.3',
+}
+
+
+@pytest.mark.parametrize('paper', papers.PAPER_NAMES)
+def test_each_papers_tables_at_the_ci_scale_fill_from_their_runs(paper, tmp_path):
+  """A paper's tables at --scale=ci on synthetic data, over finished runs written beforehand
+  (nothing trains; `test_ci_scale_trains_each_table_and_then_reuses_it` trains them): every
+  column filled from the runs, a grid's picks called tuned and a protocol's rates the
+  paper's, each figure titled by its setting and drawing its own paper's thresholds only,
+  and each algorithm's client optimizer said in the notes."""
+  _parse(f'--paper={paper}', '--scale=ci', '--data_source=synthetic',
          f'--root_output_dir={tmp_path}')
   try:
     plan = reproduce.make_plan()
-    rng = np.random.default_rng(1)
-    best_of = {}
-    for run in reproduce.comparison_runs(plan):
+    rng = np.random.default_rng(0)
+    best, accuracy = {}, {}
+    search = plan.search()
+    for (key, algo), grid in reproduce.grid_groups(plan).items():
+      pick = grid.cells[-1]  # Designed to score best, and stable with another seed.
+      for cell in grid.cells:
+        _write_run(grid.run(cell, search.final_rounds),
+                   [0.5 if cell == pick else 0.3] * search.final_rounds)
+      _write_run(grid.run(pick, search.final_rounds, seed=1), [0.5] * search.final_rounds)
+      best[(key, algo)] = dict(client_learning_rate=pick[0], server_learning_rate=pick[1])
+    for run in reproduce.comparison_runs(plan, best):
       accuracies = np.round(rng.uniform(0.1, 0.9, plan.total_rounds), 4)
       _write_run(run, accuracies)
-      best_of[(os.path.basename(run.config.root_output_dir), run.config.algo)] = max(accuracies)
+      kind, n = plan.paper.accuracy  # By hand: the best, or the mean of the last n rounds.
+      accuracy.setdefault((os.path.basename(run.config.root_output_dir), run.config.algo),
+                          []).append(max(accuracies) if kind == 'best' else
+                                     np.mean(accuracies[-n:]))
     out = io.StringIO()
     path = reproduce.reproduce(plan, stream=out)
   finally:
     flags.FLAGS.unparse_flags()
-  assert ': started' not in out.getvalue() and len(best_of) == 10
-  results = json.load(open(os.path.join(plan.directory, 'report.json')))['tables']['1']
-  table = papers.get_published('fedgps', 1)
+  assert ': started' not in out.getvalue()
   text = open(path).read()
-  for algo in ('fedavg', 'fedgps'):
-    row = next(line for line in text.splitlines() if line.startswith(f'| {algo} |'))
-    for i in range(1, 6):
-      cell = results[algo][f'scenario{i}']
-      assert cell['ours'] == pytest.approx(best_of[(f'scenario{i}', algo)])
-      assert cell['paper'] == table.value(algo, f'scenario{i}')
-      assert f'| {100 * cell["ours"]:.2f} ({cell["paper"]:.2f}) |' in row + ' |'
-  ours_best = sum(best_of[(f'scenario{i}', 'fedgps')] > best_of[(f'scenario{i}', 'fedavg')]
-                  for i in range(1, 6))
-  assert f'the best algorithm agrees in {ours_best} of 5 columns' in text
-  assert 'cifar10 stood in for by synthetic cifar100 data' in text
-  # Each scenario is its own Dirichlet draw of one synthetic dataset.
-  seeds = {json.load(open(os.path.join(plan.directory, 'runs', f'scenario{i}',
-                                       'cifar100_fedavg_seed0', 'flags.json')))['partition_seed']
-           for i in range(1, 6)}
-  assert seeds == {0, 1, 2, 3, 4}
+  assert 'no runs' not in text
+  for table, spec in plan.paper.tables.items():
+    results = json.load(open(os.path.join(plan.directory, 'report.json')))['tables'][str(table)]
+    section = text[text.index(f'## Table {table}: '):]
+    section = section[:section.index('\n## ', 1)]
+    if spec.layout == 'accuracy':
+      published = papers.get_published(paper, table)
+      for algo in plan.paper.algos:
+        row = next(line for line in section.splitlines() if line.startswith(f'| {algo} |'))
+        for setting in spec.settings:
+          cell = results[algo][setting.key]
+          assert cell['ours'] == pytest.approx(np.mean(accuracy[(setting.key, algo)]))
+          assert cell['paper'] == published.value(algo, setting.key)
+          assert f'| {100 * cell["ours"]:.2f} ' in row, row
+    elif spec.layout == 'ttest':
+      assert {cells['n'] for cells in results.values()} == {2}  # Two seeds paired.
+    else:
+      assert set(results) == set(plan.paper.algos)
+  sgd = _PAPER_SGD[paper]
+  trained = text[text.index('## How each algorithm trained'):]
+  for algo in plan.paper.algos:
+    row = next(line for line in trained.splitlines() if line.startswith(f'| {algo} |'))
+    lr, momentum, decay = sgd[algo]
+    decay_name = 'lambda3' if algo == 'fedgps' else 'weight_decay'
+    assert f'client_momentum={momentum:g}' in row, row
+    assert f'{decay_name}={decay:g}' in row or (decay == 0 and decay_name not in row), row
+    if lr is not None:
+      assert f'client_learning_rate={lr:g}' in row, row
+  for setting in plan.settings:
+    compared = open(os.path.join(plan.directory, 'compare', setting.key, 'report.md')).read()
+    heading = compared.splitlines()[0]
+    assert heading.startswith(f'## {setting.key}') and setting.task in heading, heading
+    assert f'![{heading[3:]}](' in compared
+    thresholds = _FIGURE_THRESHOLDS.get((paper, setting.task))
+    assert (f'Dashed lines: the accuracy thresholds {thresholds}.' in compared
+            if thresholds else 'Dashed lines' not in compared)
+    source = 'tuned' if plan.paper.grid else "the paper's"
+    for algo in plan.paper.algos:
+      row = next(line for line in compared.splitlines() if line.startswith(f'| {algo} |'))
+      assert f'| {source}: client_learning_rate=' in row, row
+    assert '**Untuned:**' not in compared
+  if paper == 'fedgps':  # Each scenario is its own Dirichlet draw of one synthetic dataset.
+    seeds = {json.load(open(os.path.join(
+        plan.directory, 'runs', f'scenario{i}', 'cifar100_fedavg_seed0', 'flags.json')))[
+            'partition_seed'] for i in range(1, 6)}
+    assert seeds == {0, 1, 2, 3, 4}
+    assert 'cifar10 stood in for by synthetic cifar100 data' in text

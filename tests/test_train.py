@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from launch.run import resumption
 from launch.run import rounds
 from launch.run import run_config
 from launch.run import runtime_choice
@@ -426,6 +427,19 @@ def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
   assert rc == 2 and 'emnist_all.sqlite' in err and len(err.strip().splitlines()) == 1
 
 
+def test_an_older_record_reads_with_the_hyperparameters_it_trained_with():
+  """A record that lists fewer hyperparameters than today's trained with the defaults of
+  its day: FedAvg's, no momentum and no decay (today's too); GlobalGC's, no decay (today's
+  default is the GC-Fed paper's 1e-5, so such a run resumes only with --weight_decay=0)."""
+  fedavg = resumption.lasting_settings({'algo': 'fedavg', 'task': 'emnist', 'hparams': {}})
+  assert fedavg['hparams'] == {'client_learning_rate': 0.1, 'server_learning_rate': 1.0,
+                               'client_momentum': 0.0, 'weight_decay': 0.0}
+  global_gc = resumption.lasting_settings(
+      {'algo': 'global_gc', 'task': 'emnist', 'hparams': {'client_momentum': 0.9}})
+  assert global_gc['hparams']['weight_decay'] == 0.0
+  assert registry.get('global_gc').defaults['weight_decay'] == 1e-5
+
+
 def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
     run_main, tmp_path, tmp_path_factory):
   """Ends with the same flags (and --overwrite) training the run again: the same flags give
@@ -442,14 +456,16 @@ def test_resuming_with_other_settings_or_a_broken_checkpoint_is_refused(
   recorded, identity = (__import__('json').loads(p.read_text())
                         for p in (flags_json, identity_json))
   assert recorded['hparams'] == identity['settings']['hparams'] == {
-      'client_learning_rate': 0.1, 'server_learning_rate': 1.0}
+      'client_learning_rate': 0.1, 'server_learning_rate': 1.0, 'client_momentum': 0.0,
+      'weight_decay': 0.0}
   recorded['hparams'] = identity['settings']['hparams'] = {}
   flags_json.write_text(__import__('json').dumps(recorded))
   identity_json.write_text(__import__('json').dumps(identity))
   rc, _, err = run_main(*base)
   assert rc == 0, err
   assert __import__('json').loads(flags_json.read_text())['hparams'] == {
-      'client_learning_rate': 0.1, 'server_learning_rate': 1.0}
+      'client_learning_rate': 0.1, 'server_learning_rate': 1.0, 'client_momentum': 0.0,
+      'weight_decay': 0.0}
   rc, _, err = run_main(*base, '--client_learning_rate=0.5')
   assert rc == 2 and 'other settings' in err and '--overwrite' in err
   ckpt_dir = exp / 'checkpoints'

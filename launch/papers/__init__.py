@@ -7,10 +7,12 @@ gives none):
 - `PROTOCOL` (GC-Fed, FedRKMGC, FedGPS): its training settings. `python -m launch.train
   --protocol=gcfed ...` fills every one of them that the command line does not set
   itself (explicit flags win): the population and its Dirichlet split, participation,
-  local epochs, batch size and the client optimizer's hyperparameters. The task and model
-  stay the user's choice (the papers use several). Hyperparameters the chosen --algo
-  does not take (e.g. FedRKMGC's beta with --algo=fedavg) are left out, so that one
-  protocol can compare several algorithms.
+  local epochs, batch size, the client optimizer the paper trains every method with
+  (SGD, momentum, weight decay) and its own method's hyperparameters. The task and model
+  stay the user's choice (the papers use several). An --algo that cannot train with the
+  client optimizer (no momentum, no weight decay, a decay of the other kind) is refused
+  in one line; the method's own hyperparameters (FedRKMGC's beta) go to the algorithms
+  that take them, so that one protocol can compare several algorithms.
 - `PAPER`: what `launch.reproduce` runs for its tables (algorithms, seeds, rounds, the
   `launch.train` flags, the learning-rate grid where the paper tuned, per table the
   settings of its columns) and the numbers the paper published in them.
@@ -51,24 +53,24 @@ def get_published(paper: str, number: int) -> base.PublishedTable:
   return published[number]
 
 
-def values_for_unset(name: str, given, algo_hparams) -> dict:
+def values_for_unset(name: str, given, algo) -> dict:
   """Protocol `name`'s values for the flags a run does not set itself.
 
   Args:
     name: One of `PROTOCOL_NAMES`.
     given: The names of the flags the run sets (its command line, or a program's
       per-run values such as a grid's); the protocol leaves them alone.
-    algo_hparams: The hyperparameter names the chosen algorithm takes; the protocol's
-      other hyperparameters are skipped.
+    algo: The run's `registry.AlgorithmSpec` (`Protocol.hparams_for`).
 
   Returns:
     Flag name -> the protocol's value, for the flags not in `given`.
+
+  Raises:
+    ValueError: (one line) `algo` cannot train with the protocol's client optimizer.
   """
   protocol = get_protocol(name)
-  return {
-      flag: value for flag, value in protocol.flag_values().items()
-      if flag not in given and (flag not in protocol.hparams or flag in algo_hparams)
-  }
+  values = {**protocol.flag_values(), **protocol.hparams_for(algo, given)}
+  return {flag: value for flag, value in values.items() if flag not in given}
 
 
 def tables(paper: base.Paper, numbers) -> list[base.TableSpec]:

@@ -16,6 +16,35 @@ LAYOUTS = ('summary', 'ttest', 'accuracy')
 
 
 @dataclasses.dataclass(frozen=True)
+class ClientOptimizer:
+  """The client optimizer a paper trains every method with: SGD, momentum, weight decay.
+
+  Attributes:
+    learning_rate: The clients' learning rate eta_l.
+    momentum: Momentum mu (0: none).
+    weight_decay: Weight decay (0: none).
+    decoupled: Whether the decay is decoupled (applied to the weights beside the step)
+      rather than coupled L2 (added to the gradient, inside the momentum: the
+      `torch.optim.SGD` the papers train with).
+  """
+
+  learning_rate: float
+  momentum: float
+  weight_decay: float
+  decoupled: bool
+
+  def describe(self) -> str:
+    """'SGD at 0.01, momentum 0.9, coupled weight decay 1e-05' (as the reports say it)."""
+    text = f'SGD at {self.learning_rate:g}'
+    if self.momentum:
+      text += f', momentum {self.momentum:g}'
+    if self.weight_decay:
+      kind = 'decoupled' if self.decoupled else 'coupled'
+      text += f', {kind} weight decay {self.weight_decay:g}'
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
 class Protocol:
   """One paper's training settings: what `launch.train --protocol=<name>` fills in.
 
@@ -27,7 +56,11 @@ class Protocol:
     clients_per_round: Clients sampled per round.
     client_epochs_per_round: Local epochs E.
     client_batch_size: Local batch size.
-    hparams: Algorithm hyperparameters (launch.train's hyperparameter flags).
+    client_optimizer: The SGD the paper trains every method's clients with.
+    method_hparams: The paper's own method's hyperparameters (FedRKMGC's beta, gamma,
+      rho; launch.train's flags): set for the algorithms that take them, its method and
+      its ablations, except where an ablation's name fixes a value (fedrkmgc_raw's
+      rho = 1).
     sources: Where each value comes from (field or hparam name -> citation).
   """
 
@@ -38,11 +71,12 @@ class Protocol:
   clients_per_round: int
   client_epochs_per_round: int
   client_batch_size: int
-  hparams: Mapping[str, float]
+  client_optimizer: ClientOptimizer
+  method_hparams: Mapping[str, float]
   sources: Mapping[str, str]
 
   def flag_values(self) -> dict:
-    """launch.train flag name -> value, hyperparameters included."""
+    """launch.train flag name -> value of the data and participation settings."""
     return dict(
         partition='dirichlet',
         num_clients=self.num_clients,
@@ -50,8 +84,56 @@ class Protocol:
         clients_per_round=self.clients_per_round,
         client_epochs_per_round=self.client_epochs_per_round,
         client_batch_size=self.client_batch_size,
-        **self.hparams,
     )
+
+  def hparams_for(self, algo, given=()) -> dict:
+    """The hyperparameters the protocol trains algorithm `algo` with (flag -> value),
+    leaving out the flags in `given` (a run's own: they win).
+
+    Every method takes the client optimizer under its own names: `client_learning_rate`,
+    `client_momentum` and the weight decay its `Hparams` name (`WEIGHT_DECAY_NAME`);
+    a setting of 0 is met by an algorithm without it.
+
+    Args:
+      algo: The algorithm's `registry.AlgorithmSpec`.
+      given: Flags the run sets itself.
+
+    Raises:
+      ValueError: (one line) `algo` cannot train with the client optimizer: it has no
+        momentum or weight decay, or a decay of the other kind.
+    """
+    sgd, cls = self.client_optimizer, algo.hparams_class
+    names = cls.names()
+
+    def refuse(what: str, why: str):
+      raise ValueError(
+          f'--protocol={self.name} trains every method\'s clients with {what}'
+          f' ({self.sources["client_optimizer"]}); --algo={algo.name} {why}'
+      )
+
+    values = {'client_learning_rate': sgd.learning_rate}
+    if 'client_momentum' in names:
+      values['client_momentum'] = sgd.momentum
+    elif sgd.momentum:
+      refuse(f'momentum {sgd.momentum:g}', 'has no client momentum')
+    decay = cls.WEIGHT_DECAY_NAME
+    kind = 'decoupled' if sgd.decoupled else 'coupled'
+    if decay in given:
+      pass
+    elif decay not in names:
+      if sgd.weight_decay:
+        refuse(f'{kind} weight decay {sgd.weight_decay:g}', 'has no weight decay')
+    elif sgd.weight_decay and cls.DECOUPLED_WEIGHT_DECAY != sgd.decoupled:
+      ours = 'decoupled' if cls.DECOUPLED_WEIGHT_DECAY else 'coupled'
+      refuse(f'{kind} weight decay {sgd.weight_decay:g}',
+             f'decays its weights {ours}: give --{decay} to train it with its own decay')
+    else:
+      values[decay] = sgd.weight_decay
+    values.update({
+        name: value for name, value in self.method_hparams.items()
+        if name in names and name not in algo.default_overrides
+    })
+    return {name: value for name, value in values.items() if name not in given}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +192,23 @@ class Setting:
 
   def task_for(self, data_source: str) -> str:
     return self.synthetic_task if data_source == 'synthetic' and self.synthetic_task else self.task
+
+  def describe(self, data_source: str) -> str:
+    """What the setting is, for a figure's title: 'cifar10_n100_a0.05 (cifar10, Dirichlet
+    α=0.05 over 100 clients; synthetic cifar100 data in its place)'."""
+    flags = dict(self.flags)
+    parts = []
+    if flags.pop('partition', None) == 'dirichlet':
+      parts.append(f'Dirichlet α={flags.pop("dirichlet_alpha"):g} over'
+                   f' {flags.pop("num_clients")} clients')
+    parts += [f'{name.replace("_", " ")} {value}' for name, value in flags.items()]
+    what = ', '.join([self.task, *parts])
+    stand_in = self.task_for(data_source)
+    if stand_in != self.task:
+      what += f'; synthetic {stand_in} data in its place'
+    elif data_source == 'synthetic':
+      what += '; synthetic data'
+    return what if self.key == self.task else f'{self.key} ({what})'
 
 
 def dirichlet_setting(*, key, task, num_clients, alpha, **flags) -> Setting:

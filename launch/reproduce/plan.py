@@ -120,11 +120,12 @@ class Plan:
     """The `launch.train` flags of every run of a setting (task, split, cohort, scale)."""
     protocol = self.paper.flags.get('protocol')
     # The protocol's data and participation flags, explicit so that the scale can cap
-    # them (its hyperparameters are left to launch.train, which skips the ones an
-    # algorithm does not take).
-    base = {} if protocol is None else papers.values_for_unset(
-        protocol, run_settings.settings_from_flags().given, algo_hparams=()
-    )
+    # them (its hyperparameters are left to launch.train, which gives each algorithm the
+    # client optimizer and refuses one that cannot take it).
+    given = run_settings.settings_from_flags().given
+    base = {} if protocol is None else {
+        flag: value for flag, value in papers.get_protocol(protocol).flag_values().items()
+        if flag not in given}
     values = {**base, **self.paper.flags, **setting.flags, 'task': self.task(setting)}
     if 'clients_per_round' in values:
       values['clients_per_round'] = self.scale.cap(

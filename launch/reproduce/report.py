@@ -11,10 +11,12 @@ from absl import flags
 import numpy as np
 import scipy.stats
 
+from launch import papers
 from launch.reproduce import plan as plan_lib
 from launch.sweeps import comparison
 import tasks
 from tff_zmg import analysis
+from tff_zmg import run_files
 
 REPORT_FILENAME = 'report.md'
 RESULTS_FILENAME = 'report.json'
@@ -251,24 +253,71 @@ def _relative(plan: plan_lib.Plan, path: str) -> str:
   return os.path.relpath(path, plan.directory)
 
 
+def _tuned(plan: plan_lib.Plan, best: dict, setting) -> dict:
+  """(task, algo) -> the grid's pick of each algorithm on `setting` (`comparison.report`'s
+  `tuned`), so that a picked rate is called tuned whatever its value."""
+  task = plan.task(setting)
+  return {
+      (task, algo): analysis.TunedRates(
+          task=task, algo=algo, hparams=analysis.tuning.hparams_of(record),
+          score=record['score'],
+          path=os.path.join(plan.directory, 'grid', key, algo, run_files.BEST))
+      for (key, algo), record in best.items() if key == setting.key
+  }
+
+
+def _paper_rates(plan: plan_lib.Plan) -> Optional[dict]:
+  """The learning rates the paper's protocol gives every method; None where it has none."""
+  protocol = plan.paper.flags.get('protocol')
+  if protocol is None:
+    return None
+  return {'client_learning_rate': papers.get_protocol(protocol).client_optimizer.learning_rate}
+
+
+def client_optimizer_section(plan: plan_lib.Plan, trained: dict) -> list[str]:
+  """'## How each algorithm trained': the protocol's client optimizer, and each
+  algorithm's hyperparameters as its runs recorded them (`trained`: algo -> texts)."""
+  md = ['## How each algorithm trained\n\n']
+  protocol = plan.paper.flags.get('protocol')
+  if protocol is not None:
+    protocol = papers.get_protocol(protocol)
+    md.append(f'`--protocol={protocol.name}` trains every method\'s clients with'
+              f' {protocol.client_optimizer.describe()}'
+              f' ({protocol.sources["client_optimizer"]}), each under its own names.\n\n')
+  rows = [{'algorithm': algo, 'hyperparameters (its runs\' flags.json)':
+           '; '.join(sorted(trained[algo])) if trained.get(algo) else 'no runs'}
+          for algo in plan.paper.algos]
+  md += [analysis.markdown_table(rows, list(rows[0])), '\n']
+  return md
+
+
 def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -> str:
   """Collects every setting's runs, writes report.md and report.json; returns the path."""
   stream = stream or sys.stdout
   threshold_flag = [float(t) for t in flags.FLAGS.thresholds or []]
 
   def thresholds_of(setting):
-    return tuple(threshold_flag) if threshold_flag else tasks.SPECS[
-        plan.task(setting)].accuracy_thresholds
+    """--thresholds, or the setting's task's when they are this paper's (none else)."""
+    if threshold_flag:
+      return tuple(threshold_flag)
+    spec = tasks.SPECS[setting.task]
+    return spec.accuracy_thresholds if spec.thresholds_from == plan.paper.name else ()
 
-  setting_tables, figures, communication = {}, {}, {}
+  setting_tables, figures, communication, trained = {}, {}, {}, {}
   for setting in plan.settings:
     task = plan.task(setting)
     root = os.path.join(plan.directory, 'runs', setting.key)
     report_dir = os.path.join(plan.directory, 'compare', setting.key)
+    tuned = _tuned(plan, best, setting)
     comparison.report(root, report_dir, [task], plan.paper.algos, plan.seeds,
-                   thresholds_of(setting), stream=stream)
+                      thresholds_of(setting), stream=stream, tuned=tuned,
+                      paper_rates=_paper_rates(plan),
+                      titles={task: setting.describe(plan.data_source)})
     series, status_rows = comparison.collect(root, task, plan.paper.algos, plan.seeds,
-                                          io.StringIO())
+                                             io.StringIO())
+    for row in status_rows:
+      trained.setdefault(row['algo'], set()).add(
+          analysis.tuning.format_hparams(json.loads(row['hparams'])))
     communication[setting.key] = comparison.communication_by_algo(status_rows)
     figures[setting.key] = os.path.join(report_dir, f'{task}_accuracy.png')
     if not series:
@@ -333,7 +382,9 @@ def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -
           ', fewer rounds, seeds or grid points than the paper: orderings can change with'
           ' the full protocol.'))
   )
-  md.append(f'\n{closing}\n\n## Protocol choices\n\n')
+  md.append(f'\n{closing}\n\n')
+  md += client_optimizer_section(plan, trained)
+  md.append('\n## Protocol choices\n\n')
   md += [f'- {note}\n' for note in plan.paper.notes]
   path = os.path.join(plan.directory, REPORT_FILENAME)
   with open(path, 'w') as f:

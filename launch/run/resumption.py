@@ -136,7 +136,8 @@ def lasting_settings(recorded: dict) -> dict:
   before the aggregator setting aggregated with the algorithm's mean; one from
   before runs listed every hyperparameter holds only those given (`{}` for the
   defaults): the algorithm's defaults fill in the rest, so that it reads as the same run
-  as today's record of the same command.
+  as today's record of the same command (but a GlobalGC record without a weight decay
+  trained with none, unlike today's default).
   """
   ignored = _RESUMABLE_CHANGES | _LOCATION_SETTINGS
   settings = {
@@ -153,6 +154,8 @@ def lasting_settings(recorded: dict) -> dict:
   hparams = settings.get('hparams')
   if isinstance(hparams, dict) and settings.get('algo') in registry.ALGORITHMS:
     defaults = json.loads(json.dumps(dict(registry.get(settings['algo']).defaults)))
+    if settings['algo'] == 'global_gc':  # Before it took a decay, its clients had none.
+      defaults['weight_decay'] = 0.0
     settings['hparams'] = {**defaults, **hparams}
   return settings
 

@@ -261,8 +261,10 @@ _PROTOCOL = flags.DEFINE_enum(
     'protocol', None, list(papers.PROTOCOL_NAMES),
     "A paper's training protocol (launch/papers/): sets --partition=dirichlet,"
     ' --num_clients, --dirichlet_alpha, --clients_per_round, --client_epochs_per_round,'
-    " --client_batch_size and the algorithm's client hyperparameters, each only where"
-    ' not given on the command line.',
+    " --client_batch_size, the client optimizer the paper trains every method with (the"
+    " learning rate, momentum and weight decay; an --algo that cannot take them is"
+    " refused) and its method's own hyperparameters, each only where not given on the"
+    ' command line.',
 )
 
 
@@ -327,13 +329,14 @@ def apply_protocol(settings: Settings) -> tuple[Settings, dict]:
   Returns:
     The settings, and the values the protocol set (name -> value; empty without one).
     The protocol's values are not marked given: the command line passes `--protocol`.
+
+  Raises:
+    ValueError: (one line) `--algo` cannot train with the protocol's client optimizer.
   """
   name = settings.values['protocol']
   if name is None:
     return settings, {}
-  applied = papers.values_for_unset(
-      name, settings.given, registry.get(settings.values['algo']).defaults
-  )
+  applied = papers.values_for_unset(name, settings.given, registry.get(settings.values['algo']))
   return Settings({**settings.values, **applied}, settings.given), applied
 
 

@@ -130,10 +130,11 @@ def check_tuned_data(run: runner.Run, pick: analysis.TunedRates, stream=None) ->
     )
 
 
-def rates_source(task: str, algo: str, hparams, tuned: dict) -> str:
-  """analysis.tuning's TUNED, DEFAULTS or GIVEN for a run of `algo` with `hparams`."""
+def rates_source(task: str, algo: str, hparams, tuned: dict, paper_rates=None) -> str:
+  """analysis.tuning's TUNED, PAPER, DEFAULTS or GIVEN for a run of `algo` with `hparams`
+  (`paper_rates`: the rates a paper fixes for every method, if it does)."""
   return analysis.tuning.rates_source(
-      hparams, registry.get(algo).defaults, tuned.get((task, algo)))
+      hparams, registry.get(algo).defaults, tuned.get((task, algo)), paper_rates)
 
 
 def untuned_warning(task: str, algos) -> str:
@@ -145,12 +146,14 @@ def untuned_warning(task: str, algos) -> str:
   )
 
 
-def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams=None):
+def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams=None,
+            paper_rates=None):
   """(series algo -> seed -> (rounds, accuracies), one status row per run) of a task.
 
   Missing and diverged runs are left out of the series, with a line on `stream`. Each row
   says where the run's learning rates came from (`rates`: tuned by a grid search in
-  `tuned`, `tuned_picks`'s mapping, untuned defaults, or given by hand); a run trained with
+  `tuned`, `tuned_picks`'s mapping; the paper's, `paper_rates`; untuned defaults; or
+  given by hand); a run trained with
   other hyperparameters than `hparams[algo]` (those the comparison asks for) is compared as
   it is, with a line saying which differ (--collect_only).
 
@@ -169,7 +172,7 @@ def collect(root: str, task: str, algos, seeds, stream=None, tuned=None, hparams
         continue
       run_hparams = recorded.get('hparams', {})
       row['hparams'] = json.dumps(run_hparams, sort_keys=True)
-      row['rates'] = rates_source(task, algo, run_hparams, tuned or {})
+      row['rates'] = rates_source(task, algo, run_hparams, tuned or {}, paper_rates)
       row['learning_rates'] = analysis.tuning.format_hparams(
           {k: v for k, v in run_hparams.items() if k.endswith('learning_rate')})
       if hparams is not None:
@@ -271,22 +274,27 @@ def _format_summary(summary, thresholds, rates, communication):
 
 
 def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
-           tuned=None, hparams=None) -> str:
+           tuned=None, hparams=None, paper_rates=None, titles=None) -> str:
   """Collects the runs, writes the tables and figures; returns the Markdown report.
 
-  `tuned`: `tuned_picks`'s mapping, to tell tuned rates from given ones. A task whose runs
-  used untuned default rates gets a warning (on stderr and atop its section).
-  `hparams`: task -> algo -> the hyperparameters asked for (`collect`); runs trained with
-  others are named in the report too.
+  `thresholds`: the accuracy thresholds of the tables and figures; None: each task's,
+  () none. `tuned`: `tuned_picks`'s mapping (or any of (task, algo) -> the grid's
+  `TunedRates`), to tell tuned rates from given ones; `paper_rates`: the rates a paper
+  fixes for every method. A task whose runs used untuned default rates gets a warning (on
+  stderr and atop its section). `hparams`: task -> algo -> the hyperparameters asked for
+  (`collect`); runs trained with others are named in the report too. `titles`: task ->
+  what its section and figure are called (default: the task).
   """
   stream = stream or sys.stdout
   os.makedirs(report_dir, exist_ok=True)
   all_runs, all_summary, all_ttests, markdown = [], [], [], []
   for task in task_names:
-    task_thresholds = thresholds or tasks.SPECS[task].accuracy_thresholds
+    task_thresholds = (tasks.SPECS[task].accuracy_thresholds if thresholds is None
+                       else thresholds)
+    title = (titles or {}).get(task, task)
     series, status_rows = collect(root, task, algos, seeds, stream, tuned,
-                                  None if hparams is None else hparams[task])
-    markdown.append(f'## {task}\n\n')
+                                  None if hparams is None else hparams[task], paper_rates)
+    markdown.append(f'## {title}\n\n')
     rates = _rates_by_algo(status_rows)
     communication = communication_by_algo(status_rows)
     untuned = [a for a in algos
@@ -311,7 +319,7 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
     figure = os.path.join(report_dir, f'{task}_accuracy.png')
     analysis.accuracy_curves(
         {a: list(s.values()) for a, s in series.items()}, figure,
-        title=f'{task}: validation accuracy, mean and std over seeds',
+        title=f'{title}: validation accuracy, mean and std over seeds',
         thresholds=task_thresholds,
     )
     markdown += [
@@ -321,7 +329,9 @@ def report(root, report_dir, task_names, algos, seeds, thresholds, stream=None,
         analysis.markdown_table(tables['ttests'], [
             'metric', 'algo_a', 'algo_b', 'mean_a', 'mean_b', 'mean_difference', 't', 'p',
             'n']) if tables['ttests'] else 'None (fewer than two algorithms with runs).\n',
-        f'\n![{task}]({os.path.basename(figure)})\n\n',
+        f'\n![{title}]({os.path.basename(figure)})\n\n',
+        (f'Dashed lines: the accuracy thresholds {", ".join(f"{t:g}" for t in task_thresholds)}.'
+         '\n\n' if task_thresholds else ''),
     ]
   analysis.write_csv(os.path.join(report_dir, 'runs.csv'), all_runs)
   analysis.write_csv(os.path.join(report_dir, 'summary.csv'), all_summary)

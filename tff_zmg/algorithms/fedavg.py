@@ -3,6 +3,9 @@
 specification.md sections 2-4. All weight client updates by their number of examples.
 
     client k:  w_k <- w_k - eta_l * g                  (local steps from w^t)
+               (with momentum mu and coupled weight decay lambda_wd, as a paper's
+               protocol trains every method: d = g + lambda_wd w ; v <- mu v + d ;
+               w_k <- w_k - eta_l v, `torch.optim.SGD`'s rule)
     server:    u = sum_k n_k (w^t - w_k) / sum_k n_k
       FedAvg:     w^{t+1} = w^t - eta_g * u
       FedAdam:    m <- b1 m + (1 - b1) u ;  v <- b2 v + (1 - b2) u^2
@@ -37,11 +40,18 @@ class FedAvgHparams(hp.Hparams):
 
   `eta_g = 1` is the original FedAvg; `eta_l = 0.1` is our choice, a point of the
   10^-3..10^1 half-decade grid (the FedZMG paper tunes both rates per task; its values
-  were lost in conversion).
+  were lost in conversion). No momentum and no weight decay: the original FedAvg's client
+  SGD, and the FedZMG paper's (section 5.2.2 gives both to FedZMG alone). The papers that
+  train every method with SGD momentum and weight decay set theirs through their
+  protocol (`launch/papers`: GC-Fed section 4.1 and FedGPS section 5, momentum 0.9 and
+  weight decay 1e-5; FedRKMGC section 4, momentum 0.8); the decay is coupled, as the
+  `torch.optim.SGD` those papers name.
   """
 
   client_learning_rate: float = hp.client_learning_rate(0.1)
   server_learning_rate: float = hp.server_learning_rate(1.0)
+  client_momentum: float = hp.client_momentum(0.0)
+  weight_decay: float = hp.weight_decay(0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +78,8 @@ class ServerAdamHparams(hp.Hparams):
 
 @dataclasses.dataclass(frozen=True)
 class FedAdamHparams(ServerAdamHparams, FedAvgHparams):
-  """FedAdam's: FedAvg's client rate, the server's of `ServerAdamHparams`."""
+  """FedAdam's: FedAvg's client settings (rate, momentum, weight decay), the server's of
+  `ServerAdamHparams`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +106,8 @@ class ServerYogiHparams(hp.Hparams):
 
 @dataclasses.dataclass(frozen=True)
 class FedYogiHparams(ServerYogiHparams, FedAvgHparams):
-  """FedYogi's: FedAvg's client rate, the server's of `ServerYogiHparams`."""
+  """FedYogi's: FedAvg's client settings (rate, momentum, weight decay), the server's of
+  `ServerYogiHparams`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,20 +132,38 @@ class ServerAdagradHparams(hp.Hparams):
 
 @dataclasses.dataclass(frozen=True)
 class FedAdagradHparams(ServerAdagradHparams, FedAvgHparams):
-  """FedAdagrad's: FedAvg's client rate, the server's of `ServerAdagradHparams`."""
+  """FedAdagrad's: FedAvg's client settings (rate, momentum, weight decay), the server's of
+  `ServerAdagradHparams`."""
 
 
 # The client step and the server steps.
 
 
 def client_sgd(hparams) -> compose.Optimizer:
-  """`w <- w - eta_l * g` (TFF's `build_sgdm` without momentum)."""
-  return tff.learning.optimizers.build_sgdm(hparams.client_learning_rate)
+  """`d = g + lambda_wd w ;  v <- mu v + d ;  w <- w - eta_l v` (`torch.optim.SGD`'s rule):
+  the client of FedAvg, FedAdam, FedYogi, FedAdagrad, FedProx and GlobalGC.
+
+  TFF's `build_sgdm` on the decayed gradient (`optimizers.build_coupled_weight_decay`).
+  Without decay it is TFF's `build_sgdm` itself, and without momentum too, plain SGD
+  `w <- w - eta_l g` with TFF's SGD state: FedAvg's defaults train as before either
+  setting existed.
+
+  Args:
+    hparams: `client_learning_rate`, `client_momentum` (0: none) and `weight_decay` (0:
+      none).
+  """
+  sgdm = tff.learning.optimizers.build_sgdm(
+      hparams.client_learning_rate, momentum=hparams.client_momentum
+  )
+  if hparams.weight_decay == 0:
+    return sgdm
+  return optimizers.build_coupled_weight_decay(sgdm, hparams.weight_decay)
 
 
 def client_sgdm(hparams) -> compose.Optimizer:
   """`v <- mu v + g ;  w <- w - eta_l v` (TFF's `build_sgdm`): the client SGD(M) of
-  GlobalGC, Mime-Lite (its base optimizer), FedRKMGC and FedGPS.
+  Mime-Lite (its base optimizer), FedRKMGC and FedGPS (whose weight decay, lambda3, is a
+  term of its objective).
 
   Args:
     hparams: `client_learning_rate` and `client_momentum` (0: plain SGD).

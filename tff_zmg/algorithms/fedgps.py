@@ -74,6 +74,9 @@ class FedGpsHparams(hp.Hparams):
   `lambda2 = 0.2`, `lambda3 = 1e-5`, `lambda_g = 0.5`, `n_s = 100`; `eta_g = 1`: the new
   model is the clients' mean)."""
 
+  # Section 5: "1e-5 weight decay (also denoted as lambda3)", coupled: a term of eq. 6.
+  WEIGHT_DECAY_NAME = 'lambda3'
+
   client_learning_rate: float = hp.client_learning_rate(0.01)
   client_momentum: float = hp.client_momentum(0.9)
   server_learning_rate: float = hp.server_learning_rate(1.0)

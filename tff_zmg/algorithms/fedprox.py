@@ -5,7 +5,8 @@ specification.md notation; Li et al., "Federated Optimization in Heterogeneous N
 gradient a local step hands its optimizer is
 
     g_prox = g + mu (w_k - w^t)                     (mu >= 0; mu = 0 is FedAvg)
-    FedProx:      w_k <- w_k - eta_l g_prox
+    FedProx:      w_k <- w_k - eta_l g_prox      (FedAvg's client SGD: momentum and
+                                                   coupled weight decay when set)
     FedZMG-Prox:  g~ = P(g_prox) ; v <- mu_m v + g~ ; w_k <- w_k - eta_l v - eta_l lambda_wd w_k
     server:       u = sum_k n_k (w^t - w_k) / sum_k n_k ;  w^{t+1} = w^t - eta_g u
 
@@ -58,7 +59,8 @@ class FedZmgProxHparams(ProximalHparams, fedzmg.FedZmgHparams):
 
 
 def prox_sgd(hparams) -> compose.Optimizer:
-  """FedProx's client step: `w <- w - eta_l (g + mu (w - w^t))`."""
+  """FedProx's client step: `w <- w - eta_l (g + mu (w - w^t))` (FedAvg's client SGD on
+  the proximal gradient)."""
   return optimizers.build_proximal(fedavg.client_sgd(hparams), hparams.proximal_strength)
 
 

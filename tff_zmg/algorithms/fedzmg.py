@@ -38,6 +38,8 @@ class FedZmgHparams(hp.Hparams):
   task; its values were lost in conversion).
   """
 
+  DECOUPLED_WEIGHT_DECAY = True  # Eq. 6.
+
   client_learning_rate: float = hp.client_learning_rate(0.01)
   server_learning_rate: float = hp.server_learning_rate(1.0)
   client_momentum: float = hp.client_momentum(0.9)

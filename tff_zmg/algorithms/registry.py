@@ -229,11 +229,11 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
             name='global_gc',
             builder=gcfed.build_global_gc,
             hparams_class=gcfed.GlobalGcHparams,
-            client_rule='sgdm',
+            client_rule='sgd',
             server_rule='global_gc',
             client_weighting=_UNIFORM,
-            description='GlobalGC: client SGDM, server SGD on the centralized mean '
-            'update (GC-Fed paper).',
+            description='GlobalGC: client SGDM with coupled weight decay, server SGD on the'
+            ' centralized mean update (GC-Fed paper).',
         ),
         AlgorithmSpec(
             name='gcfed',

@@ -25,6 +25,7 @@ from tff_zmg.algorithms import fedavg
 from tff_zmg.algorithms import fedprox
 from tff_zmg.algorithms import fedzmg
 from tff_zmg.algorithms import gcfed
+from tff_zmg.algorithms import mime_lite
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
 
@@ -58,9 +59,14 @@ class Rule:
 
 
 CLIENT_RULES: Mapping[str, Rule] = types.MappingProxyType({
-    'sgd': Rule(lambda h, v: fedavg.client_sgd(h), fedavg.FedAvgHparams),
+    # SGD with momentum and coupled weight decay, at FedAvg's defaults (neither).
+    'sgd': Rule(
+        lambda h, v: fedavg.client_sgd(h), fedavg.FedAvgHparams,
+        ('client_momentum', 'weight_decay'),
+    ),
+    # TFF's SGDM, no decay: Mime-Lite's base optimizer.
     'sgdm': Rule(
-        lambda h, v: fedavg.client_sgdm(h), gcfed.GlobalGcHparams, ('client_momentum',)
+        lambda h, v: fedavg.client_sgdm(h), mime_lite.MimeLiteHparams, ('client_momentum',)
     ),
     'zmg_sgdm': Rule(
         fedzmg.zmg_sgdm, fedzmg.FedZmgHparams,

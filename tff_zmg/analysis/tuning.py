@@ -22,7 +22,7 @@ from tff_zmg import run_files
 RECORD_FIELDS = frozenset({
     'task', 'algo', 'score', 'score_rounds', 'total_rounds', 'search', 'rungs',
     'stability', 'cost', 'run_dir'})
-TUNED, DEFAULTS, GIVEN = 'tuned', 'untuned defaults', 'given'
+TUNED, DEFAULTS, GIVEN, PAPER = 'tuned', 'untuned defaults', 'given', "the paper's"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,16 +119,21 @@ def find_tuned(path: str) -> dict[tuple[str, str], TunedRates]:
 
 def rates_source(
     hparams: Mapping[str, object], defaults: Mapping[str, object],
-    tuned: Optional[TunedRates] = None,
+    tuned: Optional[TunedRates] = None, paper: Optional[Mapping[str, object]] = None,
 ) -> str:
-  """Where a run's learning rates came from: TUNED, DEFAULTS or GIVEN.
+  """Where a run's learning rates came from: TUNED, PAPER, DEFAULTS or GIVEN.
 
-  TUNED when they are the grid's pick `tuned`; DEFAULTS when every learning rate is the
-  algorithm's default (`defaults`, its registry Hparams); GIVEN otherwise (set by hand).
+  TUNED when they are the grid's pick `tuned`, whatever their values (a pick may equal the
+  defaults); PAPER when they are the rates a paper fixes for every method (`paper`; the
+  others at their defaults); DEFAULTS when every learning rate is the algorithm's default
+  (`defaults`, its registry Hparams); GIVEN otherwise (set by hand).
   """
   rates = [k for k in defaults if k.endswith('learning_rate')]
   if tuned is not None and all(hparams.get(k) == v for k, v in tuned.hparams.items()):
     return TUNED
+  if paper is not None and all(
+      hparams.get(k, defaults[k]) == paper.get(k, defaults[k]) for k in rates):
+    return PAPER
   if all(hparams.get(k, defaults[k]) == defaults[k] for k in rates):
     return DEFAULTS
   return GIVEN

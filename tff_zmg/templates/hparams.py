@@ -23,7 +23,7 @@ range and help are written once and each family gives only its default.
 from collections.abc import Callable, Mapping
 import dataclasses
 import typing
-from typing import Any, Optional, TypeVar
+from typing import Any, ClassVar, Optional, TypeVar
 
 from tff_zmg import validation
 
@@ -120,7 +120,17 @@ def hparam(default: Any, valid: Valid, help: str) -> Any:  # pylint: disable=red
 
 @dataclasses.dataclass(frozen=True)
 class Hparams:
-  """Base class of the hyperparameter dataclasses (see the module docstring)."""
+  """Base class of the hyperparameter dataclasses (see the module docstring).
+
+  Two class attributes say how a family's client takes the SGD a paper trains every
+  method with (`launch/papers`' protocols: momentum and weight decay): the name of its
+  weight decay when it is not `weight_decay` (FedGPS's `lambda3`, a term of its
+  objective), and whether that decay is decoupled (FedZMG's, applied to the weights
+  beside the step) rather than coupled L2 (added to the gradient, inside the momentum).
+  """
+
+  WEIGHT_DECAY_NAME: ClassVar[str] = 'weight_decay'
+  DECOUPLED_WEIGHT_DECAY: ClassVar[bool] = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -191,7 +201,9 @@ def client_momentum(default: float) -> Any:
 def weight_decay(default: float) -> Any:
   return hparam(
       default, NON_NEGATIVE,
-      'Client weight decay (decoupled for FedZMG, coupled L2 for LocalGC).',
+      'Client weight decay: decoupled for the FedZMG family (w <- w - eta_l wd w beside'
+      ' the step), coupled L2 for the others (wd w added to the gradient, as'
+      ' torch.optim.SGD).',
   )
 
 
