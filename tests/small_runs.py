@@ -98,7 +98,8 @@ def kill_when(command, line_start: str) -> list[str]:
 
 
 def write_run(run, accuracies, diverged=False):
-  """A run directory as launch.train leaves a finished run: flags.json and metrics.csv.
+  """A run directory as launch.train leaves a finished run: flags.json, metrics.csv and
+  the folder of its last checkpoint (empty: the runner only looks for it).
 
   flags.json holds exactly the settings of `run`, so the runner reuses the run only if
   the program (`launch.reproduce`, `launch.grid_search`) plans the very same run (other
@@ -132,3 +133,5 @@ def _write_run_files(run_dir, recorded, accuracies, diverged):
   if diverged:
     with open(os.path.join(run_dir, run_files.DIVERGED), 'w') as f:
       f.write('diverged\n')
+  else:
+    os.makedirs(os.path.join(run_dir, run_files.CHECKPOINTS, f'program_state_{len(accuracies)}'))
