@@ -25,7 +25,6 @@ import time
 
 from absl import flags
 
-from launch.cli import exit_status
 from launch.sweeps import workers
 
 RAY_ADDRESS = flags.DEFINE_string(
@@ -176,7 +175,7 @@ class RayWorkers(workers.Workers):
         cause = f'{type(e).__name__}'
       self._actors[slot] = None
       how = f'its Ray actor: {cause}'
-      statuses = self.died(slot, task, key, how, exit_status.UNEXPECTED)
+      statuses = self.died(slot, task, key, how)
       if statuses is not None:
         ended.append((task, statuses))
     return ended
