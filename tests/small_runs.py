@@ -62,11 +62,11 @@ def made_once(key, make):
 
 
 @contextlib.contextmanager
-def running(command, stderr=subprocess.PIPE):
+def running(command, stderr=subprocess.PIPE, env=None):
   """`command` (a program's process, from the repository root, its stdout piped) running
   inside the block; killed if it still runs at the block's end (a failed test)."""
   proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr,
-                          text=True)
+                          text=True, env=env)
   try:
     yield proc
   finally:
