@@ -34,6 +34,7 @@ from typing import Optional
 
 from absl import flags
 
+from launch.cli import unused_flags
 from launch.run import errors
 from launch.sweeps import local_workers
 from launch.sweeps import workers
@@ -65,6 +66,16 @@ _ANSWER_GRACE_S = 120.0
 _DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ray_driver.py')
 DRIVER_LOG = 'ray_driver.log'
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def check_flags() -> None:
+  """Refuses the flags of a Ray cluster without --ray_address, and --cpus_per_cell where
+  no run takes a node's CPUs (--executor=gpu)."""
+  if not RAY_ADDRESS.value:
+    unused_flags.refuse(('ray_driver_ip', 'cells_per_gpu', 'cpus_per_cell'),
+                        'applies only with --ray_address')
+  if flags.FLAGS['executor'].value != 'cpu':
+    unused_flags.refuse(('cpus_per_cell',), 'applies only with --executor=cpu')
 
 
 class RayWorkers(workers.Workers):

@@ -31,6 +31,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from launch.cli import exit_status
+from launch.cli import unused_flags
 from launch.run import builds
 from launch.run import errors
 from launch.run import resumption
@@ -225,6 +226,15 @@ def _next_for(key, pending: list, keys: Mapping[str, str],
                             if keys[run.name] == first_key][:batch_cells - 1]):
     taken.insert(1, pending.pop(position))
   return taken
+
+
+def check_flags(batches: bool) -> None:
+  """Refuses the runner's flags a program would not use: --batch_cells unless it
+  `batches` (its runs may share a build), the Ray cluster's without one (`ray_workers`)."""
+  if not batches:
+    unused_flags.refuse(('batch_cells',), 'does not apply here: no two runs of this program'
+                        ' differ only in their learning rates, so none train batched')
+  ray_workers.check_flags()
 
 
 def workers_for(parallel: int, log_dir: str):
