@@ -78,6 +78,7 @@ from launch.benchmarking import report
 from launch.benchmarking import sweep
 from launch.benchmarking import timing
 from launch.cli import failures
+from launch.cli import unused_flags
 from launch.run import run_directory
 from tasks import evaluation
 from tff_zmg.algorithms import registry
@@ -352,11 +353,26 @@ def _time_sweep() -> dict:
   return results
 
 
+def _check_flags() -> None:
+  """Refuses the flags of the timing --sweep skips, and the sweep's without it."""
+  if _SWEEP.value:
+    unused_flags.refuse(
+        ('algos', 'repeats', 'scaling_clients', 'scaling_algo', 'concurrency',
+         'max_concurrent_clients', 'intra_op_threads', 'evaluation', 'in_process',
+         'in_process_devices', 'in_process_clients_per_device', 'local_workers',
+         'process_intra_op_threads'),
+        "does not apply with --sweep, which times only a sweep's cells")
+  else:
+    unused_flags.refuse(('sweep_cells', 'sweep_rounds', 'sweep_cold', 'sweep_batch_cells'),
+                        'applies only with --sweep')
+
+
 @failures.one_line_errors('benchmark')
 def main(argv) -> int:
   del argv
   logging.set_verbosity(logging.WARNING)
   tf.get_logger().setLevel('ERROR')
+  _check_flags()
   if _OUTPUT.value:  # Before the timing, not after it.
     run_directory.check_output_file(_OUTPUT.value, 'output')
   if _SWEEP.value:

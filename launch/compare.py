@@ -38,6 +38,7 @@ from absl import flags
 
 from launch.cli import failures
 from launch.cli import quiet
+from launch.cli import unused_flags
 from launch.run import errors
 from launch.sweeps import calibration
 from launch.sweeps import comparison
@@ -157,10 +158,13 @@ def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
   task_names, algos, seeds, hparams, thresholds = _parse_settings()
+  runner.check_flags(batches=False)
   root = flags.FLAGS.root_output_dir
   report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
-  if _COLLECT_ONLY.value and calibration.DRY_RUN.value:
-    raise ValueError('--collect_only trains nothing: it has no --dry_run')
+  if _COLLECT_ONLY.value:
+    unused_flags.refuse(
+        ('dry_run', 'overwrite', 'parallel', 'ray_address'),
+        'does not apply with --collect_only, which trains nothing')
   tuned = _tuned(task_names, algos, hparams)
   runs = [
       runner.train_run(comparison.run_name(t, a, s), {

@@ -26,6 +26,7 @@ import numpy as np
 
 from launch.cli import failures
 from launch.cli import quiet
+from launch.cli import unused_flags
 from launch.run import errors
 from launch.run import settings as run_settings
 import tasks
@@ -38,11 +39,16 @@ _NUM_SAMPLED = flags.DEFINE_integer(
 )
 _SAMPLE_SEED = flags.DEFINE_integer('sample_seed', 0, 'Seed of the client sample.')
 _SPLIT = flags.DEFINE_enum('split', 'train', ['train', 'test'], 'Which clients to describe.')
-for _name in (
+# The flags of launch.train that say what the data is: the others are refused.
+_DATA_FLAGS = (
     'task', 'data_source', 'cache_dir', 'partition', 'dirichlet_alpha', 'num_clients',
     'partition_seed',
-):
+)
+for _name in _DATA_FLAGS:
   flags.declare_key_flag(_name)
+_SYNTHETIC_FLAGS = ('synthetic_train_clients', 'synthetic_test_clients',
+                    'synthetic_examples_per_client', 'synthetic_dirichlet_alpha',
+                    'synthetic_seed')
 
 _SUMMARY_COLUMNS = ('task', 'split', 'clients', 'sampled_clients', 'classes', 'examples',
                     'labels')
@@ -117,8 +123,11 @@ def main(argv) -> int:
   task_name = flags.FLAGS.task
   if task_name is None:
     raise ValueError('--task is required')
-  _check_output_dir(_OUTPUT_DIR.value)
   settings = run_settings.settings_from_flags()
+  unused_flags.refuse(sorted(settings.given - {*_DATA_FLAGS, *_SYNTHETIC_FLAGS}),
+                      'does not apply to data_stats, which describes the data and trains'
+                      ' nothing')
+  _check_output_dir(_OUTPUT_DIR.value)
   task = tasks.get(
       task_name, data_source=flags.FLAGS.data_source, cache_dir=flags.FLAGS.cache_dir,
       synthetic_settings=run_settings.synthetic_settings(settings),

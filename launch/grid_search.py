@@ -206,6 +206,7 @@ def _check_flags() -> None:
   for name in ('task', 'algo'):
     if flags.FLAGS[name].value is None:
       raise ValueError(f'--{name} is required')
+  runner.check_flags(batches=True)
   for name in ('client_learning_rate', 'server_learning_rate'):
     if flags.FLAGS[name].present:
       raise ValueError(f'the grid sets --{name}; give the values with --{name}s')

@@ -62,11 +62,11 @@ def made_once(key, make):
 
 
 @contextlib.contextmanager
-def running(command, stderr=subprocess.PIPE):
+def running(command, stderr=subprocess.PIPE, env=None):
   """`command` (a program's process, from the repository root, its stdout piped) running
   inside the block; killed if it still runs at the block's end (a failed test)."""
   proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr,
-                          text=True)
+                          text=True, env=env)
   try:
     yield proc
   finally:
@@ -98,7 +98,8 @@ def kill_when(command, line_start: str) -> list[str]:
 
 
 def write_run(run, accuracies, diverged=False):
-  """A run directory as launch.train leaves a finished run: flags.json and metrics.csv.
+  """A run directory as launch.train leaves a finished run: flags.json, metrics.csv and
+  the folder of its last checkpoint (empty: the runner only looks for it).
 
   flags.json holds exactly the settings of `run`, so the runner reuses the run only if
   the program (`launch.reproduce`, `launch.grid_search`) plans the very same run (other
@@ -132,3 +133,5 @@ def _write_run_files(run_dir, recorded, accuracies, diverged):
   if diverged:
     with open(os.path.join(run_dir, run_files.DIVERGED), 'w') as f:
       f.write('diverged\n')
+  else:
+    os.makedirs(os.path.join(run_dir, run_files.CHECKPOINTS, f'program_state_{len(accuracies)}'))

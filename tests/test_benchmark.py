@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tasks import evaluation as tasks_evaluation
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,13 +116,17 @@ def test_an_unknown_algorithm_fails_before_any_timing(tmp_path):
   assert 'fedzmgg' in result.stderr and 'warm-up' not in result.stdout
 
 
-def test_one_local_worker_is_refused_before_any_timing(tmp_path):
-  """--local_workers compares two ways of splitting a round among workers: one is no split."""
+@pytest.mark.parametrize('flag, line', [
+    # --local_workers compares two ways of splitting a round among workers: one is none.
+    ('--local_workers=1', '--local_workers must be 0 (not timed) or at least 2'),
+    ('--sweep_cells=3', '--sweep_cells applies only with --sweep'),
+])
+def test_a_flag_it_would_not_use_is_refused_before_any_timing(tmp_path, flag, line):
   result = subprocess.run(
-      [sys.executable, '-m', 'launch.benchmark', '--local_workers=1',
-       f'--cache_dir={tmp_path / "data"}'],
+      [sys.executable, '-m', 'launch.benchmark', flag, f'--cache_dir={tmp_path / "data"}'],
       cwd=_REPO, capture_output=True, text=True, timeout=300,
   )
   assert result.returncode == 2, result.stderr
-  assert '--local_workers must be 0 (not timed) or at least 2' in result.stderr
+  (error,) = result.stderr.splitlines()
+  assert error.startswith('benchmark: error: ') and line in error, result.stderr
   assert 'warm-up' not in result.stdout

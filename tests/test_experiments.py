@@ -487,8 +487,14 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   rc, out, err = run_program(compare, *compare_args, '--dry_run', '--overwrite')  # Afresh.
   assert rc == 0 and 'dry run: 3 of 3 runs to train (0 of them resumed), 9 rounds' in out, err
   assert 'estimated time: 1 min 14 s at 1 at a time' in out  # 3 x (run_s(3, 4) + 5) + 2 + 3.
-  rc, _, err = run_program(compare, *compare_args, '--dry_run', '--collect_only')
-  assert rc == 2 and 'compare: error: --collect_only trains nothing: it has no --dry_run' in err
+  # Flags it would not use: refused in one line before anything is done.
+  for flag, line in (
+      ('--collect_only', '--dry_run does not apply with --collect_only, which trains nothing'),
+      ('--batch_cells=2', '--batch_cells does not apply here: no two runs of this program'),
+      ('--cells_per_gpu=2', '--cells_per_gpu applies only with --ray_address')):
+    rc, out, err = run_program(compare, *compare_args, '--dry_run', flag)
+    assert rc == 2 and err.startswith(f'compare: error: {line}') and not out, err
+    assert len(err.splitlines()) == 1, err
 
 
 # --- data statistics --------------------------------------------------------------------
@@ -505,6 +511,16 @@ def _direct_counts(task, client_data, cid):
     else:
       counts[int(e['label'])] += 1
   return counts
+
+
+def test_data_stats_refuses_the_flags_of_training_before_anything(run_program, tmp_path):
+  rc, out, err = run_program(data_stats, '--task=emnist', '--data_source=synthetic',
+                             '--total_rounds=5', '--protocol=gcfed',
+                             f'--output_dir={tmp_path / "stats"}')
+  assert rc == 2 and not out, err
+  assert err == ('data_stats: error: --protocol does not apply to data_stats, which'
+                 ' describes the data and trains nothing\n'), err
+  assert not os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize('task, extra', [

@@ -1,4 +1,5 @@
-"""A grid search on a Ray cluster gives what it gives on this machine.
+"""A grid search on a Ray cluster gives what it gives on this machine, and ends in one
+line of its own when no cluster answers or the cluster is lost.
 
 The cluster is two Ray nodes on this machine, on loopback addresses (127.0.0.2 and
 127.0.0.3: Ray rewrites 127.0.0.1 to the machine's outward address), each with one
@@ -25,9 +26,12 @@ import pytest
 
 import small_runs
 import test_warm_workers
+from launch import grid_search
+from launch.cli import exit_status
 
 _HEAD, _SECOND = '127.0.0.2', '127.0.0.3'
-_RAY_PROCESS = re.compile(r'raylet|gcs_server|ray::|site-packages/ray/')
+# Ray's processes, and the program's Ray driver (launch/sweeps/ray_driver.py).
+_RAY_PROCESS = re.compile(r'raylet|gcs_server|ray::|site-packages/ray/|ray_driver\.py')
 
 
 def _ray_processes() -> list[str]:
@@ -47,7 +51,7 @@ def _free_port(host: str) -> int:
 
 @pytest.fixture
 def ray_cluster():
-  """(address, environment) of a two-node cluster, one logical GPU a node."""
+  """(address, environment, what stops it) of a two-node cluster, one logical GPU a node."""
   # Short: Ray's sockets live below it, and a socket's path has at most 107 bytes.
   folder = pathlib.Path(tempfile.mkdtemp(prefix='ray', dir='/tmp'))
   home = folder / 'home'
@@ -62,15 +66,17 @@ def ray_cluster():
   common = ['--num-cpus=1', '--num-gpus=1', f'--temp-dir={folder / "rt"}',
             '--disable-usage-stats']
   port = _free_port(_HEAD)
+  stop = lambda: subprocess.run([*ray, 'stop', '--force'], env=env, capture_output=True,
+                                timeout=180)
   try:
     subprocess.run([*ray, 'start', '--head', f'--node-ip-address={_HEAD}', f'--port={port}',
                     '--include-dashboard=false', *common],
                    env=env, check=True, capture_output=True, timeout=180)
     subprocess.run([*ray, 'start', f'--address={_HEAD}:{port}', f'--node-ip-address={_SECOND}',
                     *common], env=env, check=True, capture_output=True, timeout=180)
-    yield f'{_HEAD}:{port}', env
+    yield f'{_HEAD}:{port}', env, stop
   finally:
-    subprocess.run([*ray, 'stop', '--force'], env=env, capture_output=True, timeout=180)
+    stop()
     deadline = time.monotonic() + 30
     while _ray_processes() and time.monotonic() < deadline:
       time.sleep(0.5)
@@ -78,15 +84,32 @@ def ray_cluster():
     assert _ray_processes() == []
 
 
-def _grid(cache_dir, root, env=None, *extra):
-  command = [sys.executable, '-m', 'launch.grid_search', '--task=emnist', '--algo=fedavg',
-             f'--cache_dir={cache_dir}', *small_runs.FLAGS, '--client_learning_rates=0.1,0.03',
-             '--server_learning_rates=1,0.5', '--total_rounds=2', '--nostability_check',
-             f'--root_output_dir={root}', *extra]
-  proc = subprocess.run(command, cwd=small_runs.REPO, env=env, capture_output=True,
-                        text=True, timeout=1200)
+_ONE_CELL = ('--client_learning_rates=0.1', '--server_learning_rates=1')
+
+
+def _grid_flags(cache_dir, root, *extra, cells=('--client_learning_rates=0.1,0.03',
+                                                 '--server_learning_rates=1,0.5')):
+  return ('--task=emnist', '--algo=fedavg', f'--cache_dir={cache_dir}', *small_runs.FLAGS,
+          *cells, '--total_rounds=2', '--nostability_check', f'--root_output_dir={root}',
+          *extra)
+
+
+def _grid_command(*args, **cells):
+  return [sys.executable, '-m', 'launch.grid_search', *_grid_flags(*args, **cells)]
+
+
+def _grid(cache_dir, root, env, *extra):
+  """The grid on the cluster (a process of its own, in the cluster's environment)."""
+  proc = subprocess.run(_grid_command(cache_dir, root, *extra), cwd=small_runs.REPO,
+                        env=env, capture_output=True, text=True, timeout=1200)
   assert proc.returncode == 0, proc.stderr
   return proc.stdout
+
+
+def _local_grid(run_program, *args, **cells):
+  """The grid on this machine (in this process)."""
+  code, _, err = run_program(grid_search, *_grid_flags(*args, **cells))
+  assert code == 0, err
 
 
 def _results(root):
@@ -97,10 +120,10 @@ def _results(root):
   return best, {n: test_warm_workers._rows(os.path.join(grid, n)) for n in cells}  # pylint: disable=protected-access
 
 
-def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid(
-    ray_cluster, synthetic_cache_dir, tmp_path):
-  address, env = ray_cluster
-  _grid(synthetic_cache_dir, tmp_path / 'local')
+def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid_and_resumes_when_it_is_lost(
+    ray_cluster, run_program, synthetic_cache_dir, tmp_path):
+  address, env, stop_cluster = ray_cluster
+  _local_grid(run_program, synthetic_cache_dir, tmp_path / 'local')
   out = _grid(synthetic_cache_dir, tmp_path / 'ray', env, f'--ray_address={address}',
               f'--ray_driver_ip={_HEAD}', '--cells_per_gpu=2')
   assert 'ray: 4 workers on 2 nodes' in out
@@ -120,3 +143,36 @@ def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid(
   timing, = json.load(open(tmp_path / 'dry' / 'grid_emnist_fedavg' / 'dry_run'
                            / 'calibration.json')).values()
   assert timing['worker_s'] > 0 and timing['round_s'] > 0, timing
+  # The cluster lost while a cell trains (a grid of one of the cells above; its actor held
+  # after round 1, so that the loss comes first): the program ends in its own line, which
+  # says the runs resume; the same command without --ray_address ends the cell here as
+  # the grid trained here alone ended it.
+  lost = _grid_command(synthetic_cache_dir, tmp_path / 'lost', f'--ray_address={address}',
+                       f'--ray_driver_ip={_HEAD}', cells=_ONE_CELL)
+  with small_runs.running(lost, env=env) as proc:
+    log = test_warm_workers._when_training(  # pylint: disable=protected-access
+        tmp_path / 'lost', proc.pid)
+    actor = int(re.search(r'^--- warm worker (\d+) ', open(log).read(), re.M).group(1))
+    psutil.Process(actor).suspend()
+    stop_cluster()
+    _, err = proc.communicate(timeout=300)
+  assert proc.returncode == exit_status.WORKER_LOST, err
+  (line,) = err.strip().splitlines()
+  assert line.startswith(f'grid_search: error: the Ray cluster at {address} was lost'), err
+  assert line.endswith('the runs resume from their checkpoints: re-run the same command'), err
+  _local_grid(run_program, synthetic_cache_dir, tmp_path / 'lost', cells=_ONE_CELL)
+  assert _results(tmp_path / 'lost')[1] == {'clr0.1_slr1': local[1]['clr0.1_slr1']}
+
+
+def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program, tmp_path):
+  """Ray itself would retry for minutes, printing its C++ warnings."""
+  start = time.monotonic()
+  code, _, err = run_program(grid_search, '--task=emnist', '--algo=fedavg',
+                             '--data_source=synthetic', '--client_learning_rates=0.1',
+                             '--server_learning_rates=1', '--total_rounds=1',
+                             f'--root_output_dir={tmp_path}', '--ray_address=127.0.0.1:1')
+  assert code == exit_status.BAD_INPUT, err
+  (line,) = err.strip().splitlines()
+  assert line.startswith('grid_search: error: --ray_address=127.0.0.1:1: no Ray cluster'
+                         ' answers there (Connection refused'), err
+  assert time.monotonic() - start < 30

@@ -188,10 +188,8 @@ def test_the_identity_beside_the_checkpoints_guards_a_copied_run_that_resumes_pa
   assert rc == 2
   _one_line(err, 'already trained 2 rounds', '--total_rounds=2 or more')
   assert not (run / 'flags.json').exists()
-  # What a kill leaves: a torn last row, a checkpoint save cut short (a temporary folder,
-  # and a newest checkpoint that cannot be read).
-  data = (run / 'metrics.csv').read_bytes()
-  (run / 'metrics.csv').write_bytes(data[:data.rstrip().rfind(b'\n') + 8])
+  # What a kill or a damaged disk leaves: a checkpoint save cut short (a temporary folder,
+  # and a newest checkpoint that cannot be read) ...
   (run / 'checkpoints' / 'program_state_3_temp1234' / 'variables').mkdir(parents=True)
   for folder, _, files in os.walk(run / 'checkpoints' / 'program_state_2'):
     for f in files:
@@ -201,7 +199,6 @@ def test_the_identity_beside_the_checkpoints_guards_a_copied_run_that_resumes_pa
   assert rc == 0, err
   assert 'removed what interrupted saves left: checkpoints/program_state_3_temp1234' in out
   assert 'checkpoint of round 2 cannot be read' in out and 'resuming from round 1' in out
-  assert 'dropped a torn last row' in out
   assert 'round 2/2' in out and 'round 1/2' not in out
   assert _keys(run / 'metrics.csv') == [0, 1, 2]
   names = sorted(os.listdir(run / 'checkpoints'))
@@ -209,3 +206,14 @@ def test_the_identity_beside_the_checkpoints_guards_a_copied_run_that_resumes_pa
   assert not any('_temp' in n for n in names)
   recorded = json.loads((run / 'flags.json').read_text())
   assert recorded['experiment_name'] == 'renamed' and recorded['seed'] == 0
+  # ... and a torn last row, though the checkpoint of its round is on the disk: the round is
+  # trained again from the checkpoint before it.
+  data = (run / 'metrics.csv').read_bytes()
+  (run / 'metrics.csv').write_bytes(data[:data.rstrip().rfind(b'\n') + 8])
+  rc, out, err = run_main(*_BASE, name, '--total_rounds=2', root=tmp_path)
+  assert rc == 0, err
+  assert 'dropped a torn last row' in out
+  assert ('metrics.csv ends at round 1: resuming from the checkpoint of round 1, the'
+          ' checkpoints of round 2 are written again') in out
+  assert 'round 2/2' in out and 'round 1/2' not in out
+  assert _keys(run / 'metrics.csv') == [0, 1, 2]

@@ -376,6 +376,8 @@ def test_divergence_is_judged_on_everything_a_round_reports():
         (['--task=emnist', '--algo=scaffold', '--client_learning_rate=0'],
          'client_learning_rate must be > 0'),
         (['--task=emnist', '--algo=fedavg', '--proximal_strength=0.1'], 'does not apply'),
+        (['--task=emnist', '--algo=fedavg', '--worker_timeout_s=2'],
+         '--worker_timeout_s applies only with --workers'),
         # Issue 47: beyond int64 it failed where it became a tensor, naming no flag.
         (['--task=emnist', '--algo=fedavg', '--seed=18446744073709551616'],
          'seed must be an integer in [0, 9223372036854775807] (an int64), got'

@@ -2,11 +2,13 @@
 runner's promises: a worker that dies costs one retry of its run, Ctrl-C stops everything
 and the same command resumes to the same results, and no worker outlives the program."""
 
+import csv
 import dataclasses
 import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +20,10 @@ import psutil
 import pytest
 
 import small_runs
+from launch import grid_search
 from launch.run import settings as run_settings
 from launch.sweeps import local_workers
+from launch.sweeps import lr_grid
 from launch.sweeps import runner
 
 _rows = small_runs.metric_rows
@@ -77,28 +81,71 @@ def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(
   assert 'round 2/2' in log and 'summary: {' in log
 
 
+_CELLS = ('clr0.1_slr1', 'clr0.03_slr1', 'clr0.01_slr1')
+
+
+def _grid_flags(cache_dir, root, *extra):
+  """`launch.grid_search`'s flags: three cells of two rounds, each scored by its last."""
+  return ('--task=emnist', '--algo=fedavg', f'--cache_dir={cache_dir}', *small_runs.FLAGS,
+          '--client_learning_rates=0.1,0.03,0.01', '--server_learning_rates=1',
+          '--score_rounds=1', '--nostability_check', f'--root_output_dir={root}', *extra)
+
+
 def _grid_command(cache_dir, root, *extra):
-  return [sys.executable, '-m', 'launch.grid_search', '--task=emnist', '--algo=fedavg',
-          f'--cache_dir={cache_dir}', *small_runs.FLAGS, '--client_learning_rates=0.1,0.03',
-          '--server_learning_rates=1', '--total_rounds=3', '--nostability_check',
-          f'--root_output_dir={root}', *extra]
+  return [sys.executable, '-m', 'launch.grid_search',
+          *_grid_flags(cache_dir, root, '--total_rounds=2', *extra)]
+
+
+def _halving_flags(cache_dir, root):
+  """The same cells searched by halving: all to 2 rounds (the grid above), one on to 4."""
+  return _grid_flags(cache_dir, root, '--search=halving', '--rung_rounds=2,4')
 
 
 def _grid_results(root):
+  """What a grid leaves: best.json but its seconds, grid.csv but its cells' paths, each
+  cell's metrics.csv but its seconds and the arrays of its newest checkpoint, bit for bit."""
   grid = os.path.join(root, 'grid_emnist_fedavg')
   best = json.load(open(os.path.join(grid, 'best.json')))
   best.pop('cost')  # Seconds.
-  cells = {name: _rows(os.path.join(grid, name)) for name in ('clr0.1_slr1', 'clr0.03_slr1')}
-  return best, cells
+  with open(os.path.join(grid, 'grid.csv')) as f:
+    table = [{k: v for k, v in row.items() if k != 'output_dir'} for row in csv.DictReader(f)]
+  cells = {name: (_rows(os.path.join(grid, name)),
+                  [(a.dtype.str, a.shape, a.tobytes())
+                   for a in _final_checkpoint(os.path.join(grid, name))])
+           for name in _CELLS}
+  return best, table, cells
 
 
-@pytest.fixture(scope='module')
-def whole_grid(tmp_path_factory, synthetic_cache_dir):
-  root = tmp_path_factory.mktemp('whole')
-  proc = subprocess.run(_grid_command(synthetic_cache_dir, root), cwd=small_runs.REPO,
-                        capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, proc.stderr
-  return _grid_results(root)
+@pytest.fixture
+def whole_grid(run_program, synthetic_cache_dir, tmp_path_factory):
+  """The grid of `_grid_command`, uninterrupted, made once (launch.grid_search in this
+  process): (its root, `_grid_results`)."""
+
+  def make():
+    root = tmp_path_factory.mktemp('whole')
+    code, _, err = run_program(grid_search,
+                               *_grid_flags(synthetic_cache_dir, root, '--total_rounds=2'))
+    assert code == 0, err
+    return root, _grid_results(root)
+
+  return small_runs.made_once(('test_warm_workers', 'whole'), make)
+
+
+@pytest.fixture
+def halving_grid(whole_grid, run_program, synthetic_cache_dir, tmp_path_factory):
+  """The halving search of `_halving_flags`, uninterrupted, made once: (its root,
+  `_grid_results`). Its first rung is `whole_grid`'s cells, so it continues a copy of
+  them (launch.grid_search in this process)."""
+
+  def make():
+    root = tmp_path_factory.mktemp('halving')
+    shutil.copytree(whole_grid[0] / 'grid_emnist_fedavg', root / 'grid_emnist_fedavg')
+    code, out, err = run_program(grid_search, *_halving_flags(synthetic_cache_dir, root))
+    assert code == 0, err
+    assert out.count(': already finished') == 3, out  # Rung 1: the grid's cells.
+    return root, _grid_results(root)
+
+  return small_runs.made_once(('test_warm_workers', 'halving'), make)
 
 
 def _when_training(root, pid):
@@ -108,7 +155,7 @@ def _when_training(root, pid):
   while time.monotonic() < deadline:
     for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
       path = os.path.join(logs, name)
-      if name.endswith('.log') and re.search(r'^round 1/3', open(path).read(), re.M):
+      if name.endswith('.log') and re.search(r'^round 1/2', open(path).read(), re.M):
         return path
     time.sleep(0.2)
   raise AssertionError(f'no round trained under {logs}')
@@ -123,7 +170,7 @@ def test_a_worker_killed_mid_cell_costs_one_retry_and_the_same_best(
     out, err = proc.communicate(timeout=900)
   assert proc.returncode == 0, err
   assert 'its warm worker died (killed by SIGKILL' in open(log).read()
-  assert _grid_results(tmp_path) == whole_grid
+  assert _grid_results(tmp_path) == whole_grid[1]
   assert 'picked:' in out
 
 
@@ -143,7 +190,7 @@ def test_ctrl_c_mid_search_then_the_same_command_gives_the_same_results(
   again = subprocess.run(command, cwd=small_runs.REPO, capture_output=True, text=True,
                          timeout=900)
   assert again.returncode == 0, again.stderr
-  assert _grid_results(tmp_path) == whole_grid
+  assert _grid_results(tmp_path) == whole_grid[1]
 
 
 def test_evaluation_due_with_eval_last_rounds_is_round_0_and_the_last_rounds():
@@ -157,21 +204,89 @@ def test_evaluation_due_with_eval_last_rounds_is_round_0_and_the_last_rounds():
   assert due(eval_last_rounds=20) == list(range(11))
 
 
-def test_grid_cells_evaluate_only_the_rounds_their_scores_read(synthetic_cache_dir, tmp_path):
+def test_grid_cells_evaluate_only_the_rounds_their_scores_read(halving_grid):
   """Halving with rungs of 2 and 4 rounds, each rung scored by its last round: every
   cell evaluates rounds 0 and 2, the one promoted also 4, and flags.json says so."""
-  command = [sys.executable, '-m', 'launch.grid_search', '--task=emnist', '--algo=fedavg',
-             f'--cache_dir={synthetic_cache_dir}', *small_runs.FLAGS,
-             '--client_learning_rates=0.1,0.03,0.01', '--server_learning_rates=1',
-             '--search=halving', '--rung_rounds=2,4', '--score_rounds=1',
-             '--nostability_check', f'--root_output_dir={tmp_path}']
-  proc = subprocess.run(command, cwd=small_runs.REPO, capture_output=True, text=True,
-                        timeout=900)
-  assert proc.returncode == 0, proc.stderr
-  grid = tmp_path / 'grid_emnist_fedavg'
+  grid = halving_grid[0] / 'grid_emnist_fedavg'
   evaluated = {}
-  for cell in ('clr0.1_slr1', 'clr0.03_slr1', 'clr0.01_slr1'):
+  for cell in _CELLS:
     rows = _rows(grid / cell)
     evaluated[cell] = [int(r['key']) for r in rows if r['evaluation/loss']]
     assert json.load(open(grid / cell / 'flags.json'))['eval_last_rounds'] == 1
   assert sorted(evaluated.values()) == [[0, 2], [0, 2], [0, 2, 4]], evaluated
+
+
+def _copy_grid(reference_root, root):
+  shutil.copytree(reference_root / 'grid_emnist_fedavg', root / 'grid_emnist_fedavg')
+  return root / 'grid_emnist_fedavg'
+
+
+def _save_cut_short(cell_dir, round_num):
+  """The checkpoint of `round_num` as a kill during its background save, or a full disk,
+  leaves it: TFF's temporary folder."""
+  folder = cell_dir / 'checkpoints'
+  os.rename(folder / f'program_state_{round_num}', folder / f'program_state_{round_num}_temp77')
+
+
+def _twice(run_program, flags_):
+  """`launch.grid_search` run twice with the same flags (in this process): each stdout."""
+  outs = []
+  for _ in range(2):
+    code, out, err = run_program(grid_search, *flags_)
+    assert code == 0, err
+    outs.append(out)
+  return outs
+
+
+def test_a_grid_resumes_cells_a_kill_or_a_full_disk_left_unfinished_to_the_same_results(
+    whole_grid, run_program, synthetic_cache_dir, tmp_path):
+  """Three cells of the grid as an interruption leaves them, each with all its rounds in
+  metrics.csv: its last checkpoint only TFF's temporary folder (killed during its
+  background save; a full disk), its last row torn (a checkpoint on the disk beside it: a
+  damaged disk), the evaluation it is scored by gone. The same command resumes each of
+  them; run again, it trains nothing; the grid is the uninterrupted one."""
+  grid = _copy_grid(whole_grid[0], tmp_path)
+  saved, torn, unevaluated = (grid / cell for cell in _CELLS)
+  _save_cut_short(saved, 2)
+  data = (torn / 'metrics.csv').read_bytes()
+  (torn / 'metrics.csv').write_bytes(data[:data.rstrip().rfind(b'\n') + 8])
+  with open(unevaluated / 'metrics.csv') as f:
+    reader = csv.DictReader(f)
+    rows, columns = list(reader), reader.fieldnames
+  rows[-1].update({k: '' for k in columns if k.startswith('evaluation/')})
+  with open(unevaluated / 'metrics.csv', 'w', newline='') as f:
+    writer = csv.DictWriter(f, columns)
+    writer.writeheader()
+    writer.writerows(rows)
+  first, second = _twice(run_program,
+                         _grid_flags(synthetic_cache_dir, tmp_path, '--total_rounds=2'))
+  assert 'already' not in first and first.count(': started') == 3, first
+  assert second.count(': already finished') == 3 and 'started' not in second, second
+  logs = grid / 'logs'
+  assert 'removed what interrupted saves left: checkpoints/program_state_2_temp77' in (
+      logs / f'{_CELLS[0]}.log').read_text()
+  assert ('metrics.csv ends at round 1: resuming from the checkpoint of round 1, the'
+          ' checkpoints of round 2 are written again') in (logs / f'{_CELLS[1]}.log').read_text()
+  assert 'metrics.csv lacks the evaluation of round 2: resuming from' in (
+      logs / f'{_CELLS[2]}.log').read_text()
+  assert _grid_results(tmp_path) == whole_grid[1]
+
+
+def test_a_kill_during_rung_ones_last_save_changes_no_pick(
+    whole_grid, halving_grid, run_program, synthetic_cache_dir, tmp_path):
+  """Issue 54's case: a halving search killed while the checkpoint of rung 1's last
+  round of the cell it then promotes was written in the background. Its metrics.csv
+  holds that round: the cell was taken as done, continued from the round before without
+  evaluating the round again, and the next run scored it NaN and picked another cell.
+  Now the same command trains that round again first; twice, the search is the
+  uninterrupted one."""
+  best = halving_grid[1][0]
+  promoted = lr_grid.cell_name(best['client_learning_rate'], best['server_learning_rate'])
+  grid = _copy_grid(whole_grid[0], tmp_path)  # Rung 1 done, the search stopped there.
+  _save_cut_short(grid / promoted, 2)
+  first, second = _twice(run_program, _halving_flags(synthetic_cache_dir, tmp_path))
+  assert f'{promoted}: started' in first.split('rung 2/2')[0], first
+  assert second.count(': already finished') == 3 + 1, second
+  assert _grid_results(tmp_path) == halving_grid[1]
+
+

@@ -23,7 +23,8 @@ TABLE = {
                ' data (missing, damaged) the program refuses, an output folder that is not'
                " the program's own, an unreachable remote worker",
     DIVERGED: 'training diverged; the last good checkpoint is kept',
-    WORKER_LOST: 'a TFF worker was lost mid-run; re-run the same command to resume',
+    WORKER_LOST: 'a worker was lost mid-run (a TFF worker, a sweep\'s warm worker that died'
+                 ' twice, its Ray cluster); re-run the same command to resume',
     ENVIRONMENT: 'the machine refused: a full disk, a folder or file that cannot be written'
                  ' (permissions, read-only, immutable), a file where a folder belongs; the'
                  ' line names the cause ("No space left on device"); fix it and re-run the'

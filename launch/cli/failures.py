@@ -9,7 +9,8 @@ program exits with
   2    bad input: a flag (unknown, malformed, missing, out of range), settings or data
        (missing, corrupt) that the program refuses, an unreachable remote worker;
   3    training diverged (`errors.DivergedError`; the last good checkpoint is kept);
-  4    a TFF worker was lost mid-run (`errors.WorkerLostError`; re-run to resume);
+  4    a worker was lost mid-run (`errors.WorkerLostError`: a TFF worker, a sweep's
+       warm worker that died twice, its Ray cluster; re-run to resume);
   5    the machine refused: a full disk, a folder that cannot be written, a file where a
        folder belongs (`errors.RunEnvironmentError`, and the `OSError`s, TensorFlow
        and gRPC errors that carry such a cause); re-run once it is fixed;

@@ -70,6 +70,7 @@ def _tune(plan: plan_lib.Plan, log_dir: str, workers, stream) -> tuple[dict, dic
 def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
+  runner.check_flags(batches=True)
   plan = plan_lib.make_plan()
   if calibration.DRY_RUN.value:
     estimate.dry_run(plan)

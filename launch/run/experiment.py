@@ -89,7 +89,7 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
                                       in_process_threads, builds, task_arguments)
       print(f'evaluation: {evaluate.held_out.description}', flush=True)
       store = _client_state_store(config, process)
-      _resume(config, process, store, progress)
+      resumed_from = _resume(config, process, store, progress)
       _say_if_capped(config, task.datasets.train_data)
       run_identity.write_identity(config.checkpoint_dir, identity)
       run_directory.write_json_atomically(
@@ -103,7 +103,7 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
                                              evaluate.held_out, progress.trained_rounds)
 
       session = _train(config, process, store, select, evaluate, progress, record_session,
-                       builds_lib.starting_state(process, start_rates), cell)
+                       resumed_from, builds_lib.starting_state(process, start_rates), cell)
   summary = _summary(config, time.monotonic() - start, session, evaluate.held_out)
   summary.update(accounting.summary(config, epsilon, summary['rounds_completed'],
                                     client_bytes))
@@ -250,15 +250,25 @@ def _client_state_store(config: run_config.ExperimentConfig, process):
   )
 
 
-def _resume(config: run_config.ExperimentConfig, process, store, progress) -> None:
+def _resume(config: run_config.ExperimentConfig, process, store,
+            progress) -> Optional[int]:
   """Readies the folder for TFF's training loop, which resumes from its newest checkpoint:
-  that one made sound (`resumption.check_checkpoint`), metrics.csv repaired up to it, and
-  round 0's evaluation loss, if recorded, made the divergence limit's reference."""
+  metrics.csv repaired, no checkpoint newer than the rounds it records whole and scored
+  (`resumption.rewind`), the newest made sound (`resumption.check_checkpoint`), and round
+  0's evaluation loss, if recorded, made the divergence limit's reference.
+
+  Returns:
+    The round of the checkpoint the run resumes from (None: it starts afresh).
+  """
+  repaired = run_directory.repair_metrics_csv(
+      config.metrics_csv, run_directory.newest_checkpoint_round(config.checkpoint_dir))
+  rewound = resumption.rewind(config)
+  for said in (repaired, rewound):
+    if said:
+      print(said, flush=True)
   resumed_from = resumption.check_checkpoint(config, process, store)
-  repaired = run_directory.repair_metrics_csv(config.metrics_csv, resumed_from)
-  if repaired:
-    print(repaired, flush=True)
   progress.set_reference(resumption.read_metric(config.metrics_csv, 'evaluation/loss').get(0))
+  return resumed_from
 
 
 def _say_if_capped(config: run_config.ExperimentConfig, train_data) -> None:
@@ -273,12 +283,14 @@ def _train(
     config: run_config.ExperimentConfig, process, store, select: Callable,
     evaluate: rounds.Evaluation,
     progress: rounds.RoundReleaseManager, record_session: Callable[[], Optional[dict]],
-    initial_state=None, cell=None,
+    resumed_from: Optional[int], initial_state=None, cell=None,
 ) -> Optional[dict]:
-  """TFF's training loop over the rounds left, each judged and released by `progress`;
-  returns this process's session (`record_session`), recorded even if the loop stops.
-  A run without a checkpoint starts from `initial_state` (None: `process.initialize()`);
-  a run with a `cell` trains its rounds with its group's (`run`)."""
+  """TFF's training loop over the rounds after `resumed_from`, each judged and released
+  by `progress`, evaluated where `rounds.evaluation_due` asks or where metrics.csv
+  recorded an evaluation before (`resumption.evaluated_after`); returns this process's
+  session (`record_session`), recorded even if the loop stops. A run without a
+  checkpoint starts from `initial_state` (None: `process.initialize()`); a run with a
+  `cell` trains its rounds with its group's (`run`)."""
   # A client-state store commits the files a checkpoint needs once it is written, so a
   # run with one saves in the round's time.
   checkpoints = rounds.FiniteStateManager(config, keep_total=3, in_background=store is None)
@@ -298,9 +310,10 @@ def _train(
   progress.checkpoints = checkpoints
   # TensorBoard's writer opens a new events file when made: a finished run run again, which
   # trains nothing, must leave its folder as it was.
-  if resumption.rounds_done(config) < config.total_rounds:
+  if resumed_from is None or resumed_from < config.total_rounds:
     progress.managers.append(tff.program.TensorBoardReleaseManager(
         os.path.join(config.output_dir, run_files.TENSORBOARD)))
+  evaluated_before = resumption.evaluated_after(config, resumed_from)
   event_loop.thread_event_loop()  # run_training_process asks for it.
   try:
     tff.simulation.run_training_process(
@@ -308,7 +321,8 @@ def _train(
         training_selection_fn=select,
         total_rounds=config.total_rounds,
         evaluation_fn=evaluate,
-        evaluation_selection_fn=lambda round_num: rounds.evaluation_due(config, round_num),
+        evaluation_selection_fn=lambda round_num: (rounds.evaluation_due(config, round_num)
+                                                   or round_num in evaluated_before),
         rounds_per_evaluation=1,  # Asks every round; `rounds.evaluation_due` decides.
         program_state_manager=state_manager,
         rounds_per_saving_program_state=config.rounds_per_checkpoint,

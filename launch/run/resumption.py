@@ -5,19 +5,29 @@ and the identity beside the checkpoints must agree with today's settings
 (`check_resumable`, `check_identity`; where it runs, the rounds to go and where its files are
 may change: `lasting_settings`), and a run is never cut back (`check_total_rounds`).
 `check_run_directory` makes every check that can refuse the folder before any
-computation, `check_checkpoint` picks the newest checkpoint that can be restored, and
-`is_finished` says whether nothing is left to train (`read_metric` reads metrics.csv).
+computation, `rewind` deletes the checkpoints metrics.csv does not reach,
+`check_checkpoint` picks the newest checkpoint that can be restored, and `missing`
+(`is_finished`) says what the folder lacks of the whole run (`read_metric` reads
+metrics.csv).
+
+A folder holds the whole run when metrics.csv records every round whole, with the
+evaluations the run is scored by (`score_rounds`), and the last checkpoint the run writes
+is on the disk. Checkpoints are written while the next round trains, and a round is
+recorded once the checkpoint before it is on the disk, so metrics.csv may hold one round
+more than the checkpoints: the round is trained again, and evaluated again where it was.
 """
 
 import csv
 import json
 import os
+import shutil
 from typing import Optional
 
 import tensorflow_federated as tff
 
 from launch.run import errors
 from launch.run import event_loop
+from launch.run import rounds
 from launch.run import run_config
 from launch.run import run_directory
 from launch.run import run_identity
@@ -55,19 +65,137 @@ def read_metric(csv_path: str, name: str) -> dict[int, float]:
   }
 
 
-def is_finished(config: run_config.ExperimentConfig) -> bool:
-  """Whether the run has trained all `config.total_rounds` rounds (its metrics.csv says so).
+def _whole_rows(csv_path: str) -> list[dict]:
+  """metrics.csv's rows but a torn last one (a write a kill cut short); [] without it."""
+  try:
+    with open(csv_path, 'rb') as f:
+      data = f.read()
+  except FileNotFoundError:
+    return []
+  text = data[:data.rfind(b'\n') + 1].decode('utf-8', 'replace')
+  return list(csv.DictReader(text.splitlines()))
+
+
+def _rounds_with(rows: list[dict], name: str) -> set[int]:
+  return {int(r['key']) for r in rows if r.get(name) not in (None, '')}
+
+
+def score_rounds(config: run_config.ExperimentConfig) -> list[int]:
+  """The rounds whose evaluations a finished run is judged by: those `evaluation_due`
+  asks for among its last `eval_last_rounds` rounds (a grid cell's score), else its last
+  round's (a comparison's final accuracy)."""
+  last = config.total_rounds
+  first = last - config.eval_last_rounds + 1 if config.eval_last_rounds else last
+  return [r for r in range(max(first, 1), last + 1) if rounds.evaluation_due(config, r)]
+
+
+def last_checkpoint_round(config: run_config.ExperimentConfig) -> int:
+  """The round of the last checkpoint a run writes: its last multiple of
+  `rounds_per_checkpoint` (TFF's training loop saves no other)."""
+  return config.total_rounds - config.total_rounds % config.rounds_per_checkpoint
+
+
+def _listed(rounds_: list[int]) -> str:
+  return f'round {rounds_[0]}' if len(rounds_) == 1 else 'rounds ' + ', '.join(map(str, rounds_))
+
+
+def missing(config: run_config.ExperimentConfig) -> Optional[str]:
+  """What the run's folder lacks of the whole run `config` asks for, in words; None when
+  nothing is left to do (a sweep then does not start it).
+
+  The rounds metrics.csv records whole, the evaluations the run is scored by
+  (`score_rounds`), and the last checkpoint it writes (`last_checkpoint_round`; a later
+  one, of a run continued past `total_rounds`, does as well): what `launch.train`'s
+  resumption writes again when any is missing.
 
   Raises:
-    errors.ExperimentError: the directory holds a run with other settings.
+    errors.ExperimentError: the folder holds a run with other settings, or a run trained
+      past `total_rounds` whose metrics.csv lacks evaluations it is scored by (a resumed
+      run never trains those rounds again).
   """
   check_resumable(run_config.resolve_evaluation(config))
-  return rounds_done(config) >= config.total_rounds
+  rows = _whole_rows(config.metrics_csv)
+  trained = max(_rounds_with(rows, analysis.runs.TRAIN_LOSS), default=0)
+  if trained < config.total_rounds:
+    first = trained + 1
+    return f'round {first}' if first == config.total_rounds else (
+        f'rounds {first}-{config.total_rounds}')
+  newest = run_directory.newest_checkpoint_round(config.checkpoint_dir)
+  evaluated = _rounds_with(rows, analysis.runs.EVAL_ACCURACY)
+  unevaluated = [r for r in score_rounds(config) if r not in evaluated]
+  if unevaluated:
+    if newest is not None and newest > config.total_rounds:
+      raise errors.ExperimentError(
+          f'{config.metrics_csv} lacks the evaluation of {_listed(unevaluated)}, which a run'
+          f' of {config.total_rounds} rounds is scored by, and the run has trained on to'
+          f' round {newest}, so no resumption evaluates it again: move {config.output_dir}'
+          ' away to train it afresh, or pass --overwrite'
+      )
+    return f'the evaluation of {_listed(unevaluated)}'
+  needed = last_checkpoint_round(config)
+  if newest is None or newest < needed:
+    return f'the checkpoint of round {needed}'
+  return None
+
+
+def is_finished(config: run_config.ExperimentConfig) -> bool:
+  """Whether the folder holds the whole run `config` asks for (`missing`).
+
+  Raises:
+    errors.ExperimentError: as `missing`.
+  """
+  return missing(config) is None
 
 
 def rounds_done(config: run_config.ExperimentConfig) -> int:
   """Rounds a run's metrics.csv already holds (0 for a new run)."""
-  return max(read_metric(config.metrics_csv, 'client_work/train/loss'), default=0)
+  return max(read_metric(config.metrics_csv, analysis.runs.TRAIN_LOSS), default=0)
+
+
+def evaluated_after(config: run_config.ExperimentConfig, round_num: Optional[int]) -> set[int]:
+  """The rounds after `round_num` (the checkpoint a run resumes from) that metrics.csv
+  records evaluated: trained again, they are evaluated again, whatever the rounds to go
+  now ask for, so that resuming never loses a score."""
+  evaluated = read_metric(config.metrics_csv, analysis.runs.EVAL_ACCURACY)
+  return {r for r in evaluated if r > (round_num or 0)}
+
+
+def rewind(config: run_config.ExperimentConfig) -> Optional[str]:
+  """Deletes the checkpoints of rounds metrics.csv does not record whole (a torn or lost
+  last row: a damaged disk, a power cut) or records without an evaluation the run is
+  scored by (`score_rounds`), so that the run resumes before them and trains and
+  evaluates those rounds again (the same rounds: training is a function of the seed).
+
+  Returns:
+    A sentence saying what was deleted, or None.
+
+  Raises:
+    errors.ExperimentError: no checkpoint before those rounds is kept.
+  """
+  if not os.path.exists(config.metrics_csv):
+    return None  # `run_directory.repair_metrics_csv` refuses it beside checkpoints.
+  rows = _whole_rows(config.metrics_csv)
+  recorded = max((int(r['key']) for r in rows), default=-1)
+  evaluated = _rounds_with(rows, analysis.runs.EVAL_ACCURACY)
+  unevaluated = [r for r in score_rounds(config) if r <= recorded and r not in evaluated]
+  limit = min([recorded] + [r - 1 for r in unevaluated])
+  versions = run_directory.checkpoint_versions(config.checkpoint_dir)
+  ahead = [v for v in versions if v > limit]
+  if not ahead:
+    return None
+  why = (f'lacks the evaluation of {_listed(unevaluated)}' if limit < recorded
+         else f'ends at round {recorded}')
+  if len(ahead) == len(versions):
+    raise errors.ExperimentError(
+        f'{config.metrics_csv} {why} but the checkpoints kept go from round {ahead[0]} to'
+        f' {ahead[-1]}, so those rounds would never be written again: restore the file, or'
+        ' pass --overwrite to start afresh'
+    )
+  for version in ahead:
+    shutil.rmtree(os.path.join(config.checkpoint_dir, f'program_state_{version}'))
+  return (f'{run_files.METRICS} {why}: resuming from the checkpoint of round'
+          f' {versions[len(versions) - len(ahead) - 1]}, the checkpoints of'
+          f' {_listed(ahead)} are written again')
 
 
 def check_resumable(config: run_config.ExperimentConfig) -> bool:

@@ -386,12 +386,13 @@ def set_aside_unreadable(checkpoint_dir: str, version: int) -> str:
 
 
 def repair_metrics_csv(path: str, newest_checkpoint: Optional[int]) -> Optional[str]:
-  """Drops a torn last row of metrics.csv (a write a kill cut short); refuses worse damage.
+  """Drops a torn last row of metrics.csv (a write a kill cut short); refuses worse damage
+  (a line that is no row; no file beside checkpoints, `newest_checkpoint`).
 
   TFF's CSV manager appends one row per round, each ending in a line break. A last line
-  without one is a row cut short; its round had no checkpoint (the checkpoint is saved
-  after the row), so it is dropped and trained again. The rows left must reach the
-  newest checkpoint, or the file is missing rounds that no resumed run writes again.
+  without one is a row cut short; its round is trained again (`resumption.rewind`
+  deletes a checkpoint of that round, which only a damaged disk leaves: the checkpoint
+  is saved after the row).
 
   Returns:
     A sentence saying what was repaired, or None.
@@ -416,7 +417,6 @@ def repair_metrics_csv(path: str, newest_checkpoint: Optional[int]) -> Optional[
     )
   lines = data.decode('utf-8', 'replace').splitlines()
   header = lines[0].split(',') if lines else []
-  keys = []
   for number, line in enumerate(lines[1:], start=2):
     key = line.split(',', 1)[0]
     if not key.isdigit() or line.count(',') < len(header) - 1:
@@ -424,13 +424,6 @@ def repair_metrics_csv(path: str, newest_checkpoint: Optional[int]) -> Optional[
           f'{path} line {number} is damaged ({line[:30]!r}); repair or remove that line,'
           ' or pass --overwrite to start afresh'
       )
-    keys.append(int(key))
-  if newest_checkpoint is not None and max(keys, default=-1) < newest_checkpoint:
-    raise errors.ExperimentError(
-        f'{path} ends at round {max(keys, default=-1)} but checkpoints go up to round'
-        f' {newest_checkpoint}; the missing rows would never be written again: restore'
-        ' the file, or pass --overwrite to start afresh'
-    )
   if repaired:
     tmp = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.tmp')
     with open(tmp, 'wb') as f:

@@ -373,6 +373,8 @@ def experiment_config(settings: Settings) -> run_config.ExperimentConfig:
   """The experiment `settings` describe; hyperparameters not set take the algorithm's
   defaults (which its record, flags.json, lists with the others)."""
   v = settings.values
+  if 'worker_timeout_s' in settings.given and not v['workers']:
+    raise ValueError('--worker_timeout_s applies only with --workers')
   spec = registry.get(v['algo'])
   given = {n: v[n] for n in _HPARAMS if v[n] is not None}
   unknown = [n for n in given if n not in spec.hparams_class.names()]

@@ -4,9 +4,10 @@ as long as the program holds them.
 
 A worker that dies while training a run (SIGSEGV, the kernel's OOM killer) costs only that
 run: it is started again once in a fresh worker, from its last checkpoint, and reported as
-failed, with both logs named, if that worker dies too. No worker outlives the program:
-each gets SIGTERM when the program's process dies (Linux), and `close` ends them (SIGTERM,
-which stops a run cleanly, then SIGKILL after a grace period).
+lost, with both logs named, if that worker dies too (the same command resumes it). No
+worker outlives the program: each gets SIGTERM when the program's process dies (Linux),
+and `close` ends them (SIGTERM, which stops a run cleanly, then SIGKILL after a grace
+period).
 """
 
 import contextlib
@@ -146,8 +147,7 @@ class LocalWorkers(workers.Workers):
     worker.send(task)
 
   def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, int]]]:
-    """See `workers.Workers.wait`; a task whose worker died twice ends with the worker's
-    status (negative: killed by a signal)."""
+    """See `workers.Workers.wait`."""
     busy = [w for w in self._workers if w is not None and w.task is not None]
     if busy:
       select.select([w.process.stdout for w in busy], [], [], timeout_s)
@@ -169,7 +169,7 @@ class LocalWorkers(workers.Workers):
       worker.task = None
       self._workers[slot] = None
       how = f'{signal_text(status)}; its log: {worker.log_path}'
-      statuses = self.died(slot, task, worker.key, how, status)
+      statuses = self.died(slot, task, worker.key, how)
       if statuses is not None:
         ended.append((task, statuses))
     return ended

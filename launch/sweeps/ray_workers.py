@@ -2,7 +2,7 @@
 
 With `--ray_address=auto` (the cluster this machine is part of) or `HOST:PORT`, a sweep's
 runs are trained by Ray actors instead of local processes, each actor a warm worker
-(`launch.sweeps.warm_worker.run_cell`, one run per call):
+(`launch.sweeps.warm_worker`, one run per call):
 
   * on a node with GPUs, `--cells_per_gpu` actors per GPU, each given its share of one
     GPU (`num_gpus=1/cells_per_gpu`), so that Ray shows it that GPU alone
@@ -12,20 +12,31 @@ runs are trained by Ray actors instead of local processes, each actor a warm wor
 Every node must import this package from the same path and see the run folders at the
 same path (a shared file system): the actors write each run's folder and log where the
 program on this machine names them, and a run resumes from them as it would locally.
-Without `--ray_address` nothing of Ray is imported or started.
+Ray itself runs in a driver process of its own (`launch.sweeps.ray_driver`, its output in
+`<logs>/ray_driver.log`); without `--ray_address` nothing of Ray is imported or started.
 
+An address where no cluster answers is refused within seconds (`CONNECT_S`), in one line.
 An actor that dies while training a run costs that run only: it starts again, once, in a
-fresh actor on the same node. `close` (the program's end, Ctrl-C, SIGTERM) kills the
-actors; the runs they were training resume from their checkpoints next time.
+fresh actor on the same node. A cluster that stops answering (its head lost) ends the
+program in one line (`errors.WorkerLostError`): the runs resume from their checkpoints
+when the same command is run again, here or on a cluster. `close` (the program's end,
+Ctrl-C, SIGTERM) kills the actors.
 """
 
 import contextlib
+import json
 import os
+import select
+import subprocess
+import sys
 import time
+from typing import Optional
 
 from absl import flags
 
-from launch.cli import exit_status
+from launch.cli import unused_flags
+from launch.run import errors
+from launch.sweeps import local_workers
 from launch.sweeps import workers
 
 RAY_ADDRESS = flags.DEFINE_string(
@@ -48,96 +59,111 @@ CPUS_PER_CELL = flags.DEFINE_integer(
     'With --ray_address and --executor=cpu: the CPUs of a node without GPUs each run takes.',
     lower_bound=1,
 )
+# How long the driver may take to join the cluster (Ray's own start-up included).
+CONNECT_S = 20.0
+# How long past a request's own time its answer may take before the cluster counts as lost.
+_ANSWER_GRACE_S = 120.0
+_DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ray_driver.py')
+DRIVER_LOG = 'ray_driver.log'
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class _CellActor:
-  """A warm worker inside a Ray actor (made remote by `RayWorkers`)."""
-
-  def __init__(self):
-    # pylint: disable=g-import-not-at-top
-    from absl import flags as absl_flags
-    from launch.cli import failures
-    from launch.cli import quiet
-    from launch.run import builds as builds_lib
-    absl_flags.FLAGS(['ray_worker'])
-    failures.install_managed_tff_context()
-    quiet.quiet_libraries()
-    self._builds = builds_lib.Builds()
-
-  def where(self) -> str:
-    from launch.sweeps import warm_worker  # pylint: disable=g-import-not-at-top
-    return warm_worker.where()
-
-  def run(self, request: dict) -> dict:
-    from launch.sweeps import warm_worker  # pylint: disable=g-import-not-at-top
-    return warm_worker.answer(request, self._builds)
-
-
-def _import_ray():
-  try:
-    import ray  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise ValueError('--ray_address needs Ray: pip install ray (scripts/bootstrap.sh'
-                     ' installs it)') from None
-  return ray
+def check_flags() -> None:
+  """Refuses the flags of a Ray cluster without --ray_address, and --cpus_per_cell where
+  no run takes a node's CPUs (--executor=gpu)."""
+  if not RAY_ADDRESS.value:
+    unused_flags.refuse(('ray_driver_ip', 'cells_per_gpu', 'cpus_per_cell'),
+                        'applies only with --ray_address')
+  if flags.FLAGS['executor'].value != 'cpu':
+    unused_flags.refuse(('cpus_per_cell',), 'applies only with --executor=cpu')
 
 
 class RayWorkers(workers.Workers):
-  """The actors of a Ray cluster."""
+  """The actors of a Ray cluster, through the driver process (`launch.sweeps.ray_driver`)."""
 
   def __init__(self, address: str, log_dir: str, executor: str = 'cpu'):
     super().__init__()
-    self._ray = ray = _import_ray()
-    self._log_dir = log_dir
+    self._address = address
+    os.makedirs(log_dir, exist_ok=True)
+    self._log_path = os.path.join(log_dir, DRIVER_LOG)
+    with open(self._log_path, 'a') as log:
+      log.write(f'=== ray driver {time.strftime("%Y-%m-%d %H:%M:%S")}:'
+                f' --ray_address={address}\n')
+      log.flush()
+      self._driver = subprocess.Popen(
+          [sys.executable, '-P', _DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+          stderr=log, env=local_workers.child_environment(),
+          preexec_fn=local_workers.die_with_parent)
+    self._pending = b''
     try:
-      ray.init(address=address, log_to_driver=False, logging_level='ERROR',
-               runtime_env={'env_vars': {'PYTHONPATH': _REPO_ROOT}},
-               **({'_node_ip_address': RAY_DRIVER_IP.value} if RAY_DRIVER_IP.value else {}))
-    except (ConnectionError, RuntimeError, ValueError) as e:
-      raise ValueError(f'--ray_address={address}: no Ray cluster answers there ({e})') from e
-    self._actor_class = ray.remote(_CellActor)
-    self._places = self._places_of(executor)
-    if not self._places:
-      ray.shutdown()
-      raise ValueError(f'the Ray cluster at {address} has no node that can train'
-                       f' --executor={executor} runs')
-    self._actors = [None] * len(self._places)
-    self._tasks = [None] * len(self._places)  # (task, key, future)
-    self._keys = [None] * len(self._places)
-    print(f'ray: {len(self._places)} workers on {len({p[0] for p in self._places})} nodes'
-          f' ({address})', flush=True)
+      ready = self._ask({'init': dict(
+          address=address, driver_ip=RAY_DRIVER_IP.value, executor=executor,
+          cells_per_gpu=CELLS_PER_GPU.value, cpus_per_cell=CPUS_PER_CELL.value,
+          repo_root=_REPO_ROOT)}, CONNECT_S, connecting=True)['ready']
+    except BaseException:
+      self._end_driver()
+      raise
+    self._tasks: list = [None] * ready['workers']  # (task, key) per slot
+    self._keys: list = [None] * ready['workers']
+    print(f'ray: {ready["workers"]} workers on {ready["nodes"]} nodes ({address})', flush=True)
 
-  def _places_of(self, executor: str) -> list[tuple[str, dict]]:
-    """(node id, actor options) of each actor: GPU nodes first."""
-    places = []
-    for node in self._ray.nodes():
-      if not node.get('Alive'):
-        continue
-      resources = node.get('Resources', {})
-      gpus, cpus = int(resources.get('GPU', 0)), int(resources.get('CPU', 0))
-      if gpus:
-        share = 1.0 / CELLS_PER_GPU.value
-        places += [(node['NodeID'], dict(num_gpus=share, num_cpus=0))] * (
-            gpus * CELLS_PER_GPU.value)
-      elif executor == 'cpu' and cpus:
-        per_cell = min(CPUS_PER_CELL.value, cpus)
-        places += [(node['NodeID'], dict(num_cpus=per_cell))] * (cpus // per_cell)
-    return places
+  def _ask(self, request: dict, seconds: Optional[float], connecting: bool = False) -> dict:
+    """The driver's answer to `request`, in `seconds` at most (None: however long).
 
-  def _new_actor(self, slot: int):
-    # pylint: disable=g-import-not-at-top
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    node, options = self._places[slot]
-    actor = self._actor_class.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False), **options
-    ).remote()
-    self._actors[slot] = actor
-    return actor
+    Raises:
+      ValueError: (connecting) no cluster answers at the address, or it has no place.
+      errors.WorkerLostError: the driver ended, or did not answer in time.
+    """
+    try:
+      self._driver.stdin.write((json.dumps(request) + '\n').encode())
+      self._driver.stdin.flush()
+    except OSError:
+      pass  # The driver has ended: said below.
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while b'\n' not in self._pending:
+      left = None if deadline is None else deadline - time.monotonic()
+      if left is not None and left <= 0:
+        self._lost(f'it did not answer in {seconds:.0f} s', connecting)
+      readable, _, _ = select.select([self._driver.stdout], [], [], left)
+      if readable:
+        chunk = os.read(self._driver.stdout.fileno(), 65536)
+        if not chunk:
+          code = self._driver.wait()
+          self._lost(f'its driver ended, {local_workers.signal_text(code)}', connecting)
+        self._pending += chunk
+    line, self._pending = self._pending.split(b'\n', 1)
+    answer = json.loads(line)
+    if 'error' in answer:
+      raise ValueError(f'--ray_address={self._address}: {answer["error"]}')
+    if 'lost' in answer:
+      self._lost(answer['lost'], connecting)
+    return answer
+
+  def _lost(self, why: str, connecting: bool):
+    self._end_driver()
+    if connecting:
+      raise ValueError(f'--ray_address={self._address}: no Ray cluster answers there ({why};'
+                       f' Ray\'s own lines: {self._log_path})')
+    raise errors.WorkerLostError(
+        f'the Ray cluster at {self._address} was lost ({why}; Ray\'s own lines:'
+        f' {self._log_path}); the runs resume from their checkpoints: re-run the same'
+        ' command')
+
+  def _end_driver(self) -> None:
+    if self._driver.poll() is None:
+      self._driver.terminate()
+      try:
+        self._driver.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        self._driver.kill()
+        self._driver.wait()
+    for pipe in (self._driver.stdin, self._driver.stdout):
+      with contextlib.suppress(OSError):
+        pipe.close()
 
   @property
   def size(self) -> int:
-    return len(self._places)
+    return len(self._tasks)
 
   def idle(self) -> list[int]:
     return [i for i, task in enumerate(self._tasks) if task is None]
@@ -146,49 +172,34 @@ class RayWorkers(workers.Workers):
     return self._keys[slot]
 
   def start_all(self, count: int) -> None:
-    for slot, actor in enumerate(self._actors[:count]):
-      if actor is None:
-        self._new_actor(slot)
-    self._ray.get([actor.where.remote() for actor in self._actors[:count]])
+    self._ask({'start_all': count}, None)
 
   def start(self, slot: int, task: workers.Task, key) -> None:
-    actor = self._actors[slot] or self._new_actor(slot)
-    self._tasks[slot] = (task, key, actor.run.remote(task.request()))
+    self._ask({'start': {'slot': slot, 'request': task.request()}}, _ANSWER_GRACE_S)
+    self._tasks[slot] = (task, key)
     self._keys[slot] = key
 
   def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, int]]]:
-    ray = self._ray
-    futures = [task[2] for task in self._tasks if task is not None]
-    if not futures:
+    if not any(self._tasks):
       time.sleep(timeout_s)
       return []
-    ready, _ = ray.wait(futures, num_returns=len(futures), timeout=timeout_s)
+    answer = self._ask({'wait': timeout_s}, timeout_s + _ANSWER_GRACE_S)
     ended = []
-    for slot, started in enumerate(self._tasks):
-      if started is None or started[2] not in ready:
-        continue
-      task, key, future = started
+    for slot, result in answer['ended']:
+      task, key = self._tasks[slot]
       self._tasks[slot] = None
-      try:
-        ended.append((task, task.statuses(ray.get(future))))
+      if 'answer' in result:
+        ended.append((task, task.statuses(result['answer'])))
         continue
-      except ray.exceptions.RayActorError as e:
-        cause = f'{type(e).__name__}'
-      self._actors[slot] = None
-      how = f'its Ray actor: {cause}'
-      statuses = self.died(slot, task, key, how, exit_status.UNEXPECTED)
+      statuses = self.died(slot, task, key, result['died'])
       if statuses is not None:
         ended.append((task, statuses))
     return ended
 
   def close(self) -> None:
     """Kills every actor (a run still training resumes from its checkpoint next time)."""
-    ray = self._ray
-    for actor in self._actors:
-      if actor is not None:
-        with contextlib.suppress(Exception):
-          ray.kill(actor)
-    self._actors = [None] * len(self._places)
-    self._tasks = [None] * len(self._places)
-    with contextlib.suppress(Exception):
-      ray.shutdown()
+    if self._driver.poll() is None:
+      with contextlib.suppress(Exception):
+        self._ask({'close': True}, 60)
+    self._end_driver()
+    self._tasks = [None] * len(self._tasks)

@@ -2,18 +2,21 @@
 
 The grid search and the comparison program describe each run by the flags of
 `launch.train` (this program's own flags as the user gave them, plus a few set per run)
-and hand the list to `run_all`. A run whose metrics.csv already holds all its rounds is
-not started again, so an interrupted program picks up where it stopped: unfinished runs
-resume from their last checkpoint, as `launch.train` does. A run that diverges (exit 3)
-is recorded with a `diverged.txt` in its directory and not retried; any other failure
-stops everything with the end of that run's log. Each run's output goes to
-`<log_dir>/<name>.log`, one `=== start` header per attempt, the command that trains it
-alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`): `parallel`
-processes on this machine (`local_workers`), or Ray actors over a cluster
+and hand the list to `run_all`. A run whose folder holds the whole run is not started
+again (`launch.run.resumption.missing`: every round recorded whole, with the evaluations
+it is scored by, and its last checkpoint on the disk), so an interrupted program picks up
+where it stopped: any other run is `launch.train`'s to resume, which repairs what a kill
+left. A run that diverges (exit 3) is recorded with a `diverged.txt` in its directory and
+not retried; any other failure stops everything with the end of that run's log, and a run
+that ends without its folder whole is a bug that stops everything too. Each run's output
+goes to `<log_dir>/<name>.log`, one `=== start` header per attempt, the command that
+trains it alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`):
+`parallel` processes on this machine (`local_workers`), or Ray actors over a cluster
 (`ray_workers`, with --ray_address), each training one run after another; a worker
-prefers runs that share its last run's build (all but the learning rates). A run's 'done' line says how
-many runs are still to go and, at the pace of the rounds trained so far, about how long
-they take (and the whole they make with later runs, such as a grid search's later rungs).
+prefers runs that share its last run's build (all but the learning rates). A run's 'done'
+line says how many runs are still to go and, at the pace of the rounds trained so far,
+about how long they take (and the whole they make with later runs, such as a grid
+search's later rungs).
 """
 
 import contextlib
@@ -28,6 +31,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from launch.cli import exit_status
+from launch.cli import unused_flags
 from launch.run import builds
 from launch.run import errors
 from launch.run import resumption
@@ -89,10 +93,11 @@ def train_run(name: str, overrides: Mapping[str, object]) -> Run:
 
 
 def status(run: Run) -> str:
-  """FINISHED (all rounds trained), DIVERGED (recorded as such) or PENDING.
+  """FINISHED (its folder holds the whole run), DIVERGED (recorded as such) or PENDING.
 
   Raises:
-    errors.ExperimentError: the run's directory holds a run with other settings.
+    errors.ExperimentError: the run's directory holds a run with other settings, or one
+      that no resumption can make whole (`resumption.missing`).
   """
   if run.config.overwrite:
     return PENDING
@@ -225,6 +230,15 @@ def _next_for(key, pending: list, keys: Mapping[str, str],
   return taken
 
 
+def check_flags(batches: bool) -> None:
+  """Refuses the runner's flags a program would not use: --batch_cells unless it
+  `batches` (its runs may share a build), the Ray cluster's without one (`ray_workers`)."""
+  if not batches:
+    unused_flags.refuse(('batch_cells',), 'does not apply here: no two runs of this program'
+                        ' differ only in their learning rates, so none train batched')
+  ray_workers.check_flags()
+
+
 def workers_for(parallel: int, log_dir: str):
   """The warm workers a program's runs share: Ray actors with --ray_address (the cluster's
   GPUs and CPUs say how many), else `parallel` processes on this machine."""
@@ -325,6 +339,11 @@ def run_all(
 def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
   """FINISHED or DIVERGED (recorded in the run's directory); else `errors.RunFailed`."""
   if returncode == 0:
+    missing = resumption.missing(run.config)
+    if missing is not None:
+      raise errors.RunFailed(
+          f'{run.name} ended as done but its folder lacks {missing} (a bug; its log:'
+          f' {log_path})', exit_status.UNEXPECTED)
     return FINISHED
   if returncode == exit_status.DIVERGED:
     os.makedirs(run.config.output_dir, exist_ok=True)

@@ -4,11 +4,14 @@ workers, on this machine (`local_workers`) or on a Ray cluster (`ray_workers`).
 A worker slot trains one `Task` at a time, one run or runs batched as cells: `idle` slots
 take a task (`start`), `wait` says which tasks have ended and how each of their runs did,
 `close` ends every worker. A task whose worker dies is started again, once, in a fresh
-worker (`died`), each run from its last checkpoint; the second death is its end.
+worker (`died`), each run from its last checkpoint; the second death is its end, with the
+exit status of a lost worker: the same command resumes it.
 """
 
 import dataclasses
 from typing import Any, Optional
+
+from launch.cli import exit_status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +87,10 @@ class Workers:
   def close(self) -> None:
     raise NotImplementedError
 
-  def died(self, slot: int, task: Task, key, how: str,
-           status: int) -> Optional[dict[str, int]]:
+  def died(self, slot: int, task: Task, key, how: str) -> Optional[dict[str, int]]:
     """After the worker of `slot` died training `task` (`how`, for its logs): None once the
-    task has started again in a fresh worker, or each run's end, `status`, if it did so
-    before."""
+    task has started again in a fresh worker, or, if it did so before, each run's end:
+    `exit_status.WORKER_LOST`, with a line in its log that says so."""
     if task.name not in self._retried:
       self._retried.add(task.name)
       for path in task.logs:
@@ -99,5 +101,6 @@ class Workers:
       return None
     for path in task.logs:
       with open(path, 'a') as log:
-        log.write(f'train: error: its warm worker died again ({how})\n')
-    return task.each_ended(status)
+        log.write(f'train: error: its warm worker died again ({how}); re-run the same'
+                  ' command to resume it from its last checkpoint\n')
+    return task.each_ended(exit_status.WORKER_LOST)
