@@ -13,6 +13,7 @@ from tasks.registry import SPECS
 from tasks.registry import Task
 from tasks.registry import TASK_NAMES
 from tasks.registry import TFF_TASK_NAMES
+from tasks.registry import training_volumes
 from tasks.registry import TaskSpec
 from tasks.sources import CorruptDataError
 from tasks.sources import MissingDataError

@@ -212,6 +212,13 @@ def shakespeare_char_ids(snippet: tf.Tensor) -> tf.Tensor:
   return _shakespeare_char_table().lookup(tf.strings.bytes_split(snippet))
 
 
+def shakespeare_sequences(num_chars: int,
+                          sequence_length: int = SHAKESPEARE_SEQUENCE_LENGTH) -> int:
+  """The (x, y) sequences `shakespeare_preprocess_fn` makes of a snippet of `num_chars`
+  characters (bytes): ceil(num_chars / (sequence_length + 1)), the last one padded."""
+  return -(-num_chars // (sequence_length + 1))
+
+
 def shakespeare_preprocess_fn(
     batch_size: int, num_epochs: int = 1, shuffle_seed: Optional[int] = None,
     max_elements: Optional[int] = None,

@@ -8,15 +8,18 @@ import inspect
 from typing import Callable, Optional
 
 import attrs
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import checks
 from tasks import client_tensors
+from tasks import client_work
 from tasks import keyed_randomness
 from tasks import models
 from tasks import preprocessing
 from tasks import sources
+from tasks import synthetic
 from tasks import tfds_source
 
 
@@ -280,18 +283,50 @@ def _partition_settings(partition, dirichlet_alpha, num_clients, partition_seed)
   return None
 
 
+def _check_tfds_source(name, data_source, synthetic_settings) -> None:
+  if data_source != 'tff' or synthetic_settings:
+    raise ValueError(
+        f'{name} reads the prepared tfds dataset (data_source="tff"); it has no'
+        f' {data_source!r} source.'
+    )
+
+
 def _load_client_data(name, data_source, cache_dir, synthetic_settings, partition_settings):
   """The task's (train, test) client data, from tfds for the centralized tasks, else TFF's."""
   if name in tfds_source.TFDS_DATASETS:
-    if data_source != 'tff' or synthetic_settings:
-      raise ValueError(
-          f'{name} reads the prepared tfds dataset (data_source="tff"); it has no'
-          f' {data_source!r} source.'
-      )
+    _check_tfds_source(name, data_source, synthetic_settings)
     return tfds_source.load_client_data(name, cache_dir, partition_settings)
   return sources.load_client_data(
       name, data_source, cache_dir, synthetic_settings, partition_settings
   )
+
+
+def training_volumes(
+    name: str,
+    *,
+    data_source: str = 'tff',
+    cache_dir: Optional[str] = None,
+    synthetic_settings: Optional[dict] = None,
+    partition: Optional[str] = None,
+    dirichlet_alpha: Optional[float] = None,
+    num_clients: Optional[int] = None,
+    partition_seed: Optional[int] = None,
+) -> tuple[np.ndarray, np.ndarray]:
+  """The examples and inputs of each training client (`client_work.client_volumes`) of the
+  data `get` reads with the same arguments, read from its file without building a task."""
+  if name not in SPECS:
+    raise ValueError(f'Unknown task {name!r}; choose one of {list(TASK_NAMES)}.')
+  partition_settings = _partition_settings(partition, dirichlet_alpha, num_clients,
+                                           partition_seed)
+  if name in tfds_source.TFDS_DATASETS:
+    _check_tfds_source(name, data_source, synthetic_settings)
+    path = tfds_source.database_path(name, cache_dir, partition_settings)
+    split = tfds_source.SPLITS[0]
+  else:
+    path = sources.database_path(name, data_source, cache_dir, synthetic_settings,
+                                 partition_settings)
+    split = synthetic.SPLIT_NAMES[name][0]
+  return client_work.client_volumes(name, path, split)
 
 
 def _train_preprocess_fn_for_seed(spec, batch_size, num_epochs, max_elements, keyed):

@@ -116,7 +116,7 @@ def load_client_data(
     data_source: 'tff' (TFF's published files) or 'synthetic' (generated, cached).
     cache_dir: Where the SQLite files live; TFF's default `~/.tff` when None.
     synthetic_settings: Keyword arguments for `synthetic.ensure_synthetic_cache_dir`
-      (client counts, examples per client, Dirichlet alpha, seed).
+      (client counts, examples per client, Dirichlet alpha, seed, volume skew).
     partition: Keyword arguments for `partition.ensure_partitioned_cache_dir`
       (`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed`) to train on the
       task's examples dealt out to new clients; None keeps the dataset's own clients.
@@ -126,6 +126,20 @@ def load_client_data(
     CorruptDataError: the file is not a TFF federated database.
     ValueError: unknown task or data source.
   """
+  path = database_path(task_name, data_source, cache_dir, synthetic_settings, partition)
+  return _LOADERS[task_name](os.path.dirname(path))
+
+
+def database_path(
+    task_name: str,
+    data_source: str = 'tff',
+    cache_dir: Optional[str] = None,
+    synthetic_settings: Optional[dict] = None,
+    partition: Optional[dict] = None,
+) -> str:
+  """The SQLite file `load_client_data` reads (same arguments and errors): TFF's
+  (downloaded by TFF's loader where it is missing and the network allows), a synthetic
+  one, or a partition of either, made first where it is derived data."""
   if task_name not in _LOADERS:
     raise ValueError(f'Unknown task {task_name!r}; choose one of {sorted(_LOADERS)}.')
   if data_source not in DATA_SOURCES:
@@ -144,16 +158,15 @@ def load_client_data(
   path = os.path.join(cache_dir, synthetic.SQLITE_FILENAMES[task_name])
   if not os.path.exists(path):
     try:
-      data = _LOADERS[task_name](cache_dir)  # TFF downloads it when the network allows.
+      _LOADERS[task_name](cache_dir)  # TFF downloads it when the network allows.
     except OSError as e:
       with contextlib.suppress(OSError):
         os.remove(path)  # TFF writes the download in place: never leave half a file.
       raise MissingDataError(_missing_data_message(task_name, path, e)) from e
-    if partition is None:
-      return data
   _check_database(path, synthetic.SPLIT_NAMES[task_name])
-  if partition is not None:
-    cache_dir = partition_lib.ensure_partitioned_cache_dir(
-        task_name, path, splits=synthetic.SPLIT_NAMES[task_name], **partition
-    )
-  return _LOADERS[task_name](cache_dir)
+  if partition is None:
+    return path
+  directory = partition_lib.ensure_partitioned_cache_dir(
+      task_name, path, splits=synthetic.SPLIT_NAMES[task_name], **partition
+  )
+  return os.path.join(directory, os.path.basename(path))

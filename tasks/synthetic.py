@@ -32,7 +32,11 @@ Generative model, per task (k indexes clients, y classes, Z ~ N(0, 1)):
 
   * Label skew: p_k ~ Dirichlet(alpha * 1_C) and y ~ Categorical(p_k).
   * Volume skew: n_k = max(1, round(m * exp(s * Z - s^2 / 2))), lognormal with
-    mean m = `mean_examples_per_client`, s = 0.6.
+    mean m = `mean_examples_per_client` and median m exp(-s^2 / 2), s = 0.6
+    (`volume_skew='lognormal'`, the default); with `volume_skew='shakespeare'`
+    (`VOLUME_SKEWS`), the skew of real Shakespeare's clients: s = 1.65 capped
+    at 16 times the median, n_k = max(1, round(m * min(exp(s * Z), 16) / g)),
+    g = E[min(exp(s * Z), 16)].
   * Feature skew: per-client contrast c_k = clip(exp(0.25 * Z), 0.5, 1.6) and
     brightness offset b_k ~ N(0, sigma_b^2) (per colour channel for CIFAR).
   * Signal: a fixed random prototype per class, drawn once from (seed, task)
@@ -50,8 +54,10 @@ identical examples, and adding clients does not change existing ones.
 
 import collections
 from collections.abc import Mapping, Sequence
+import dataclasses
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -102,7 +108,22 @@ _GENERATOR_VERSION = 1
 _PURPOSE_PROTOTYPES = 1
 _PURPOSE_CLIENTS = (2, 3)  # (train, test)
 
-_VOLUME_SIGMA = 0.6
+# The laws of the clients' volumes (`--synthetic_volume_skew`): the `Volume` fields but
+# the mean. 'lognormal' is the default. 'shakespeare' gives the skew of real Shakespeare's
+# training clients, whose 245 speaking roles hold 1 to 528 sequences (of 80 characters,
+# after preprocessing), median 21 and mean 58.9: a lognormal capped at K times its median
+# has median/mean 0.357 and, in 245 draws, a largest client 9 times the mean at s = 1.55,
+# K = 25. Here a client's snippets give 1.7 sequences each on average, more or fewer with
+# its snippet length (`_shakespeare_client_examples`), so the law of the snippet counts
+# is s = 1.65, K = 16: its sequence counts (measured on 2,000 clients of mean 33
+# snippets, and samples of 245 of them) have median/mean 0.36, the largest client 9.0
+# times the mean (10-90%: 7.6-10.5) and 25 times the median, and a coefficient of
+# variation of 1.6.
+VOLUME_SKEWS = {
+    'lognormal': dict(sigma=0.6),
+    'shakespeare': dict(sigma=1.65, cap=16.0),
+}
+DEFAULT_VOLUME_SKEW = 'lognormal'
 _CONTRAST_SIGMA = 0.25
 _CONTRAST_RANGE = (0.5, 1.6)
 
@@ -143,8 +164,9 @@ def _validated_settings(
     mean_examples_per_client: Any,
     dirichlet_alpha: Any,
     seed: Any,
+    volume_skew: Any = DEFAULT_VOLUME_SKEW,
 ) -> dict[str, Any]:
-  """Checks the arguments and returns them as plain Python numbers."""
+  """Checks the arguments and returns them as plain Python values."""
   _check_task_name(task_name)
   settings = {
       name: checks.check_integer(name, value, 1)
@@ -160,6 +182,9 @@ def _validated_settings(
       ),
       seed=checks.check_integer('seed', seed, 0),
   )
+  if not isinstance(volume_skew, str) or volume_skew not in VOLUME_SKEWS:
+    raise ValueError(f'volume_skew must be one of {list(VOLUME_SKEWS)}, got {volume_skew!r}')
+  settings['volume_skew'] = volume_skew
   return settings
 
 
@@ -199,22 +224,50 @@ def _dirichlet_label_probs(
   return probs / probs.sum()
 
 
-def _client_volume(rng: np.random.Generator, mean: int) -> int:
-  """n_k = max(1, round(m * exp(s * Z - s^2 / 2))), Z ~ N(0, 1), s = 0.6.
+@dataclasses.dataclass(frozen=True)
+class Volume:
+  """The law of a client's number of examples (`_client_volume`): mean `mean`, log-std
+  `sigma`, at most `cap` times the median (inf: no cap)."""
 
-  Lognormal volumes with E[n_k] ~= m before rounding; a few clients hold
-  several times the mean, many hold less.
+  mean: int
+  sigma: float
+  cap: float = math.inf
+
+  @classmethod
+  def of(cls, mean: int, skew: str = DEFAULT_VOLUME_SKEW) -> 'Volume':
+    """The law of `VOLUME_SKEWS[skew]` with mean `mean`."""
+    return cls(mean, **VOLUME_SKEWS[skew])
+
+  def median_scale(self) -> float:
+    """E[min(exp(s Z), K)] for Z ~ N(0, 1): the mean over the median of the law."""
+    s, k = self.sigma, self.cap
+    phi = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+    return (math.exp(s**2 / 2) * phi((math.log(k) - s**2) / s)
+            + k * (1.0 - phi(math.log(k) / s)))
+
+
+def _client_volume(rng: np.random.Generator, volume: Volume) -> int:
+  """n_k = max(1, round(m * exp(s * Z - s^2 / 2))), Z ~ N(0, 1), m = volume.mean,
+  s = volume.sigma; with a cap K, n_k = max(1, round(m * min(exp(s * Z), K) / g)),
+  g = E[min(exp(s Z), K)] (`Volume.median_scale`).
+
+  Lognormal volumes with E[n_k] ~= m before rounding and median m exp(-s^2 / 2) (m / g
+  with a cap, the largest K times that); a few clients hold several times the mean, many
+  hold less.
 
   Args:
-    rng: Source of randomness.
-    mean: m, the mean number of examples per client.
+    rng: Source of randomness (one draw, whatever the law).
+    volume: m, s and K.
 
   Returns:
     The number of examples of this client, at least 1.
   """
   z = rng.standard_normal()
-  scale = np.exp(_VOLUME_SIGMA * z - _VOLUME_SIGMA**2 / 2)
-  return max(1, int(round(mean * scale)))
+  if math.isinf(volume.cap):
+    scale = np.exp(volume.sigma * z - volume.sigma**2 / 2)
+  else:
+    scale = min(np.exp(volume.sigma * z), volume.cap) / volume.median_scale()
+  return max(1, int(round(volume.mean * scale)))
 
 
 def _client_intensity_shift(
@@ -248,7 +301,7 @@ def _random_shifts(rng: np.random.Generator, n: int, max_shift: int):
 def _image_client_labels(
     rng: np.random.Generator,
     num_classes: int,
-    mean_examples: int,
+    volume: Volume,
     alpha: float,
     brightness_sigma: float,
     num_channels: int,
@@ -258,7 +311,7 @@ def _image_client_labels(
   Args:
     rng: The client's source of randomness.
     num_classes: C, the number of classes.
-    mean_examples: Mean number of examples per client.
+    volume: The law of the number of examples (`_client_volume`).
     alpha: Dirichlet concentration of the label skew.
     brightness_sigma: See `_client_intensity_shift`.
     num_channels: See `_client_intensity_shift`.
@@ -267,7 +320,7 @@ def _image_client_labels(
     A tuple (labels, c_k, b_k): n_k labels y ~ p_k and the intensity shift.
   """
   probs = _dirichlet_label_probs(rng, num_classes, alpha)
-  n = _client_volume(rng, mean_examples)
+  n = _client_volume(rng, volume)
   contrast, brightness = _client_intensity_shift(
       rng, brightness_sigma, num_channels
   )
@@ -323,7 +376,7 @@ def _emnist_prototypes(rng: np.random.Generator) -> np.ndarray:
 def _emnist_client_examples(
     rng: np.random.Generator,
     prototypes: np.ndarray,
-    mean_examples: int,
+    volume: Volume,
     alpha: float,
 ) -> collections.OrderedDict[str, np.ndarray]:
   """One EMNIST client.
@@ -337,14 +390,14 @@ def _emnist_client_examples(
   Args:
     rng: The client's source of randomness.
     prototypes: Output of `_emnist_prototypes`.
-    mean_examples: Mean number of examples per client.
+    volume: The law of the number of examples (`_client_volume`).
     alpha: Dirichlet concentration of the label skew.
 
   Returns:
     OrderedDict(label=int64 [n], pixels=float32 [n, 28, 28]).
   """
   labels, contrast, brightness = _image_client_labels(
-      rng, _EMNIST_NUM_CLASSES, mean_examples, alpha,
+      rng, _EMNIST_NUM_CLASSES, volume, alpha,
       _EMNIST_BRIGHTNESS_SIGMA, 1,
   )
   amplitudes = rng.uniform(0.7, 1.0, size=len(labels))
@@ -416,7 +469,7 @@ def _cifar_prototypes(rng: np.random.Generator) -> np.ndarray:
 def _cifar_client_examples(
     rng: np.random.Generator,
     prototypes: np.ndarray,
-    mean_examples: int,
+    volume: Volume,
     alpha: float,
 ) -> collections.OrderedDict[str, np.ndarray]:
   """One CIFAR-100 client.
@@ -431,7 +484,7 @@ def _cifar_client_examples(
   Args:
     rng: The client's source of randomness.
     prototypes: Output of `_cifar_prototypes`.
-    mean_examples: Mean number of examples per client.
+    volume: The law of the number of examples (`_client_volume`).
     alpha: Dirichlet concentration of the label skew.
 
   Returns:
@@ -439,7 +492,7 @@ def _cifar_client_examples(
     label=int64 [n]).
   """
   labels, contrast, brightness = _image_client_labels(
-      rng, _CIFAR_NUM_CLASSES, mean_examples, alpha,
+      rng, _CIFAR_NUM_CLASSES, volume, alpha,
       _CIFAR_BRIGHTNESS_SIGMA, _CIFAR_SHAPE[-1],
   )
   shifts = _random_shifts(rng, len(labels), 1)
@@ -574,7 +627,7 @@ def _sample_line(
 def _shakespeare_client_examples(
     rng: np.random.Generator,
     ngrams: _NgramCounts,
-    mean_examples: int,
+    volume: Volume,
     alpha: float,
 ) -> collections.OrderedDict[str, list[bytes]]:
   """One Shakespeare client: n_k snippets of sampled lines.
@@ -590,7 +643,7 @@ def _shakespeare_client_examples(
   Args:
     rng: The client's source of randomness.
     ngrams: Counts of the source text.
-    mean_examples: Mean number of snippets per client.
+    volume: The law of the number of snippets (`_client_volume`).
     alpha: Dirichlet concentration of the source-snippet weights.
 
   Returns:
@@ -605,7 +658,7 @@ def _shakespeare_client_examples(
           _SNIPPET_MEAN_CHARS * np.exp(0.5 * rng.standard_normal()), 20, 400
       )
   )
-  n = _client_volume(rng, mean_examples)
+  n = _client_volume(rng, volume)
   cdfs = _witten_bell_cdfs(ngrams, weights, temperature)
   snippets = []
   for _ in range(n):
@@ -627,8 +680,8 @@ def _shakespeare_client_examples(
 
 def _client_generator(
     task_name: str, seed: int
-) -> Callable[[np.random.Generator, int, float], Mapping[str, Any]]:
-  """Returns f(rng, mean_examples, alpha) -> one client's examples."""
+) -> Callable[[np.random.Generator, Volume, float], Mapping[str, Any]]:
+  """Returns f(rng, volume, alpha) -> one client's examples."""
   if task_name == 'shakespeare':
     shared = _NgramCounts(_source_snippets(), _NGRAM_ORDER)
     make = _shakespeare_client_examples
@@ -638,7 +691,7 @@ def _client_generator(
       shared, make = _emnist_prototypes(prototype_rng), _emnist_client_examples
     else:
       shared, make = _cifar_prototypes(prototype_rng), _cifar_client_examples
-  return lambda rng, mean, alpha: make(rng, shared, mean, alpha)
+  return lambda rng, volume, alpha: make(rng, shared, volume, alpha)
 
 
 def write_synthetic_sqlite(
@@ -650,6 +703,7 @@ def write_synthetic_sqlite(
     mean_examples_per_client: int,
     dirichlet_alpha: float = 0.5,
     seed: int = 0,
+    volume_skew: str = DEFAULT_VOLUME_SKEW,
     progress_interval_s: float = PROGRESS_INTERVAL_S,
     progress_stream=None,
 ) -> None:
@@ -671,6 +725,8 @@ def write_synthetic_sqlite(
     dirichlet_alpha: Concentration of the per-client Dirichlet label skew
       (source-snippet skew for Shakespeare), > 0; smaller is more skewed.
     seed: Non-negative integer; equal arguments give identical examples.
+    volume_skew: The law of the clients' volumes, a name in `VOLUME_SKEWS`; the
+      default's data is the generator's from before the setting.
     progress_interval_s: Large datasets take minutes: a progress line (clients done,
       seconds) goes to `progress_stream` (default stdout) at most this often, the first
       after this long, so small ones print nothing.
@@ -697,7 +753,9 @@ def write_synthetic_sqlite(
       mean_examples_per_client,
       dirichlet_alpha,
       seed,
+      volume_skew,
   )
+  volume = Volume.of(settings['mean_examples_per_client'], settings['volume_skew'])
   make_client = _client_generator(task_name, settings['seed'])
   examples_by_id = {}
   split_by_id = {}
@@ -709,11 +767,7 @@ def write_synthetic_sqlite(
     for index in range(count):
       client_id = f'{prefix}_{index:05d}'
       rng = _rng(settings['seed'], task_name, _PURPOSE_CLIENTS[split], index)
-      examples_by_id[client_id] = make_client(
-          rng,
-          settings['mean_examples_per_client'],
-          settings['dirichlet_alpha'],
-      )
+      examples_by_id[client_id] = make_client(rng, volume, settings['dirichlet_alpha'])
       split_by_id[client_id] = split_name
       report_progress(len(examples_by_id))
 
@@ -770,6 +824,7 @@ def ensure_synthetic_cache_dir(
     mean_examples_per_client: Optional[int] = None,
     dirichlet_alpha: float = 0.5,
     seed: int = 0,
+    volume_skew: str = DEFAULT_VOLUME_SKEW,
 ) -> str:
   """Returns a directory with `SQLITE_FILENAMES[task_name]` for these settings.
 
@@ -789,6 +844,7 @@ def ensure_synthetic_cache_dir(
       `DEFAULT_SETTINGS`.
     dirichlet_alpha: See `write_synthetic_sqlite`.
     seed: See `write_synthetic_sqlite`.
+    volume_skew: See `write_synthetic_sqlite`.
 
   Returns:
     The directory path.
@@ -807,11 +863,16 @@ def ensure_synthetic_cache_dir(
       for name, value in requested.items()
   }
   settings = _validated_settings(
-      task_name, dirichlet_alpha=dirichlet_alpha, seed=seed, **counts
+      task_name, dirichlet_alpha=dirichlet_alpha, seed=seed, volume_skew=volume_skew,
+      **counts
   )
   description = dict(
       task_name=task_name, generator_version=_GENERATOR_VERSION, **settings
   )
+  if description['volume_skew'] == DEFAULT_VOLUME_SKEW:
+    # The data of the setting's default is the data from before the setting: so is its
+    # folder, which data made then keeps.
+    del description['volume_skew']
   directory = os.path.join(
       os.fspath(cache_dir), 'synthetic', f'{task_name}-{cache.settings_digest(description)}'
   )

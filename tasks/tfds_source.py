@@ -158,6 +158,12 @@ def load_client_data(task_name: str, data_dir: Optional[str], partition: dict):
     partition: Keyword arguments of `partition.ensure_partitioned_cache_dir`
       (`partition`, `dirichlet_alpha`, `num_clients`, `partition_seed`); required.
   """
+  path = database_path(task_name, data_dir, partition)
+  return _client_data(path, 'train'), _client_data(path, 'test')
+
+
+def database_path(task_name: str, data_dir: Optional[str], partition: dict) -> str:
+  """The SQLite file `load_client_data` reads (same arguments), made once."""
   if task_name not in TFDS_DATASETS:
     raise ValueError(f'Unknown tfds task {task_name!r}; choose one of {list(TFDS_DATASETS)}.')
   if partition is None:
@@ -171,5 +177,4 @@ def load_client_data(task_name: str, data_dir: Optional[str], partition: dict):
   directory = partition_lib.ensure_partitioned_cache_dir(
       task_name, source, splits=SPLITS, **partition
   )
-  path = os.path.join(directory, os.path.basename(source))
-  return _client_data(path, 'train'), _client_data(path, 'test')
+  return os.path.join(directory, os.path.basename(source))

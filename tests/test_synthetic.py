@@ -190,6 +190,11 @@ def test_cache_dir_reused_without_rewriting(tmp_path, monkeypatch):
     synthetic.ensure_synthetic_cache_dir(
         'shakespeare', root, dirichlet_alpha=0.2, **_TINY
     )
+  with pytest.raises(AssertionError, match='regenerated'):
+    synthetic.ensure_synthetic_cache_dir('shakespeare', root, volume_skew='shakespeare', **_TINY)
+  # The default skew named is the data (and folder) from before the setting.
+  assert synthetic.ensure_synthetic_cache_dir(
+      'shakespeare', root, volume_skew='lognormal', **_TINY) == first
 
 
 def test_write_synthetic_sqlite_leaves_only_the_file(tmp_path):
@@ -220,7 +225,8 @@ def test_the_file_holds_what_tffs_own_writer_writes_of_the_same_clients(task_nam
     for index in range(count):
       client_id = f'{prefix}_{index:05d}'
       rng = synthetic._rng(0, task_name, synthetic._PURPOSE_CLIENTS[split], index)
-      examples[client_id] = make_client(rng, _TINY['mean_examples_per_client'], 0.5)
+      examples[client_id] = make_client(
+          rng, synthetic.Volume.of(_TINY['mean_examples_per_client']), 0.5)
       splits[client_id] = synthetic.SPLIT_NAMES[task_name][split]
   tff.simulation.datasets.save_to_sql_client_data(
       list(examples), lambda c: tf.data.Dataset.from_tensor_slices(examples[c]),
@@ -270,6 +276,26 @@ def test_label_skew_and_volume_skew(tmp_path):
   # differs across clients. Measured std 0.034 (0.002 without the shifts).
   backgrounds = [c['pixels'][c['pixels'] > 0.5].mean() for c in data.values()]
   assert np.std(backgrounds) > 0.015, backgrounds
+
+
+def test_volume_skews_draw_their_laws():
+  """The default law is the generator's from before the setting, draw for draw; the
+  'shakespeare' law has real Shakespeare's median/mean (21 / 58.9) and its largest clients
+  16 times the median."""
+
+  def draws(volume, count=20000):
+    rng = np.random.default_rng(0)
+    return np.array([synthetic._client_volume(rng, volume) for _ in range(count)])
+
+  z = np.random.default_rng(0).standard_normal(20000)
+  np.testing.assert_array_equal(draws(synthetic.Volume.of(40)),
+                                np.maximum(1, np.round(40 * np.exp(0.6 * z - 0.6**2 / 2))))
+  sizes = draws(synthetic.Volume.of(1000, 'shakespeare'))
+  assert sizes.mean() == pytest.approx(1000, rel=0.03)
+  assert np.median(sizes) / sizes.mean() == pytest.approx(21 / 58.9, abs=0.015)
+  cap = sizes.max()
+  assert cap == pytest.approx(16 * np.median(sizes), rel=0.02)
+  assert (sizes == cap).mean() == pytest.approx(0.0464, abs=0.005)  # P(1.65 Z > ln 16).
 
 
 def _fit_and_evaluate(train_data, test_data, key, num_classes, scale):
@@ -383,6 +409,8 @@ def test_shakespeare_bigram_beats_uniform(loaded):
         (dict(dirichlet_alpha=float('inf')),
          'dirichlet_alpha must be > 0, got inf'),
         (dict(seed=-1), 'seed must be an integer >= 0, got -1'),
+        (dict(volume_skew='zipf'),
+         r"volume_skew must be one of \['lognormal', 'shakespeare'\], got 'zipf'"),
     ],
 )
 def test_bad_arguments_raise(tmp_path, kwargs, message):

@@ -1,5 +1,6 @@
 """Tasks: the papers' models, preprocessing, and both data sources through TFF's loaders."""
 
+import math
 import os
 import sqlite3
 
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from conftest import SMALL_SYNTHETIC
 import tasks
+from tasks import client_work
 from tasks import keyed_randomness
 from tasks import models
 from tasks import preprocessing
@@ -83,6 +85,43 @@ def test_image_preprocessing_repeats_epochs_and_keeps_every_example(small_task):
   for epochs in (1, 3):
     out = preprocessing.emnist_preprocess_fn(batch_size=7, num_epochs=epochs, shuffle_seed=1)(raw)
     assert sum(int(b['y'].shape[0]) for b in out) == epochs * n
+
+
+def test_a_clients_steps_and_a_rounds_by_hand():
+  """tasks.client_work on four clients of (examples, inputs) (5, 5), (3, 7), (1, 0), (4, 9)."""
+  # 2 epochs, batch 4: 10, 14, 0 and 18 inputs.
+  steps = client_work.client_steps([5, 3, 1, 4], [5, 7, 0, 9], num_epochs=2, batch_size=4)
+  np.testing.assert_array_equal(steps, [3, 4, 0, 5])
+  # At most 7 examples: the first client takes one pass and 2 of its 5 examples (7 inputs),
+  # the last one pass and 3 of its 4 examples (9 + 3 * 9 / 4 = 15.75 inputs on average).
+  capped = client_work.client_steps([5, 3, 1, 4], [5, 7, 0, 9], 2, 4, max_elements=7)
+  np.testing.assert_array_equal(capped, [2, 4, 0, 4])
+  # Two of clients of 1, 2, 3 and 6 steps a round: the six cohorts train 3, 4, 7, 5, 8 and
+  # 9 steps, mean 6, variance (9 + 4 + 1 + 1 + 4 + 9) / 6.
+  mean, std = client_work.round_steps([1, 2, 3, 6], 2)
+  assert mean == pytest.approx(6.0) and std == pytest.approx(math.sqrt(28 / 6))
+  assert client_work.round_steps([1, 2, 3, 6], 10) == (12.0, 0.0)  # All, every round.
+
+
+@pytest.mark.parametrize('name, epochs, batch_size, cap', [
+    ('shakespeare', 2, 3, None), ('emnist', 2, 7, 25)])
+def test_client_steps_are_the_batches_the_preprocessing_makes(
+    synthetic_cache_dir, name, epochs, batch_size, cap):
+  """Each training client's steps from its file alone (`tasks.training_volumes`) are the
+  batches its training dataset holds, on clients of Shakespeare's skew."""
+  settings = dict(SMALL_SYNTHETIC[name], volume_skew='shakespeare')
+  task = tasks.get(name, data_source='synthetic', cache_dir=synthetic_cache_dir,
+                   synthetic_settings=settings, num_epochs=epochs, batch_size=batch_size,
+                   max_elements=cap)
+  examples, inputs = tasks.training_volumes(
+      name, data_source='synthetic', cache_dir=synthetic_cache_dir,
+      synthetic_settings=settings)
+  preprocess = task.train_preprocess_fn_for_seed(5)
+  batches = [len(list(preprocess.from_tensors(task.train_client_tensors(client_id))))
+             for client_id in task.datasets.train_data.client_ids]
+  np.testing.assert_array_equal(
+      client_work.client_steps(examples, inputs, epochs, batch_size, cap), batches)
+  assert len(set(batches)) > 2, batches
 
 
 def test_training_shuffle_is_reproducible_per_seed(small_task):

@@ -80,7 +80,8 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
     per_table[table.number] = calibration.estimate_seconds(
         [p for p in planned if _setting_key(plan, p) in keys], timings, parallel)
     print(f'table {table.number}: {runner.duration_text(per_table[table.number])}', file=stream)
-  print(f'estimated time: {runner.duration_text(total)} at {parallel} at a time (runs the'
+  spread = calibration.spread_seconds(planned, timings, parallel)
+  print(f'estimated time: {calibration.estimate_text(total, spread, parallel)} (runs the'
         ' tables share counted once)', file=stream, flush=True)
   calibration.say_if_batched(runner.BATCH_CELLS.value, stream)
   return dict(counts, seconds=total, tables=per_table,

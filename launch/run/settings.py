@@ -20,6 +20,7 @@ from launch.run import run_config
 from launch.run import runtime_choice
 import tasks
 from tasks import evaluation
+from tasks import synthetic
 from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
 from tff_zmg.runtime import cpp_worker
@@ -54,6 +55,12 @@ _SYNTHETIC_EXAMPLES = flags.DEFINE_integer(
 )
 _SYNTHETIC_ALPHA = flags.DEFINE_float(
     'synthetic_dirichlet_alpha', 0.5, 'Synthetic data: Dirichlet label-skew parameter.'
+)
+_SYNTHETIC_VOLUME_SKEW = flags.DEFINE_enum(
+    'synthetic_volume_skew', synthetic.DEFAULT_VOLUME_SKEW, list(synthetic.VOLUME_SKEWS),
+    'Synthetic data: how unequal the clients\' sizes are. lognormal: lognormal, s = 0.6;'
+    ' shakespeare: as skewed as real Shakespeare\'s clients (median a third of the mean, the'
+    ' largest about 9 times the mean; docs/data.md).',
 )
 _SYNTHETIC_SEED = flags.DEFINE_integer(
     'synthetic_seed', 0,
@@ -345,13 +352,17 @@ def synthetic_settings(settings: Settings):
   v = settings.values
   if v['data_source'] != 'synthetic':
     return None
-  return {
+  out = {
       'num_train_clients': v['synthetic_train_clients'],
       'num_test_clients': v['synthetic_test_clients'],
       'mean_examples_per_client': v['synthetic_examples_per_client'],
       'dirichlet_alpha': v['synthetic_dirichlet_alpha'],
       'seed': v['synthetic_seed'],
   }
+  if v['synthetic_volume_skew'] != synthetic.DEFAULT_VOLUME_SKEW:
+    # Only when not the default: runs recorded before the setting are the default's.
+    out['volume_skew'] = v['synthetic_volume_skew']
+  return out
 
 
 def partition_settings(settings: Settings) -> dict:

@@ -18,8 +18,22 @@ seed (a build of its own). They give
   start-up  = the third run's time - 3 x round - 4 x evaluation  (its folder, its state)
   round     = the median training time of rounds 2-3
   evaluation = the median evaluation time of rounds 1-3 (round 0's traces it)
+  step      = the training time of rounds 2-3 of all three runs over their steps (the
+              batches their clients trained, metrics.csv's client_work/train/num_batches)
 
-and runs are estimated at (their sum, over N workers):
+A round trains the steps of the cohort it samples, and where clients' sizes are skewed
+the few timed rounds can be far from the mean (real Shakespeare: rounds of 10 clients
+expected to train 589 sequences, timed ones that trained 338 and 288). So a round is
+charged its expected steps x step (`Timing.expected_round_s`): the mean over the
+cohorts it may sample of the sum of its clients' steps, from the training clients' sizes,
+local epochs, cap on examples and batch size, read from the data before training
+(`round_work`, `tasks.client_work`); with the standard deviation of that sum, the
+spread the sampling brings. (A run whose rounds record no steps is charged the median
+round.) A step's cost is a ratio, not a line with a per-round intercept: on this shared
+machine the load moves round times more than steps do (19 rounds of one Shakespeare run
+fitted a line of 26 s + 0.28 s a step, where their ratio was 0.78 s a step), and the timed
+rounds sample four cohorts.
+Runs are estimated at (their sum, over N workers):
 
   workers x worker + sum over kinds of min(N, its runs) x first + builds x build
     + sum over runs of (start-up + R x round + E x evaluation)
@@ -37,6 +51,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
@@ -49,6 +64,8 @@ from launch.run import rounds
 from launch.run import run_config
 from launch.run import run_directory
 from launch.sweeps import runner
+import tasks
+from tasks import client_work
 from tff_zmg.algorithms import registry
 from tff_zmg import run_files
 
@@ -95,7 +112,8 @@ class PlannedRun:
 class Timing:
   """Seconds of one kind of run (the module's): its build in a warm worker, a run's
   start-up in a warm worker, a training round, an evaluation, a worker's first run of
-  the kind, and a warm worker's start."""
+  the kind, and a warm worker's start; and, where the timed rounds' steps are known, a
+  step, with a round's steps over the cohorts it may sample (mean, standard deviation)."""
 
   startup_s: float
   round_s: float
@@ -104,6 +122,24 @@ class Timing:
   build_s: float = 0.0
   first_s: float = 0.0
   worker_s: float = 0.0
+  step_s: Optional[float] = None
+  round_steps: Optional[float] = None
+  round_steps_std: Optional[float] = None
+  timed_steps: tuple[float, ...] = ()  # The steps of the timed rounds.
+
+  @property
+  def by_steps(self) -> bool:
+    return self.step_s is not None and self.round_steps is not None
+
+  @property
+  def expected_round_s(self) -> float:
+    """A round's seconds: its expected steps x a step's, or the timed rounds' median."""
+    return self.step_s * self.round_steps if self.by_steps else self.round_s
+
+  @property
+  def round_spread_s(self) -> float:
+    """The standard deviation of a round's seconds over the cohorts it may sample."""
+    return self.step_s * self.round_steps_std if self.by_steps else 0.0
 
 
 def kind_of(config: run_config.ExperimentConfig) -> str:
@@ -132,16 +168,48 @@ def rounds_to_train(planned: PlannedRun) -> int:
 
 def estimate_planned(planned: PlannedRun, timings: dict[str, Timing]) -> float:
   """Seconds of one planned run (`planned.rounds` rounds up to its config's total) in a
-  warm worker that has built it: start-up + rounds left x round + evaluations left x
-  evaluation, 0 when its metrics.csv already holds them."""
+  warm worker that has built it: start-up + rounds left x round (`Timing.expected_round_s`)
+  + evaluations left x evaluation, 0 when its metrics.csv already holds them."""
   config = planned.run.config
   timing = timings[kind_of(config)]
   rounds = rounds_to_train(planned)
   if not rounds:
     return 0.0
   start = config.total_rounds - rounds
-  return (timing.startup_s + rounds * timing.round_s
+  return (timing.startup_s + rounds * timing.expected_round_s
           + evaluations(config, start + 1 if start else 0) * timing.evaluation_s)
+
+
+def steady_rounds(run_dir: str) -> list[tuple[float, float]]:
+  """(steps, seconds) of each round from 2 on of a calibration run's metrics.csv that
+  records both (`client_work/train/num_batches`: every client's steps, summed)."""
+  csv_path = os.path.join(run_dir, run_files.METRICS)
+  train = resumption.read_metric(csv_path, 'training_time_in_seconds')
+  steps = resumption.read_metric(csv_path, 'client_work/train/num_batches')
+  return [(steps[r], train[r]) for r in sorted(train) if r >= 2 and r in steps]
+
+
+def step_seconds(rounds: Sequence[tuple[float, float]]) -> Optional[float]:
+  """Seconds a step: the timed rounds' seconds over their steps (None without steps)."""
+  steps = sum(s for s, _ in rounds)
+  return sum(t for _, t in rounds) / steps if steps > 0 else None
+
+
+def round_work(config: run_config.ExperimentConfig) -> tuple[float, float]:
+  """The mean and standard deviation of the steps of a round of `config`'s runs over the
+  cohorts it may sample, from its training clients' sizes (`tasks.client_work`)."""
+  examples, inputs = tasks.training_volumes(
+      config.task, data_source=config.data_source, cache_dir=config.cache_dir,
+      synthetic_settings=config.synthetic_settings, partition=config.partition,
+      dirichlet_alpha=config.dirichlet_alpha, num_clients=config.num_clients,
+      partition_seed=config.partition_seed,
+  )
+  steps = client_work.client_steps(
+      examples, inputs, config.client_epochs_per_round,
+      config.client_batch_size or tasks.SPECS[config.task].batch_size,
+      config.max_elements_per_client,
+  )
+  return client_work.round_steps(steps, config.clients_per_round)
 
 
 def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
@@ -190,6 +258,22 @@ def estimate_seconds(planned: Sequence[PlannedRun], timings: dict[str, Timing],
   return (runs + built + firsts + min(parallel, len(to_train)) * worker_s) / parallel
 
 
+def spread_seconds(planned: Sequence[PlannedRun], timings: dict[str, Timing],
+                   parallel: int) -> float:
+  """The standard deviation of `estimate_seconds` that the clients each round samples
+  bring: rounds independent, sqrt(sum over rounds of a round's variance) / parallel."""
+  variance = sum(rounds_to_train(p) * timings[kind_of(p.run.config)].round_spread_s**2
+                 for p in planned)
+  return math.sqrt(variance) / parallel
+
+
+def estimate_text(seconds: float, spread_s: float, parallel: int) -> str:
+  """'<duration> at N at a time', with the sampling's spread where there is one."""
+  spread = (f' (± {runner.duration_text(spread_s)} with the clients sampled)'
+            if spread_s >= 0.5 else '')
+  return f'{runner.duration_text(seconds)}{spread} at {parallel} at a time'
+
+
 def _calibration_run(run: runner.Run, directory: str, name: str, seed: int) -> runner.Run:
   """`run`'s settings at `seed`, 3 rounds, evaluated each round, in `directory/name`."""
   changes = dict(total_rounds=CALIBRATION_ROUNDS, rounds_per_eval=1, experiment_name=name,
@@ -206,9 +290,10 @@ def _calibration_run(run: runner.Run, directory: str, name: str, seed: int) -> r
 
 def timing_key(kind: str, parallel: int) -> str:
   """calibration.json's name of a kind's timing by warm workers, `parallel` at a time
-  (older timings, whose build includes the worker's start, are not used)."""
+  (older timings are not used: those whose build includes the worker's start, and those
+  with no step's cost, which charged every round the timed ones' median)."""
   at_once = '' if parallel == 1 else f' x{parallel}'
-  return f'{kind} by warm workers{at_once}'
+  return f'{kind} by warm workers, per step{at_once}'
 
 
 def _stored(directory: str) -> dict[str, Timing]:
@@ -216,7 +301,8 @@ def _stored(directory: str) -> dict[str, Timing]:
   if not os.path.exists(path):
     return {}
   with open(path) as f:
-    return {key: Timing(**values) for key, values in json.load(f).items()}
+    return {key: Timing(**dict(values, timed_steps=tuple(values.get('timed_steps', ()))))
+            for key, values in json.load(f).items()}
 
 
 def untimed(runs: Sequence[runner.Run], directory: str, parallel: int) -> set[str]:
@@ -276,12 +362,19 @@ def _time_kind(kind: str, run: runner.Run, directory: str, workers, parallel: in
   if None in measured:
     raise ValueError(f'the timing run {batches[2][0].config.output_dir} recorded no round'
                      ' times')
+  # Every copy's steady rounds: two seeds, so two cohorts' worth of steps.
+  rounds = [r for batch in batches for copy in batch
+            for r in steady_rounds(copy.config.output_dir)]
+  step_s = step_seconds(rounds)
+  steps, steps_std = round_work(run.config) if step_s is not None else (None, None)
   return Timing(
       startup_s=statistics.median(t.startup_s for t in measured),
       round_s=statistics.median(t.round_s for t in measured),
       evaluation_s=statistics.median(t.evaluation_s for t in measured),
       source=measured[0].source, build_s=max(0.0, walls[1] - walls[2]),
-      first_s=max(0.0, walls[0] - walls[1]), worker_s=worker_s)
+      first_s=max(0.0, walls[0] - walls[1]), worker_s=worker_s, step_s=step_s,
+      round_steps=steps, round_steps_std=steps_std,
+      timed_steps=tuple(s for s, _ in rounds))
 
 
 def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], parallel: int,
@@ -301,6 +394,18 @@ def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], par
             f' {timing.worker_s:.1f} s'
             f' ({timing.source})',
             file=stream)
+      if timing.by_steps:
+        print(f'    {round_text(timing)}', file=stream)
+
+
+def round_text(timing: Timing) -> str:
+  """One line: what a round of the kind is charged, from its steps, and their spread."""
+  timed = sorted(timing.timed_steps)
+  return (f'a round: {timing.round_steps:.0f} ± {timing.round_steps_std:.0f} steps'
+          f' (mean ± std over the cohorts it may sample) x {timing.step_s:.3g} s a step'
+          f' = {timing.expected_round_s:.2f} ± {timing.round_spread_s:.2f} s'
+          f' (the timed rounds: {timed[0]:.0f}-{timed[-1]:.0f} steps, median'
+          f' {timing.round_s:.2f} s)')
 
 
 def say_if_batched(batch_cells: int, stream) -> None:
@@ -317,8 +422,9 @@ def estimate(planned: Sequence[PlannedRun], directory: str, parallel: int, strea
   timings = calibrate([p.run for p in planned], directory, stream, parallel)
   seconds = estimate_seconds(planned, timings, parallel)
   print_timings(timings, planned, parallel, stream)
-  print(f'estimated time: {runner.duration_text(seconds)} at {parallel} at a time',
-        file=stream, flush=True)
+  spread = spread_seconds(planned, timings, parallel)
+  print(f'estimated time: {estimate_text(seconds, spread, parallel)}', file=stream,
+        flush=True)
   return seconds
 
 
