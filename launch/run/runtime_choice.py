@@ -226,7 +226,7 @@ def runtime_line(config, runtime_context, in_process_threads) -> str:
     threads = _threads(in_process_threads) if in_process_threads else "TensorFlow's default"
     return (
         f'runtime: in this process on {", ".join(runtime_context.devices)}'
-        f' ({runtime_context.clients_per_device} clients at once per device,'
+        f' ({_count(runtime_context.clients_per_device, "client")} at once per device,'
         f' {threads} per TF op on the CPU)'
     )
   if config.workers:
@@ -237,8 +237,12 @@ def runtime_line(config, runtime_context, in_process_threads) -> str:
   )
 
 
+def _count(count: int, noun: str) -> str:
+  return f'{count} {noun}' + ('s' if count != 1 else '')
+
+
 def _threads(count: int) -> str:
-  return f'{count} thread' + ('s' if count != 1 else '')
+  return _count(count, 'thread')
 
 
 def record_session(
