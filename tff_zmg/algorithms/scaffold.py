@@ -118,8 +118,9 @@ def _scaffold_rule(model_fn, hparams, build_optimizer) -> stateful_clients.Clien
 
 
 def sgd_optimizer(hparams):
-  """SCAFFOLD's local step: plain SGD on the controlled gradient."""
-  return lambda variables: fedavg.client_sgd(hparams)
+  """SCAFFOLD's local step: plain SGD on the controlled gradient (its Hparams take no
+  momentum or decay, which `fedavg.client_sgd` reads)."""
+  return lambda variables: tff.learning.optimizers.build_sgdm(hparams.client_learning_rate)
 
 
 def zmg_sgdm_optimizer(hparams):
