@@ -164,7 +164,9 @@ class Driver:
     return self._actors[slot]
 
   def start_all(self, count: int) -> dict:
-    self._ray.get([self._actor(slot).where.remote() for slot in range(count)])
+    """Actors in the first `count` places (all, when there are fewer), once each is ready."""
+    slots = range(min(count, len(self.places)))
+    self._ray.get([self._actor(slot).where.remote() for slot in slots])
     return {'ok': True}
 
   def start(self, slot: int, request: dict) -> dict:

@@ -17,8 +17,8 @@ output would, ending in the same one line on failure; between runs they go to th
 worker's own log (its stderr). A stop signal ends the run it trains, which says what is
 kept as `launch.train` would, and then the worker; end of input ends it too.
 
-`serve` is the same loop for a Ray actor (`launch.sweeps.ray_workers`), one request per
-call.
+A Ray actor (`launch.sweeps.ray_driver`) answers the same requests, one per call
+(`answer`).
 """
 
 import contextlib
