@@ -1,6 +1,6 @@
 """Small synthetic federated datasets written in TFF's own SQLite schema.
 
-Why one file of ~800 lines: the three generators (EMNIST strokes, CIFAR-100 colour
+Why one file of ~900 lines: the three generators (EMNIST strokes, CIFAR-100 colour
 fields, Shakespeare n-gram text) and the writer share one seeding scheme (`_rng`: seed,
 task, purpose, client) and one `_GENERATOR_VERSION`, which must be bumped whenever any
 generator's output changes so that cached directories are not reused; the sections below

@@ -405,15 +405,19 @@ def test_runs_at_a_time_are_timed_at_a_time(designed):
 
 def test_a_round_is_charged_its_expected_steps(designed, small_task, synthetic_cache_dir,
                                                tmp_path):
-  """A round costs its expected steps over the cohorts it may sample x a step's seconds,
-  measured on the timed rounds whatever their own cohorts trained; the dry run says the
-  spread the sampling brings, per round and in total."""
+  """A round costs a fixed part + its expected steps over the cohorts it may sample x a
+  step's seconds, a line fitted to the timed rounds whatever their own cohorts trained; the
+  dry run says the spread the sampling brings, per round and in total."""
   (tmp_path / 'metrics.csv').write_text(
       'key,client_work/train/num_batches,training_time_in_seconds\n'
       '1,50,9.0\n2,40,4.0\n3,20,2.5\n')  # Round 1 traces: not a steady round.
   rounds = calibration.steady_rounds(str(tmp_path))
   assert rounds == [(40.0, 4.0), (20.0, 2.5)]
-  assert calibration.step_seconds(rounds) == pytest.approx(6.5 / 60)
+  # The line through them: 1 s + 0.075 s a step. A line falling with the steps is flat (a
+  # round their mean); steps that do not vary give no fixed part.
+  assert calibration.round_cost(rounds) == pytest.approx((1.0, 0.075))
+  assert calibration.round_cost([(40.0, 2.0), (20.0, 3.0)]) == pytest.approx((2.5, 0.0))
+  assert calibration.round_cost([(30.0, 3.0), (30.0, 4.0)]) == pytest.approx((0.0, 3.5 / 30))
   # A round's steps from the run's data: 3 of 8 small EMNIST clients, 2 epochs of at most
   # 25 examples, batch 7.
   config = run_config.ExperimentConfig(
@@ -428,14 +432,15 @@ def test_a_round_is_charged_its_expected_steps(designed, small_task, synthetic_c
   assert calibration.round_work(config) == pytest.approx(client_work.round_steps(steps, 3))
 
   timing = calibration.Timing(startup_s=10.0, round_s=2.0, evaluation_s=0.5, source='kept',
-                              step_s=0.1, round_steps=30.0, round_steps_std=5.0,
+                              step_s=0.1, round_fixed_s=1.0, round_steps=20.0,
+                              round_steps_std=5.0,
                               timed_steps=(40.0, 20.0))
   counts, out = _dry_run(designed[0], '--table=5', timing={1: timing})
   run_s = lambda rounds, evaluations: 10.0 + rounds * 3.0 + evaluations * 0.5
   planned = [(3 * (81 + 1), 50, 11), (15, 1000, 1001)]  # (runs, rounds, evaluations each)
   assert counts['seconds'] == pytest.approx(sum(n * run_s(*r) for n, *r in planned))
-  assert ('    a round: 30 ± 5 steps (mean ± std over the cohorts it may sample) x 0.1 s a'
-          ' step = 3.00 ± 0.50 s (the timed rounds: 20-40 steps, median 2.00 s)\n') in out
+  assert ('    a round: 1 s + 20 ± 5 steps (mean ± std over the cohorts it may sample) x'
+          ' 0.1 s = 3.00 ± 0.50 s (the timed rounds: 20-40 steps, median 2.00 s)\n') in out
   spread = 0.5 * math.sqrt(sum(n * rounds for n, rounds, _ in planned))
   assert f'(± {runner.duration_text(spread)} with the clients sampled) at 1 at a time' in out
 

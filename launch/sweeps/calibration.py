@@ -18,21 +18,25 @@ seed (a build of its own). They give
   start-up  = the third run's time - 3 x round - 4 x evaluation  (its folder, its state)
   round     = the median training time of rounds 2-3
   evaluation = the median evaluation time of rounds 1-3 (round 0's traces it)
-  step      = the training time of rounds 2-3 of all three runs over their steps (the
-              batches their clients trained, metrics.csv's client_work/train/num_batches)
+  step, fixed = the line seconds = fixed + steps x step fitted to rounds 2-3 of all
+              three runs (their steps: the batches their clients trained, metrics.csv's
+              client_work/train/num_batches), by least squares (`round_cost`)
 
 A round trains the steps of the cohort it samples, and where clients' sizes are skewed
 the few timed rounds can be far from the mean (real Shakespeare: rounds of 10 clients
 expected to train 589 sequences, timed ones that trained 338 and 288). So a round is
-charged its expected steps x step (`Timing.expected_round_s`): the mean over the
+charged fixed + its expected steps x step (`Timing.expected_round_s`): the mean over the
 cohorts it may sample of the sum of its clients' steps, from the training clients' sizes,
 local epochs, cap on examples and batch size, read from the data before training
 (`round_work`, `tasks.client_work`); with the standard deviation of that sum, the
 spread the sampling brings. (A run whose rounds record no steps is charged the median
-round.) A step's cost is a ratio, not a line with a per-round intercept: on this shared
-machine the load moves round times more than steps do (19 rounds of one Shakespeare run
-fitted a line of 26 s + 0.28 s a step, where their ratio was 0.78 s a step), and the timed
-rounds sample four cohorts.
+round.) The fixed part is real: rounds of 10 skewed Shakespeare clients here took 12-18 s
+more than their steps' share (20-round runs, a line fitted to each), and a step's cost
+taken as the timed rounds' seconds over their steps, with the timed cohorts larger than
+the mean, charged 0.61-0.76x the measured rounds. The timed rounds sample four cohorts
+only, so the line is a rough one; the slope is kept within [0, their seconds over their
+steps], so neither part is negative.
+
 Runs are estimated at (their sum, over N workers):
 
   workers x worker + sum over kinds of min(N, its runs) x first + builds x build
@@ -58,6 +62,7 @@ import time
 from typing import Optional, Sequence
 
 from absl import flags
+import numpy as np
 
 from launch.run import resumption
 from launch.run import rounds
@@ -113,7 +118,8 @@ class Timing:
   """Seconds of one kind of run (the module's): its build in a warm worker, a run's
   start-up in a warm worker, a training round, an evaluation, a worker's first run of
   the kind, and a warm worker's start; and, where the timed rounds' steps are known, a
-  step, with a round's steps over the cohorts it may sample (mean, standard deviation)."""
+  step and a round's fixed part (`round_cost`), with a round's steps over the cohorts it
+  may sample (mean, standard deviation)."""
 
   startup_s: float
   round_s: float
@@ -123,6 +129,7 @@ class Timing:
   first_s: float = 0.0
   worker_s: float = 0.0
   step_s: Optional[float] = None
+  round_fixed_s: float = 0.0
   round_steps: Optional[float] = None
   round_steps_std: Optional[float] = None
   timed_steps: tuple[float, ...] = ()  # The steps of the timed rounds.
@@ -133,8 +140,11 @@ class Timing:
 
   @property
   def expected_round_s(self) -> float:
-    """A round's seconds: its expected steps x a step's, or the timed rounds' median."""
-    return self.step_s * self.round_steps if self.by_steps else self.round_s
+    """A round's seconds: its fixed part + its expected steps x a step's, or the timed
+    rounds' median."""
+    if not self.by_steps:
+      return self.round_s
+    return self.round_fixed_s + self.step_s * self.round_steps
 
   @property
   def round_spread_s(self) -> float:
@@ -189,10 +199,20 @@ def steady_rounds(run_dir: str) -> list[tuple[float, float]]:
   return [(steps[r], train[r]) for r in sorted(train) if r >= 2 and r in steps]
 
 
-def step_seconds(rounds: Sequence[tuple[float, float]]) -> Optional[float]:
-  """Seconds a step: the timed rounds' seconds over their steps (None without steps)."""
-  steps = sum(s for s, _ in rounds)
-  return sum(t for _, t in rounds) / steps if steps > 0 else None
+def round_cost(rounds: Sequence[tuple[float, float]]) -> Optional[tuple[float, float]]:
+  """(fixed, step): the line seconds = fixed + steps x step through the timed rounds'
+  (steps, seconds), by least squares, its slope kept within [0, mean seconds / mean steps]
+  (neither part negative); where the steps do not vary, no fixed part. None without
+  steps."""
+  if not rounds or sum(s for s, _ in rounds) <= 0:
+    return None
+  steps, seconds = np.array(rounds, dtype=np.float64).T
+  ratio = seconds.mean() / steps.mean()
+  if np.ptp(steps) == 0:
+    return 0.0, ratio
+  slope = np.cov(steps, seconds, bias=True)[0, 1] / steps.var()
+  slope = min(max(slope, 0.0), ratio)
+  return float(seconds.mean() - slope * steps.mean()), float(slope)
 
 
 def round_work(config: run_config.ExperimentConfig) -> tuple[float, float]:
@@ -365,7 +385,7 @@ def _time_kind(kind: str, run: runner.Run, directory: str, workers, parallel: in
   # Every copy's steady rounds: two seeds, so two cohorts' worth of steps.
   rounds = [r for batch in batches for copy in batch
             for r in steady_rounds(copy.config.output_dir)]
-  step_s = step_seconds(rounds)
+  fixed_s, step_s = round_cost(rounds) or (0.0, None)
   steps, steps_std = round_work(run.config) if step_s is not None else (None, None)
   return Timing(
       startup_s=statistics.median(t.startup_s for t in measured),
@@ -373,7 +393,7 @@ def _time_kind(kind: str, run: runner.Run, directory: str, workers, parallel: in
       evaluation_s=statistics.median(t.evaluation_s for t in measured),
       source=measured[0].source, build_s=max(0.0, walls[1] - walls[2]),
       first_s=max(0.0, walls[0] - walls[1]), worker_s=worker_s, step_s=step_s,
-      round_steps=steps, round_steps_std=steps_std,
+      round_fixed_s=fixed_s, round_steps=steps, round_steps_std=steps_std,
       timed_steps=tuple(s for s, _ in rounds))
 
 
@@ -401,8 +421,9 @@ def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], par
 def round_text(timing: Timing) -> str:
   """One line: what a round of the kind is charged, from its steps, and their spread."""
   timed = sorted(timing.timed_steps)
-  return (f'a round: {timing.round_steps:.0f} ± {timing.round_steps_std:.0f} steps'
-          f' (mean ± std over the cohorts it may sample) x {timing.step_s:.3g} s a step'
+  return (f'a round: {timing.round_fixed_s:.3g} s + {timing.round_steps:.0f}'
+          f' ± {timing.round_steps_std:.0f} steps (mean ± std over the cohorts it may'
+          f' sample) x {timing.step_s:.3g} s'
           f' = {timing.expected_round_s:.2f} ± {timing.round_spread_s:.2f} s'
           f' (the timed rounds: {timed[0]:.0f}-{timed[-1]:.0f} steps, median'
           f' {timing.round_s:.2f} s)')
