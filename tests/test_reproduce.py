@@ -20,6 +20,7 @@ from launch.reproduce import scales
 from launch.sweeps import calibration
 from launch.sweeps import comparison
 from launch.run import run_config
+from launch.run import settings as settings_lib
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
 from conftest import SMALL_SYNTHETIC
@@ -509,6 +510,31 @@ def test_small_scale_dry_run_of_every_table(designed, paper):
   finally:
     flags.FLAGS.unparse_flags()
   assert plan.tuning_caveat() is None
+
+
+@pytest.mark.parametrize('paper', papers.PAPER_NAMES)
+def test_a_timing_run_records_the_settings_its_command_trains_with(designed, paper):
+  """A dry run's timing copy of each kind of run drops the run's own rates (a grid's corner
+  cell may diverge) and so trains at its protocol's: its config is the one its command line
+  gives, or the runner refuses the folder it trained (FedGPS's dry run did, its protocol's
+  rate 0.01 recorded as FedGPS's default 0.1)."""
+  _parse(f'--paper={paper}', '--scale=small', '--data_source=synthetic',
+         f'--root_output_dir={designed[0]}')
+  try:
+    plan = reproduce.make_plan()
+  finally:
+    flags.FLAGS.unparse_flags()
+  first_of_kind = {}
+  for planned in reproduce.planned_runs(plan):
+    first_of_kind.setdefault(calibration.kind_of(planned.run.config), planned.run)
+  for run in first_of_kind.values():
+    copy = calibration._calibration_run(run, str(designed[0]), 'timing', 7)  # pylint: disable=protected-access
+    flags.FLAGS(['train', *copy.args])
+    try:
+      from_command = settings_lib.config_from_flags()
+    finally:
+      flags.FLAGS.unparse_flags()
+    assert copy.config.recorded() == from_command.recorded(), run.name
 
 
 def test_scales_shrink_the_protocol_keeping_its_shape():

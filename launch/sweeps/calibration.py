@@ -64,6 +64,7 @@ from typing import Optional, Sequence
 from absl import flags
 import numpy as np
 
+from launch import papers
 from launch.run import resumption
 from launch.run import rounds
 from launch.run import run_config
@@ -304,8 +305,21 @@ def _calibration_run(run: runner.Run, directory: str, name: str, seed: int) -> r
           and a.lstrip('-') not in ('overwrite', 'nooverwrite')]
   args += [f'--{k}={v}' for k, v in changes.items() if k != 'overwrite'] + ['--overwrite']
   hparams = {k: v for k, v in run.config.hparams.items() if k not in dropped}
+  hparams.update(_protocol_rates(args, run.config.algo))
   config = dataclasses.replace(run.config, hparams=hparams, **changes)
   return runner.Run(name=f'calibrate-{name}', config=config, args=tuple(args))
+
+
+def _protocol_rates(args, algo: str) -> dict:
+  """The rates `--protocol` in `args` gives a run that does not set them (none without
+  one): what the timing run trains with once its own rates are dropped."""
+  values = dict(a.lstrip('-').split('=', 1) for a in args if '=' in a)
+  if 'protocol' not in values:
+    return {}
+  given = {a.lstrip('-').split('=', 1)[0] for a in args}
+  protocol = papers.values_for_unset(values['protocol'], given, registry.get(algo))
+  return {k: v for k, v in protocol.items()
+          if k in ('client_learning_rate', 'server_learning_rate')}
 
 
 def timing_key(kind: str, parallel: int) -> str:
