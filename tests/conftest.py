@@ -1,6 +1,8 @@
 """Shared fixtures: small synthetic tasks, a managed TFF context, and the leak check."""
 
+import collections
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -167,26 +169,35 @@ def quiet_machine():
       except psutil.NoSuchProcess:
         pass
 
-# Seconds each test file takes (`pytest --durations=0`, summed per file). xdist hands whole
-# files (--dist loadfile) to its two workers in order of their number of tests; handing out
-# the longest first instead keeps one worker from starting a long file as the other ends.
-# Measured 2026-11-27 in one full run from a fresh clone on the 2-core machine, nothing
-# else running (only the order matters).
-_FILE_SECONDS = {
-    'test_trust.py': 341, 'test_warm_workers.py': 265, 'test_ray_workers.py': 220,
-    'test_train.py': 187, 'test_remote_workers.py': 176, 'test_failures.py': 156,
-    'test_cells.py': 310, 'test_algorithms.py': 127, 'test_batched_cells.py': 170,
-    'test_experiments.py': 101, 'test_cifar10.py': 96,
-    'test_evaluation.py': 93, 'test_reproduce.py': 86, 'test_in_process.py': 84,
-    'test_aggregation_launch.py': 82, 'test_notebooks.py': 72, 'test_aggregation.py': 69,
-    'test_benchmark.py': 67, 'test_cpp_worker.py': 63, 'test_fedgps.py': 48,
-    'test_fedrkmgc.py': 43, 'test_run_directory.py': 43, 'test_devices.py': 42,
-    'test_shakespeare_gru.py': 36, 'test_in_process_shapes.py': 28, 'test_tff_baselines.py': 26,
-    'test_speed_settings.py': 25, 'test_tuned_comparison.py': 23, 'test_synthetic.py': 20,
-    'test_readme.py': 19, 'test_scaffold.py': 18, 'test_setup.py': 15, 'test_layout.py': 14,
-    'test_tasks.py': 9, 'test_client_tensors.py': 20, 'test_imports.py': 6,
-    'test_client_states.py': 6,
-}
+# Seconds each test file took in a full run (tests/data/file_seconds.json, written by
+# `pytest --durations=0 --write_file_seconds`: each test's setup, call and teardown, summed
+# per file). xdist hands whole files (--dist loadfile) to its two workers in order of their
+# number of tests; handing out the longest first instead keeps one worker from starting a
+# long file as the other ends. Only the order matters: a file not listed goes last.
+_FILE_SECONDS_PATH = os.path.join(os.path.dirname(__file__), 'data', 'file_seconds.json')
+with open(_FILE_SECONDS_PATH) as _f:
+  _FILE_SECONDS = json.load(_f)
+_MEASURED_SECONDS = collections.Counter()
+
+
+def pytest_addoption(parser):
+  parser.addoption('--write_file_seconds', action='store_true',
+                   help=f'write each test file\'s seconds in this run to {_FILE_SECONDS_PATH}'
+                        ' (run the whole suite)')
+
+
+def pytest_runtest_logreport(report):
+  # In xdist's controller too: every worker's reports reach it.
+  _MEASURED_SECONDS[os.path.basename(report.nodeid.split('::', 1)[0])] += report.duration
+
+
+def pytest_sessionfinish(session):
+  if (session.config.getoption('write_file_seconds')
+      and not hasattr(session.config, 'workerinput')):  # The controller, not a worker.
+    with open(_FILE_SECONDS_PATH, 'w') as f:
+      json.dump({name: round(seconds) for name, seconds in _MEASURED_SECONDS.most_common()},
+                f, indent=0)
+      f.write('\n')
 
 
 def pytest_xdist_make_scheduler(config, log):
