@@ -318,14 +318,14 @@ def _time_scaling_tables(task, plain_sgd_s: float) -> tuple[list, list]:
 
 def _time_sweep() -> dict:
   """The sweep's cells cold and warm (`sweep`), printed; returns the results."""
-  data = [f'--data_source={_DATA_SOURCE.value}']
+  data = {'data_source': _DATA_SOURCE.value}
   if _CACHE_DIR.value:
-    data.append(f'--cache_dir={_CACHE_DIR.value}')
+    data['cache_dir'] = _CACHE_DIR.value
   if _DATA_SOURCE.value == 'synthetic':
-    data += [f'--synthetic_examples_per_client={_EXAMPLES.value}',
-             f'--synthetic_test_clients={_TEST_CLIENTS.value}']
-  common = [f'--task={_TASK.value}', '--algo=fedavg', *data,
-            f'--clients_per_round={_CLIENTS.value}', '--server_learning_rate=1']
+    data.update(synthetic_examples_per_client=_EXAMPLES.value,
+                synthetic_test_clients=_TEST_CLIENTS.value)
+  common = {'task': _TASK.value, 'algo': 'fedavg', **data,
+            'clients_per_round': _CLIENTS.value, 'server_learning_rate': 1}
   client_lrs = np.geomspace(1e-3, 1e-1, _SWEEP_CELLS.value)
   batch = _SWEEP_BATCH_CELLS.value
   print(f'sweep: {len(client_lrs)} cells x {_SWEEP_ROUNDS.value} rounds of {_TASK.value}'

@@ -37,14 +37,42 @@ def _args(cache_dir, root, algo, name, client_lr, *extra):
 
 
 def _run(args, name) -> runner.Run:
-  """The `runner.Run` of `launch.train` arguments, its config computed as the runner does."""
+  """The `runner.Run` of `launch.train` arguments."""
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['train', *args])
-    config = run_settings.config_from_flags()
+    settings = run_settings.settings_from_flags()
   finally:
     flags.FLAGS.unparse_flags()
-  return runner.Run(name=name, config=config, args=tuple(args))
+  return runner.Run(name=name, settings=settings)
+
+
+@pytest.mark.parametrize('overrides', [
+    {'algo': 'fedzmg', 'client_learning_rate': 0.03, 'server_learning_rate': 1, 'seed': 2},
+    {'algo': 'fedgps', 'protocol': 'fedgps', 'total_rounds': 5, 'model': None},
+    {'algo': 'fedavg', 'workers': ['a:1'], 'worker_timeout_s': 3, 'overwrite': False,
+     'divergence_factor': float('inf'), 'eval_last_rounds': 2},
+    {'algo': 'fedavg', 'aggregator': 'dp_fixed', 'noise_multiplier': 2, 'clip': 0.5,
+     'partition': 'dirichlet', 'num_clients': 7},
+])
+def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
+  """The settings a warm worker receives (JSON of the flags a cell gives) make the config
+  `launch.train` makes of the cell's command line, whatever absl's global flags hold."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['grid_search', '--task=emnist', '--data_source=synthetic', '--seed=5'])
+    run = runner.train_run('cell', overrides)
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['train', *run.args])
+    from_command = run_settings.config_from_flags()
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['train', '--task=cifar100', '--algo=scaffold', '--seed=9'])  # Not read.
+    received = run_settings.settings_of(json.loads(json.dumps(run.given)))
+    from_data = run_settings.experiment_config(run_settings.apply_protocol(received)[0])
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert from_data == from_command
+  assert json.dumps(from_data.recorded()) == json.dumps(from_command.recorded())
 
 
 @pytest.mark.parametrize('algo, rebuilds', [('fedzmg', False), ('scaffold', True)])

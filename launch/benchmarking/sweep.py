@@ -34,23 +34,28 @@ _POLL_S = 0.2
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One cell: its name, `launch.train` arguments (a `runner.Run`'s, without config) and
-  run folder."""
+  """One cell: its name, the `launch.train` flags it gives (a `runner.Run`'s `given`: a
+  warm worker's request) and its run folder."""
 
   name: str
-  args: tuple[str, ...]
+  given: dict
   run_dir: str
 
+  @property
+  def args(self) -> tuple[str, ...]:
+    """Its `launch.train` command line."""
+    return tuple(f'--{flag}={value}' for flag, value in self.given.items())
 
-def cells(common: list[str], client_lrs, rounds: int, root: str) -> list[Cell]:
-  """A cell per client learning rate: `rounds` rounds each, in `root`."""
+
+def cells(common: dict, client_lrs, rounds: int, root: str) -> list[Cell]:
+  """A cell per client learning rate (as its command line gives it: 6 significant
+  digits): `rounds` rounds each, in `root`."""
   out = []
   for i, lr in enumerate(client_lrs):
     name = f'cell{i + 1}'
-    out.append(Cell(name=name, args=(
-        *common, f'--client_learning_rate={lr:g}', f'--total_rounds={rounds}',
-        f'--root_output_dir={root}', f'--experiment_name={name}'),
-                    run_dir=os.path.join(root, name)))
+    out.append(Cell(name=name, given={
+        **common, 'client_learning_rate': float(f'{lr:g}'), 'total_rounds': rounds,
+        'root_output_dir': root, 'experiment_name': name}, run_dir=os.path.join(root, name)))
   return out
 
 

@@ -4,8 +4,10 @@
 (grid search, comparison, reproduction) define the same flags by importing this module,
 derive one `Settings` per run with their own values, and get each run's `ExperimentConfig`
 (`experiment_config`) and command line (`Settings.command_line`) from it, so a run's config
-is computed by one code path wherever it is computed. Only `launch.train` marks --task and
---algo required: the others set them per run.
+is computed by one code path wherever it is computed. A run goes to the process that
+trains it as data, its given flags' values (`Settings.given_values`, `settings_of`): no
+absl flags are parsed for it there. Only `launch.train` marks --task and --algo required:
+the others set them per run.
 """
 
 import dataclasses
@@ -294,7 +296,8 @@ class Settings:
   given: frozenset[str]
 
   def replace(self, values: Mapping[str, Any]) -> 'Settings':
-    """These settings with `values` set (and given).
+    """These settings with `values` set and given; a value None unsets its flag (its
+    default, not given: a command line cannot give None).
 
     Raises:
       ValueError: If a name is not a flag of `launch.train`.
@@ -302,15 +305,22 @@ class Settings:
     unknown = sorted(set(values) - set(self.values))
     if unknown:
       raise ValueError(f'not flags of launch.train: {unknown}')
-    return Settings({**self.values, **values}, self.given | set(values))
+    unset = {n for n, v in values.items() if v is None}
+    return Settings(
+        {**self.values, **{n: flags.FLAGS[n].default if n in unset else v
+                           for n, v in values.items()}},
+        (self.given | set(values)) - unset,
+    )
+
+  def given_values(self) -> dict[str, Any]:
+    """The given flags and their values: these settings as data (JSON's types), which
+    `settings_of` makes them again."""
+    return {name: value for name, value in self.values.items()
+            if name in self.given and value is not None}
 
   def command_line(self) -> tuple[str, ...]:
     """The `launch.train` arguments that describe this run: its given flags."""
-    return tuple(
-        flag_argument(name, value)
-        for name, value in self.values.items()
-        if name in self.given and value is not None
-    )
+    return tuple(flag_argument(name, value) for name, value in self.given_values().items())
 
 
 def flag_argument(name: str, value) -> str:
@@ -321,13 +331,44 @@ def flag_argument(name: str, value) -> str:
   return f'--{flag.name}={flag.serializer.serialize(value)}'
 
 
-def settings_from_flags(flag_values=flags.FLAGS) -> Settings:
+def _read_as_given(name: str, value) -> Any:
+  """`value` as flag `name` reads it from its command-line argument (`flag_argument`): an
+  int for a float flag becomes a float, a value out of the flag's range is refused.
+
+  Raises:
+    ValueError: The flag refuses the value.
+  """
+  flag = flags.FLAGS[name]
+  text = value if flag.boolean else flag.serializer.serialize(value)  # --name, --noname
+  try:
+    return flag.parser.parse(text)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'--{name}={text}: {e}') from None
+
+
+def _names() -> list[str]:
+  """The flags of `launch.train`, in the order they are defined (a command line's)."""
+  return [f.name for f in flags.FLAGS.get_flags_for_module(sys.modules[__name__])]
+
+
+def settings_from_flags() -> Settings:
   """The settings of this program's parsed command line."""
-  names = [f.name for f in flag_values.get_flags_for_module(sys.modules[__name__])]
-  return Settings(
-      {n: flag_values[n].value for n in names},
-      frozenset(n for n in names if flag_values[n].present),
-  )
+  names = _names()
+  return Settings({n: flags.FLAGS[n].value for n in names},
+                  frozenset(n for n in names if flags.FLAGS[n].present))
+
+
+def settings_of(given: Mapping[str, Any]) -> Settings:
+  """The settings of the run whose command line gives `given` (flag -> value, as
+  `Settings.given_values` has them), every other flag at its default, each value as the
+  command line reads it (`_read_as_given`): how a sweep's cell reaches the warm worker
+  that trains it, as data. absl's parsed flags are not read.
+
+  Raises:
+    ValueError: A name is not a flag of `launch.train`, or its flag refuses the value.
+  """
+  defaults = Settings({n: flags.FLAGS[n].default for n in _names()}, frozenset())
+  return defaults.replace({n: _read_as_given(n, v) for n, v in given.items()})
 
 
 def apply_protocol(settings: Settings) -> tuple[Settings, dict]:

@@ -64,7 +64,6 @@ from typing import Optional, Sequence
 from absl import flags
 import numpy as np
 
-from launch import papers
 from launch.run import resumption
 from launch.run import rounds
 from launch.run import run_config
@@ -296,30 +295,13 @@ def estimate_text(seconds: float, spread_s: float, parallel: int) -> str:
 
 
 def _calibration_run(run: runner.Run, directory: str, name: str, seed: int) -> runner.Run:
-  """`run`'s settings at `seed`, 3 rounds, evaluated each round, in `directory/name`."""
+  """`run`'s settings at `seed`, 3 rounds, evaluated each round, in `directory/name`, at
+  the algorithm's (or its protocol's) rates: a grid's corner cell may diverge before it
+  is timed."""
   changes = dict(total_rounds=CALIBRATION_ROUNDS, rounds_per_eval=1, experiment_name=name,
-                 root_output_dir=directory, overwrite=True, seed=seed)
-  # At the algorithm's default rates: a grid's corner cell may diverge before it is timed.
-  dropped = {*changes, 'client_learning_rate', 'server_learning_rate'}
-  args = [a for a in run.args if a.split('=', 1)[0].lstrip('-') not in dropped
-          and a.lstrip('-') not in ('overwrite', 'nooverwrite')]
-  args += [f'--{k}={v}' for k, v in changes.items() if k != 'overwrite'] + ['--overwrite']
-  hparams = {k: v for k, v in run.config.hparams.items() if k not in dropped}
-  hparams.update(_protocol_rates(args, run.config.algo))
-  config = dataclasses.replace(run.config, hparams=hparams, **changes)
-  return runner.Run(name=f'calibrate-{name}', config=config, args=tuple(args))
-
-
-def _protocol_rates(args, algo: str) -> dict:
-  """The rates `--protocol` in `args` gives a run that does not set them (none without
-  one): what the timing run trains with once its own rates are dropped."""
-  values = dict(a.lstrip('-').split('=', 1) for a in args if '=' in a)
-  if 'protocol' not in values:
-    return {}
-  given = {a.lstrip('-').split('=', 1)[0] for a in args}
-  protocol = papers.values_for_unset(values['protocol'], given, registry.get(algo))
-  return {k: v for k, v in protocol.items()
-          if k in ('client_learning_rate', 'server_learning_rate')}
+                 root_output_dir=directory, overwrite=True, seed=seed,
+                 client_learning_rate=None, server_learning_rate=None)
+  return runner.Run(name=f'calibrate-{name}', settings=run.settings.replace(changes))
 
 
 def timing_key(kind: str, parallel: int) -> str:

@@ -64,11 +64,29 @@ _LOG_TAIL_LINES = 15
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One training run: a name for progress lines and logs, its config and its flags."""
+  """One training run: a name for progress lines and logs, and its settings, which its
+  warm worker receives as they are (`workers.Task.request`). Its config and command line
+  are computed from them by the code `launch.train` uses, so the config is exactly what
+  the run records, and the command line trains it alone."""
 
   name: str
-  config: run_config.ExperimentConfig
-  args: tuple[str, ...]
+  settings: run_settings.Settings
+  config: run_config.ExperimentConfig = dataclasses.field(init=False, repr=False,
+                                                          compare=False)
+
+  def __post_init__(self):
+    # Made here, so that settings `launch.train` would refuse fail early.
+    config = run_settings.experiment_config(run_settings.apply_protocol(self.settings)[0])
+    object.__setattr__(self, 'config', config)
+
+  @property
+  def given(self) -> dict:
+    """What the warm worker receives (`Settings.given_values`)."""
+    return self.settings.given_values()
+
+  @property
+  def args(self) -> tuple[str, ...]:
+    return self.settings.command_line()
 
   @property
   def command(self) -> list[str]:
@@ -76,20 +94,14 @@ class Run:
 
 
 def train_run(name: str, overrides: Mapping[str, object]) -> Run:
-  """The run `launch.train` would make of this program's flags with `overrides` set.
-
-  The flags the user gave and the overridden ones make the run's command line; its
-  config is computed from the same settings by the code `launch.train` uses
-  (`launch.run.settings`), so it is exactly what the run will record (and it fails
-  here, early, on settings it would refuse). This program's global flags are left as they are.
+  """The run `launch.train` would make of this program's flags with `overrides` set
+  (`Settings.replace`). This program's global flags are left as they are.
 
   Raises:
     ValueError: If an override is not a flag of `launch.train`, or the run's settings
-      are invalid.
+      are invalid (here, early, on settings `launch.train` would refuse).
   """
-  settings = run_settings.settings_from_flags().replace(overrides)
-  config = run_settings.experiment_config(run_settings.apply_protocol(settings)[0])
-  return Run(name=name, config=config, args=settings.command_line())
+  return Run(name=name, settings=run_settings.settings_from_flags().replace(overrides))
 
 
 def status(run: Run) -> str:

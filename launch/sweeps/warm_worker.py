@@ -6,16 +6,17 @@ compiled, the evaluation set up (`launch.run.builds`).
 The sweep's runner (`launch.sweeps.runner`) starts it as
 `python -m launch.sweeps.warm_worker` and talks to it in JSON lines: the worker writes
 `{"ready": where it runs}` to its stdout once it has started; the runner writes a request
-`{"name": ..., "args": [launch.train's arguments], "log": path}` to the worker's stdin and
-reads `{"name": ..., "status": exit status}` from its stdout once the run has ended. A
-request `{"name": ..., "runs": [such requests]}` trains its runs as batched cells
-(`launch.sweeps.batched_cells`) and is answered `{"name": ..., "statuses": {run: status}}`
-once all have ended. While
-a run trains, the worker's standard output and error (file descriptors 1 and 2, so
-TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.train`'s
-output would, ending in the same one line on failure; between runs they go to the
-worker's own log (its stderr). A stop signal ends the run it trains, which says what is
-kept as `launch.train` would, and then the worker; end of input ends it too.
+`{"name": ..., "settings": {flag: value}, "log": path}` to the worker's stdin (the run's
+settings as data: the `launch.train` flags its command line gives,
+`launch.run.settings.settings_of`) and reads `{"name": ..., "status": exit status}` from
+its stdout once the run has ended. A request `{"name": ..., "runs": [such requests]}`
+trains its runs as batched cells (`launch.sweeps.batched_cells`) and is answered
+`{"name": ..., "statuses": {run: status}}` once all have ended. While a run trains, the
+worker's standard output and error (file descriptors 1 and 2, so TensorFlow's and TFF's
+too) go to the run's log, which then reads as `launch.train`'s output would, ending in
+the same one line on failure; between runs they go to the worker's own log (its stderr).
+A stop signal ends the run it trains, which says what is kept as `launch.train` would,
+and then the worker; end of input ends it too. absl's flags are not read for a run.
 
 A Ray actor (`launch.sweeps.ray_driver`) answers the same requests, one per call
 (`answer`).
@@ -29,8 +30,6 @@ import sys
 import threading
 import time
 from typing import Mapping
-
-from absl import flags
 
 from launch.cli import exit_status
 from launch.cli import failures
@@ -78,13 +77,11 @@ def where() -> str:
 
 
 def run_cell(request: Mapping, builds: builds_lib.Builds) -> int:
-  """Trains the run of `request` (its `args` and `log`); returns its exit status."""
+  """Trains the run of `request` (its `settings` and `log`); returns its exit status."""
   with output_to(request['log']):
     print(f'--- {where()}', flush=True)
     try:
-      flags.FLAGS.unparse_flags()
-      flags.FLAGS([_RUN_PROGRAM, *request['args']])
-      training.train(run_settings.settings_from_flags(), builds)
+      training.train(run_settings.settings_of(request['settings']), builds)
       return exit_status.OK
     except BaseException as e:  # pylint: disable=broad-except
       return failures.report(_RUN_PROGRAM, e)
@@ -94,18 +91,10 @@ def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
   """Trains the runs of `request['runs']` as batched cells; their exit statuses by name."""
   runs = request['runs']
   statuses: dict[str, int] = {}
-  settings = {}
-  for run in runs:  # absl's flags are global: each run's are read before any trains.
-    with output_to(run['log']):
-      print(f'--- {where()}, one of {len(runs)} batched cells', flush=True)
-      try:
-        flags.FLAGS.unparse_flags()
-        flags.FLAGS([_RUN_PROGRAM, *run['args']])
-        settings[run['name']] = run_settings.settings_from_flags()
-      except BaseException as e:  # pylint: disable=broad-except
-        statuses[run['name']] = failures.report(_RUN_PROGRAM, e)
   group = batched_cells.CellGroup(len(runs), builds)
   logs = {run['name']: open(run['log'], 'a') for run in runs}  # pylint: disable=consider-using-with
+  for log in logs.values():
+    print(f'--- {where()}, one of {len(runs)} batched cells', file=log, flush=True)
 
   # Set as each run's thread ends. (Not `Thread.join`: on Python 3.11 a signal landing
   # in it marks a thread that still runs as ended, and a run was cut off unreported.)
@@ -114,10 +103,8 @@ def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
   def train(member: int, name: str, stdout, stderr):
     try:
       with stdout.to(logs[name]), stderr.to(logs[name]), group.turn(member) as cell:
-        if name in statuses:
-          return
         try:
-          training.train(settings[name], builds, cell)
+          training.train(run_settings.settings_of(runs[member]['settings']), builds, cell)
           statuses[name] = exit_status.OK
         except BaseException as e:  # pylint: disable=broad-except
           statuses[name] = failures.report(_RUN_PROGRAM, e)

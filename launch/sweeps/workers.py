@@ -16,9 +16,9 @@ from launch.cli import exit_status
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """What a worker trains in one request: one run (a `runner.Run`: its `name` and `args`),
-  or several trained together as batched cells (`launch.sweeps.batched_cells`), each with
-  its log."""
+  """What a worker trains in one request: one run (a `runner.Run`: its `name` and
+  `given` settings), or several trained together as batched cells
+  (`launch.sweeps.batched_cells`), each with its log."""
 
   runs: tuple[Any, ...]
   logs: tuple[str, ...]
@@ -29,7 +29,7 @@ class Task:
 
   def request(self) -> dict:
     """The warm worker's request (`launch.sweeps.warm_worker`)."""
-    requests = [{'name': run.name, 'args': list(run.args), 'log': log}
+    requests = [{'name': run.name, 'settings': run.given, 'log': log}
                 for run, log in zip(self.runs, self.logs)]
     if len(requests) == 1:
       return requests[0]
