@@ -435,41 +435,20 @@ def experiment_config(settings: Settings) -> run_config.ExperimentConfig:
         f'--{unknown[0]} does not apply to --algo={v["algo"]}; its hyperparameters are'
         f' {sorted(spec.hparams_class.names())}'
     )
-  return run_config.ExperimentConfig(
-      task=v['task'],
-      algo=v['algo'],
-      root_output_dir=v['root_output_dir'],
+  # A flag sets the config's field of its name; these fields are made otherwise.
+  made = dict(
       experiment_name=v['experiment_name'] or f'{v["task"]}_{v["algo"]}_seed{v["seed"]}',
       hparams=given,
-      data_source=v['data_source'],
-      cache_dir=v['cache_dir'],
       synthetic_settings=synthetic_settings(settings),
-      total_rounds=v['total_rounds'],
-      clients_per_round=v['clients_per_round'],
-      client_epochs_per_round=v['client_epochs_per_round'],
-      client_batch_size=v['client_batch_size'],
-      max_elements_per_client=v['max_elements_per_client'],
-      seed=v['seed'],
-      rounds_per_eval=v['rounds_per_eval'],
-      eval_last_rounds=v['eval_last_rounds'],
-      evaluation=v['evaluation'],
-      eval_examples=v['eval_examples'],
-      num_eval_clients=v['num_eval_clients'],
-      rounds_per_checkpoint=v['rounds_per_checkpoint'],
-      executor=v['executor'],
-      runtime=v['runtime'],
-      max_concurrent_clients=v['max_concurrent_clients'],
-      intra_op_threads=v['intra_op_threads'],
-      overwrite=v['overwrite'],
-      client_state_store=v['client_state_store'],
       **partition_settings(settings),
       workers=tuple(v['workers']),
-      worker_timeout_s=v['worker_timeout_s'],
-      model=v['model'],
-      divergence_factor=v['divergence_factor'],
+      # --aggregator is its kind (`run_config.aggregator_flag`), beside its settings' flags.
       aggregator={field: v[flag] for flag, field in _AGGREGATOR_FLAGS.items()
                   if v[flag] is not None},
   )
+  same = {f.name: v[f.name] for f in dataclasses.fields(run_config.ExperimentConfig)
+          if f.name in v and f.name not in made}
+  return run_config.ExperimentConfig(**same, **made)
 
 
 def config_from_flags() -> run_config.ExperimentConfig:
