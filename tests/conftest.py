@@ -15,6 +15,7 @@ import pytest
 
 import tasks
 from tff_zmg.runtime import cpp_worker
+import small_runs
 import worker_processes
 
 # Small federated datasets in TFF's real SQLite format: enough clients for sampling and
@@ -109,6 +110,11 @@ def pytest_configure(config):
   if 'TFF_ZMG_FORM_CACHE' not in os.environ:
     os.environ['TFF_ZMG_FORM_CACHE'] = tempfile.mkdtemp(prefix='tff_zmg-forms-')
     _REMOVE_AT_EXIT.append(os.environ['TFF_ZMG_FORM_CACHE'])
+  # One folder for the runs the session's processes share (`small_runs.made_once_per_session`:
+  # each row of the guarantees' matrix, trained once and read by tests in several files).
+  if small_runs.SHARED_ENV not in os.environ:
+    os.environ[small_runs.SHARED_ENV] = tempfile.mkdtemp(prefix='tff_zmg-tests-')
+    _REMOVE_AT_EXIT.append(os.environ[small_runs.SHARED_ENV])
 
 
 def pytest_unconfigure(config):

@@ -1,9 +1,7 @@
 """CIFAR-10 from tensorflow_datasets, its Dirichlet split, the CNN and ResNet-18, protocols.
 
-The tfds data is a tiny CIFAR-10 written by the test in tfds' own on-disk format: TFRecord
-shards of examples serialized by the real `cifar10` builder's features, and the
-dataset_info.json tfds' `write_metadata` computes from them, so that
-`tfds.load('cifar10', data_dir=...)` reads it like the prepared download.
+The tfds data is a tiny CIFAR-10 in tfds' own on-disk format (`small_runs.write_tiny_cifar10`),
+which `tfds.load('cifar10', data_dir=...)` reads like the prepared download.
 """
 
 import csv
@@ -24,26 +22,13 @@ from launch import train
 import tasks
 from tff_zmg.algorithms import registry
 from tff_zmg import client_states
-
-_NUM_TRAIN, _NUM_TEST = 60, 20
+import small_runs
 
 
 @pytest.fixture(scope='module')
 def tfds_dir(tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp('tensorflow_datasets'))
-  builder = tfds.builder('cifar10', data_dir=data_dir)
-  os.makedirs(builder.data_dir)
-  rng = np.random.default_rng(0)
-  for split, n in (('train', _NUM_TRAIN), ('test', _NUM_TEST)):
-    path = os.path.join(builder.data_dir, f'cifar10-{split}.tfrecord-00000-of-00001')
-    with tf.io.TFRecordWriter(path) as writer:
-      for i in range(n):
-        writer.write(builder.info.features.serialize_example({
-            'id': f'{split}_{i}',
-            'image': rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
-            'label': int(rng.integers(10)) if i >= 10 else i,  # Every class present.
-        }))
-  tfds.folder_dataset.write_metadata(data_dir=builder.data_dir, features=builder.info.features)
+  small_runs.write_tiny_cifar10(data_dir)
   return data_dir
 
 
@@ -254,7 +239,8 @@ def run_main(run_program, tfds_dir, tmp_path):
 
 
 # ResNet-18 (11M parameters) costs ~50 s to build and ~50 s for its first round on two
-# cores, so it runs as bare processes (gcfed, fedrkmgc); the CNN goes through launch.train.
+# cores: FedRKMGC's runs as a bare process, GC-Fed's is the guarantees' matrix's run (built
+# once for every test that reads it); the CNN goes through launch.train.
 @pytest.mark.parametrize('algo', ['gcfed', 'fedrkmgc'])
 def test_two_rounds_on_cifar10_with_the_cnn(run_main, tmp_path, algo):
   rc, out, err = run_main(f'--algo={algo}', f'--protocol={algo}', '--model=cnn',
@@ -287,24 +273,18 @@ def test_two_rounds_on_cifar10_with_the_cnn(run_main, tmp_path, algo):
   assert 0.0 <= float(evaluated[-1]['evaluation/sparse_categorical_accuracy']) <= 1.0
 
 
-def test_two_rounds_of_gcfed_with_resnet18(tfds_dir, tff_context):
-  del tff_context
-  task = _cifar10(tfds_dir, num_clients=2, dirichlet_alpha=0.5, model='resnet18_gn',
-                  batch_size=2, max_elements=4)
-  assert task.spec.num_parameters == 11_173_962
-  process = registry.build('gcfed', task.model_fn)
-  state = process.initialize()
-  initial = process.get_model_weights(state).trainable
-  data = [
-      task.datasets.train_preprocess_fn(task.datasets.train_data.create_tf_dataset_for_client(c))
-      for c in task.datasets.train_data.client_ids
-  ]
-  for _ in range(2):
-    output = process.next(state, data)
-    state = output.state
-    train_metrics = output.metrics['client_work']['train']
-    assert train_metrics['num_examples'] == 8 and np.isfinite(train_metrics['loss'])
-  final = process.get_model_weights(state).trainable
+def test_two_rounds_of_gcfed_with_resnet18():
+  """GC-Fed on ResNet-18-GN: every tensor trains, and global GC on the classifier centers
+  its update. The run is the guarantees' matrix's (`small_runs.MATRIX`: `launch.train` of
+  two rounds of two clients of two examples, trained once in the session)."""
+  run = small_runs.reference_run('resnet18_gn-gcfed')
+  assert json.loads(open(os.path.join(run, 'flags.json')).read())['model'] == 'resnet18_gn'
+  initial, final = (
+      [np.asarray(w) for w in small_runs.checkpoint(run, version).global_model_weights.trainable]
+      for version in (0, 2))
+  for row in small_runs.metric_rows(run)[1:]:
+    assert row['client_work/train/num_examples'] == '4'
+    assert np.isfinite(float(row['client_work/train/loss']))
   assert len(final) == 62
   assert all(np.all(np.isfinite(w)) for w in final)
   assert all(not np.array_equal(a, b) for a, b in zip(initial, final))

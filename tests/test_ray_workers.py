@@ -1,5 +1,6 @@
 """A grid search on a Ray cluster gives what it gives on this machine, and ends in one
-line of its own when no cluster answers or the cluster is lost.
+line of its own when no cluster answers or the cluster is lost; a Ray cell of each row of
+the guarantees' matrix (`small_runs.MATRIX`) ends as its `launch.train` run.
 
 The cluster is two Ray nodes on this machine, on loopback addresses (127.0.0.2 and
 127.0.0.3: Ray rewrites 127.0.0.1 to the machine's outward address), each with one
@@ -9,6 +10,7 @@ start-up from asking a cloud's metadata address where it runs, and its usage rep
 no traffic leaves loopback. Every Ray process is stopped after the test, and checked gone.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -49,8 +51,8 @@ def _free_port(host: str) -> int:
     return s.getsockname()[1]
 
 
-@pytest.fixture
-def ray_cluster():
+@contextlib.contextmanager
+def _two_node_cluster():
   """(address, environment, what stops it) of a two-node cluster, one logical GPU a node."""
   # Short: Ray's sockets live below it, and a socket's path has at most 107 bytes.
   folder = pathlib.Path(tempfile.mkdtemp(prefix='ray', dir='/tmp'))
@@ -82,6 +84,12 @@ def ray_cluster():
       time.sleep(0.5)
     shutil.rmtree(folder, ignore_errors=True)
     assert _ray_processes() == []
+
+
+@pytest.fixture
+def ray_cluster():
+  with _two_node_cluster() as cluster:
+    yield cluster
 
 
 _ONE_CELL = ('--client_learning_rates=0.1', '--server_learning_rates=1')
@@ -176,3 +184,46 @@ def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program,
   assert line.startswith('grid_search: error: --ray_address=127.0.0.1:1: no Ray cluster'
                          ' answers there (Connection refused'), err
   assert time.monotonic() - start < 30
+
+
+# A sweep's driver (`runner.run_all` on `ray_workers.RayWorkers`, as launch.grid_search runs
+# its cells with --ray_address) of the runs given as {name: launch.train's arguments}.
+_RAY_CELLS = """
+import json, sys
+from absl import flags
+from launch.run import settings
+from launch.sweeps import ray_workers, runner
+address, driver_ip, log_dir, cells = json.loads(sys.argv[1])
+runs = []
+for name, args in cells.items():
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['train', *args])
+  runs.append(runner.Run(name=name, settings=settings.settings_from_flags()))
+flags.FLAGS.unparse_flags()
+flags.FLAGS(['ray_cells', f'--ray_driver_ip={driver_ip}'])
+with ray_workers.RayWorkers(address, log_dir) as workers:
+  print(runner.run_all(runs, parallel=workers.size, log_dir=log_dir, workers=workers))
+"""
+
+
+@pytest.fixture(scope='module')
+def matrix_on_ray(tmp_path_factory):
+  """The folder of each row's run trained as a cell on a cluster of its own (one actor a
+  node, the rows two at a time), by the row's name; the logs under `logs`."""
+  root = tmp_path_factory.mktemp('matrix_on_ray')
+  cells = {row: small_runs.matrix_args(row, root, row) for row in small_runs.MATRIX}
+  with _two_node_cluster() as (address, env, _):
+    proc = subprocess.run(
+        [sys.executable, '-c', _RAY_CELLS,
+         json.dumps([address, _HEAD, str(root / 'logs'), cells])],
+        cwd=small_runs.REPO, env=env, capture_output=True, text=True, timeout=1800)
+  assert proc.returncode == 0, proc.stderr
+  assert 'ray: 2 workers on 2 nodes' in proc.stdout, proc.stdout
+  return root
+
+
+@pytest.mark.parametrize('row', small_runs.MATRIX)
+def test_a_ray_cell_equals_its_launch_train_run_bit_for_bit(row, matrix_on_ray):
+  small_runs.assert_same_run(matrix_on_ray / row, small_runs.reference_run(row))
+  log = open(matrix_on_ray / 'logs' / f'{row}.log').read()
+  assert re.search(r'^--- warm worker \d+ on .*, Ray node ', log, re.M), log

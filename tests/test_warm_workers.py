@@ -15,7 +15,6 @@ import sys
 import time
 
 from absl import flags
-import numpy as np
 import psutil
 import pytest
 
@@ -25,9 +24,9 @@ from launch.run import settings as run_settings
 from launch.sweeps import local_workers
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
+from tff_zmg.algorithms import registry
 
 _rows = small_runs.metric_rows
-_final_checkpoint = small_runs.final_checkpoint
 
 
 def _args(cache_dir, root, algo, name, client_lr, *extra):
@@ -75,17 +74,22 @@ def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
   assert json.dumps(from_data.recorded()) == json.dumps(from_command.recorded())
 
 
-@pytest.mark.parametrize('algo, rebuilds', [('fedzmg', False), ('scaffold', True)])
-def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(
-    algo, rebuilds, synthetic_cache_dir, tmp_path):
-  """Two cells given to one warm worker together (--batch_cells=2), the second at other
-  rates: the same metrics (but times) and checkpoint as `python -m launch.train` of the
-  second. FedZMG's state holds its rates, so the worker built its process once and trained
-  the two as batched cells; SCAFFOLD's clients keep state: its cells are built each and
-  train one after another, which the runner says once."""
-  warm, cold = tmp_path / 'warm', tmp_path / 'cold'
-  runs = [_run(_args(synthetic_cache_dir, warm, algo, name, lr), name)
-          for name, lr in (('a', 0.1), ('b', 0.03))]
+@pytest.mark.parametrize('row', small_runs.MATRIX)
+def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(row, tmp_path):
+  """Two cells of a row of the guarantees' matrix given to one warm worker together
+  (--batch_cells=2), the first at half the client rate, the second the row's own run: the
+  second ends as the row's `python -m launch.train` run (`small_runs.reference_run`), bit
+  for bit. A process whose state holds its rates is built once and trains the two as
+  batched cells; one whose clients keep state is built for each cell, and its cells train
+  one after another, which the runner says once."""
+  reference = small_runs.reference_run(row)
+  task, algo = small_runs.matrix_flag(row, 'task'), small_runs.matrix_flag(row, 'algo')
+  spec = registry.get(algo)
+  rebuilds = spec.stateful
+  warm = tmp_path / 'warm'
+  rate = spec.defaults['client_learning_rate'] / 2
+  runs = [_run(small_runs.matrix_args(row, warm, 'a', f'--client_learning_rate={rate}'), 'a'),
+          _run(small_runs.matrix_args(row, warm, 'b'), 'b')]
   stream = io.StringIO()
   with local_workers.LocalWorkers(1, str(tmp_path / 'logs')) as workers:
     states = runner.run_all(runs, parallel=1, log_dir=str(tmp_path / 'logs'),
@@ -93,19 +97,12 @@ def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(
   assert states == {'a': runner.FINISHED, 'b': runner.FINISHED}
   alone = f'batched cells: {algo} cells train one after another: its clients keep state'
   assert (alone in stream.getvalue()) == rebuilds, stream.getvalue()
-  proc = subprocess.run(
-      [sys.executable, '-m', 'launch.train', *_args(synthetic_cache_dir, cold, algo, 'b', 0.03)],
-      cwd=small_runs.REPO, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr
-  assert _rows(warm / 'b') == _rows(cold / 'b')
-  for ours, theirs in zip(_final_checkpoint(warm / 'b'), _final_checkpoint(cold / 'b'),
-                          strict=True):
-    np.testing.assert_array_equal(ours, theirs)
+  small_runs.assert_same_run(warm / 'b', reference)
   worker_log = open(next((tmp_path / 'logs' / 'workers').iterdir())).read()
   assert f"built so far: {{'task': 1, 'process': {2 if rebuilds else 1}" in worker_log
   # The cell's log reads as `launch.train`'s output, under the command that trains it alone.
   log = open(tmp_path / 'logs' / 'b.log').read()
-  assert log.startswith('=== start ') and ' -m launch.train --task=emnist' in log
+  assert log.startswith('=== start ') and f' -m launch.train --task={task}' in log
   assert 'round 2/2' in log and 'summary: {' in log
 
 
