@@ -325,7 +325,7 @@ def _time_sweep() -> dict:
     data.update(synthetic_examples_per_client=_EXAMPLES.value,
                 synthetic_test_clients=_TEST_CLIENTS.value)
   common = {'task': _TASK.value, 'algo': 'fedavg', **data,
-            'clients_per_round': _CLIENTS.value, 'server_learning_rate': 1}
+            'clients_per_round': _CLIENTS.value}
   client_lrs = np.geomspace(1e-3, 1e-1, _SWEEP_CELLS.value)
   batch = _SWEEP_BATCH_CELLS.value
   print(f'sweep: {len(client_lrs)} cells x {_SWEEP_ROUNDS.value} rounds of {_TASK.value}'
