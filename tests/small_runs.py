@@ -131,6 +131,24 @@ def matrix_flag(row: str, name: str) -> str:
   return value
 
 
+def settings_of(args):
+  """`launch.train`'s settings of its arguments `args` (parsed, absl's flags left unparsed)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from launch.run import settings  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['train', *args])
+    return settings.settings_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def cell_request(name: str, args, log: str) -> dict:
+  """A warm worker's request (`launch.sweeps.warm_worker`) to train `launch.train`'s
+  arguments `args` as run `name`, its output to `log`."""
+  return {'name': name, 'settings': settings_of(args).given_values(), 'log': log}
+
+
 def train_command(args) -> list[str]:
   return [sys.executable, '-m', 'launch.train', *args]
 

@@ -295,8 +295,9 @@ def _reruns(row, tmp_path_factory) -> dict:
     killed = small_runs.kill_when(
         small_runs.train_command(small_runs.matrix_args(row, root, 'killed')), 'round 1/2')
     assert killed[-1].startswith('round 1/2'), killed
-    requests = [{'name': name, 'args': small_runs.matrix_args(row, root, name, *flags_),
-                 'log': str(root / f'{name}.log')} for name, flags_ in _RERUNS.items()]
+    requests = [small_runs.cell_request(name, small_runs.matrix_args(row, root, name, *flags_),
+                                        str(root / f'{name}.log'))
+                for name, flags_ in _RERUNS.items()]
     proc = subprocess.run([sys.executable, '-m', 'launch.sweeps.warm_worker'],
                           input=''.join(json.dumps(r) + '\n' for r in requests),
                           capture_output=True, text=True, cwd=small_runs.REPO, timeout=1200)

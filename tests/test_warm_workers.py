@@ -136,7 +136,7 @@ def _grid_results(root):
     table = [{k: v for k, v in row.items() if k != 'output_dir'} for row in csv.DictReader(f)]
   cells = {name: (_rows(os.path.join(grid, name)),
                   [(a.dtype.str, a.shape, a.tobytes())
-                   for a in _final_checkpoint(os.path.join(grid, name))])
+                   for a in small_runs.final_checkpoint(os.path.join(grid, name))])
            for name in _CELLS}
   return best, table, cells
 
