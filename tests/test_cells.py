@@ -14,8 +14,10 @@ from tff_zmg.runtime import in_process
 from tff_zmg.templates import cells
 from tff_zmg.templates import state_hparams
 
-BATCHABLE = ('fedavg', 'fedadam', 'fedzmg', 'fedzmg_adam', 'fedzmg_yogi', 'fedyogi',
-             'fedadagrad', 'fedprox', 'fedzmg_prox', 'local_gc', 'global_gc', 'gcfed')
+# Trained batched and alone: one algorithm per client rule and per server optimizer
+# (FedZMG's Adam, Yogi and prox variants pair a rule and an optimizer trained here).
+BATCHABLE = ('fedavg', 'fedadam', 'fedzmg', 'fedyogi', 'fedadagrad', 'fedprox', 'local_gc',
+             'global_gc', 'gcfed')
 # The last cell's server rate takes its weights near float32's largest after round 1:
 # its round 2 overflows.
 _CLIENT_RATES = (0.01, 0.05, 0.2, 0.1)
@@ -104,7 +106,8 @@ def test_processes_whose_clients_keep_state_are_not_batched():
   assert 'keep state' in cells.unbatchable_reason(process)
   with pytest.raises(ValueError, match='cannot train cells batched: its clients keep state'):
     cells.build_cells_process(process, 2)
-  assert cells.unbatchable_reason(registry.build('fedavg', model_fn, num_clients=3)) is None
+  for algo in (*BATCHABLE, 'fedzmg_adam', 'fedzmg_yogi', 'fedzmg_prox'):
+    assert cells.unbatchable_reason(registry.build(algo, model_fn, num_clients=3)) is None, algo
 
 
 def test_each_cell_has_its_own_aggregator_state():
