@@ -37,13 +37,7 @@ def _args(cache_dir, root, algo, name, client_lr, *extra):
 
 def _run(args, name) -> runner.Run:
   """The `runner.Run` of `launch.train` arguments."""
-  flags.FLAGS.unparse_flags()
-  try:
-    flags.FLAGS(['train', *args])
-    settings = run_settings.settings_from_flags()
-  finally:
-    flags.FLAGS.unparse_flags()
-  return runner.Run(name=name, settings=settings)
+  return runner.Run(name=name, settings=small_runs.settings_of(args))
 
 
 @pytest.mark.parametrize('overrides', [
