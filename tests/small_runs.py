@@ -185,11 +185,16 @@ def checkpoint(run_dir, version=None):
   return tf.saved_model.load(os.path.join(folder, f'program_state_{version}'))()
 
 
-def final_checkpoint(run_dir) -> list:
-  """The arrays of a run's newest checkpoint, flattened."""
+def checkpoint_arrays(run_dir, version=None) -> list:
+  """The arrays of a run's checkpoint `version` (None: its newest), flattened."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return [np.asarray(v) for v in tf.nest.flatten(checkpoint(run_dir))]
+  return [np.asarray(v) for v in tf.nest.flatten(checkpoint(run_dir, version))]
+
+
+def final_checkpoint(run_dir) -> list:
+  """The arrays of a run's newest checkpoint, flattened."""
+  return checkpoint_arrays(run_dir)
 
 
 def client_states(run_dir) -> dict:

@@ -72,9 +72,21 @@ def _assert_same_metrics(a, b):
         np.testing.assert_allclose(float(ra[k]), float(rb[k]), rtol=1e-5, err_msg=k)
 
 
-# The largest weight difference TFF's worker may show from the in-process runtime on the
-# matrix's runs (measured: at most 3.1e-7, FedGPS on CIFAR-100).
-_WORKER_ATOL = 1e-6
+# TFF's worker against the in-process runtime. After round 1 they differ by float32
+# round-off: at most 3.1e-7 on the matrix's runs (FedGPS on CIFAR-100). Round 2 starts
+# from weights that differ by that much, and a max-pool window whose two largest inputs
+# lie within round-off may pick the other one, which moves a conv layer's gradient by a
+# step: after round 2, conv weights and FedGPS's states differ by up to 3.4e-3 of their
+# norm (measured), and by 3.1e-7 in the runs where no such tie flips. A wrong mask,
+# client or weighting moves them by their own size.
+_ROUND_1_ATOL = 1e-6
+_ROUND_2_RTOL = 1e-2
+
+
+def _assert_close_in_norm(a, b, err_msg=''):
+  difference, size = np.linalg.norm(b - a), np.linalg.norm(a)
+  assert difference <= _ROUND_2_RTOL * size + _ROUND_1_ATOL, (
+      f'{err_msg} {np.shape(a)}: |difference| {difference:.3g}, |array| {size:.3g}')
 
 
 RECORDED_DEFAULTS = {
@@ -349,22 +361,26 @@ def test_one_client_at_a_time_gives_the_numbers_of_clients_at_once(row, tmp_path
 
 @pytest.mark.parametrize('row', _ROWS)
 def test_tffs_worker_gives_the_numbers_of_the_in_process_runtime(row, tmp_path_factory):
-  """At the same threads per TF op, to float32 round-off: TFF's worker runs the round's
-  graphs itself (optimized its way, the clients' updates summed in its own order)."""
+  """At the same threads per TF op, to float32 round-off (`_ROUND_1_ATOL`,
+  `_ROUND_2_RTOL`): TFF's worker runs the round's graphs itself (optimized its way, the
+  clients' updates summed in its own order)."""
   reference = small_runs.reference_run(row)
   worker = _reruns(row, tmp_path_factory)['worker']
   assert _threads_per_op(worker) == _threads_per_op(reference)
   _assert_same_metrics(small_runs.metric_rows(worker), small_runs.metric_rows(reference))
+  for a, b in zip(small_runs.checkpoint_arrays(reference, 1),
+                  small_runs.checkpoint_arrays(worker, 1), strict=True):
+    np.testing.assert_allclose(b, a, rtol=0, atol=_ROUND_1_ATOL)
   for a, b in zip(small_runs.final_checkpoint(reference), small_runs.final_checkpoint(worker),
                   strict=True):
-    np.testing.assert_allclose(b, a, rtol=0, atol=_WORKER_ATOL)
+    _assert_close_in_norm(a, b)
   theirs = small_runs.client_states(reference)
   ours = small_runs.client_states(worker)
   assert ours.keys() == theirs.keys()
   for client, (version, arrays) in theirs.items():
     assert ours[client][0] == version
     for a, b in zip(arrays, ours[client][1], strict=True):
-      np.testing.assert_allclose(b, a, rtol=0, atol=_WORKER_ATOL, err_msg=client)
+      _assert_close_in_norm(a, b, err_msg=client)
 
 
 @pytest.mark.parametrize(
