@@ -320,8 +320,9 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
     cache_dir, tmp_path, run_program):
   """4: FedAdam (a huge server rate, one round), FedProx (a huge mu), SCAFFOLD and FedZMG
   (huge client rates) used to keep rounds with losses up to 1e31; each now exits 3 in
-  that round, keeping round 0's checkpoint, whose losses are finite and under the limit.
-  The advice (other settings and --overwrite), followed, trains."""
+  that round, keeping round 0's checkpoint, whose losses are finite and under the limit,
+  and the reason in diverged.txt. The advice (other settings and --overwrite), followed,
+  trains, as does a run resumed with a limit it does not pass."""
   root = tmp_path / 'runs'
   diverging = {
       'fedadam': ['--server_learning_rate=1e6'],
@@ -346,11 +347,18 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
     assert 're-run with them and --overwrite, or with another --experiment_name' in line
     run_dir = root / f'emnist_{algo}_seed0'
     assert _checkpoints(run_dir) == ['program_state_0'], algo
+    # The run alone says why in its folder, as a sweep's cell does (not retried then).
+    assert (run_dir / 'diverged.txt').read_text() == line[len('train: error: '):] + '\n'
     (reference,) = [e for _, e in _losses(run_dir).values()]
     # Round 0's, an untrained model's: about log(62), and under the limit it set.
     assert math.isfinite(reference) and reference < 2 * math.log(62), (algo, reference)
     assert 'round 1/1' not in out
   assert sorted(os.listdir(root)) == sorted(f'emnist_{a}_seed0' for a in diverging)
+  # Resumed with a setting a run may change (`resumption`), a limit it does not pass: the
+  # run trains on and is no longer recorded as diverged.
+  code, out, err = run_program(train, *args['fedprox'], '--divergence_factor=inf')
+  assert code == 0 and 'round 1/1' in out, err
+  assert not (root / 'emnist_fedprox_seed0' / 'diverged.txt').exists()
 
   # The advice followed in this process: the first diverging run above is the real process
   # whose exit and leftovers are checked.
@@ -362,6 +370,7 @@ def test_a_loss_far_above_round_0s_stops_the_run_before_it_is_kept_and_the_advic
     assert code == 0 and err == '' and 'round 1/1' in out, (algo, err)
     run_dir = root / f'emnist_{algo}_seed0'
     assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
+    assert not (run_dir / 'diverged.txt').exists()
     losses = _losses(run_dir)
     limit = 10 * losses[0][1]  # The documented default --divergence_factor.
     assert all(math.isfinite(l) and l < limit for l in losses[1]), losses

@@ -7,7 +7,8 @@ library that both import. A run's folder (`<root_output_dir>/<experiment_name>/`
   metrics.csv         one row per round (TFF's `CSVFileReleaseManager`)
   runtime.json        what ran each session of the run: runtime, devices, threads
   communication.json  the aggregator and the bytes a client sends and receives per round
-  diverged.txt        the one-line reason a sweep's run stopped diverging
+  diverged.txt        the one-line reason the run stopped diverging (written when it
+                      does; gone once it trains again): a sweep does not retry it
   checkpoints/        TFF's program state, with run_identity.json (what they belong to)
   tensorboard/        the same metrics for TensorBoard
   client_states/      the states of clients that keep state, where they are on disk

@@ -28,6 +28,7 @@ import tensorflow_federated as tff
 
 from launch.run import accounting
 from launch.run import builds as builds_lib
+from launch.run import errors
 from launch.run import event_loop
 from launch.run import resumption
 from launch.run import rounds
@@ -54,8 +55,8 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
 
   Raises:
     errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
-      checkpoint, an unreachable remote worker, or divergence (then the last good
-      checkpoint is kept).
+      checkpoint, an unreachable remote worker, or divergence (`errors.DivergedError`: the
+      last good checkpoint is kept, and the reason written to the run's diverged.txt).
     errors.WorkerLostError: a remote worker stopped answering mid-run (an ExperimentError; the
       failed round wrote nothing and re-running resumes from the last checkpoint).
     errors.RunEnvironmentError: an output or cache folder that is a file or not writable, or too
@@ -228,13 +229,15 @@ def _client_seed(seed: int, round_num: int, client_index: int) -> int:
 
 def _prepare_folder(config: run_config.ExperimentConfig, identity: dict) -> None:
   """Under the run's lock: clears the folder for --overwrite, or checks again that it holds
-  this run; then removes what interrupted saves left."""
+  this run and forgets a divergence it recorded (the run trains again); then removes what
+  interrupted saves left."""
   if config.overwrite:
     run_directory.clear(config.root_output_dir, config.output_dir)
   else:
     flags_agree = resumption.check_resumable(config)
     resumption.check_identity(config, identity, flags_agree)
     resumption.check_total_rounds(config)
+    run_directory.forget_divergence(config.output_dir)
   removed = run_directory.remove_interrupted_saves(config.output_dir, config.checkpoint_dir)
   if removed:
     print(f'removed what interrupted saves left: {", ".join(removed)}', flush=True)
@@ -288,7 +291,8 @@ def _train(
   """TFF's training loop over the rounds after `resumed_from`, each judged and released
   by `progress`, evaluated where `rounds.evaluation_due` asks or where metrics.csv
   recorded an evaluation before (`resumption.evaluated_after`); returns this process's
-  session (`record_session`), recorded even if the loop stops. A run without a
+  session (`record_session`), recorded even if the loop stops, and a divergence's reason
+  in the run's diverged.txt (`run_directory.record_divergence`). A run without a
   checkpoint starts from `initial_state` (None: `process.initialize()`); a run with a
   `cell` trains its rounds with its group's (`run`)."""
   # A client-state store commits the files a checkpoint needs once it is written, so a
@@ -328,12 +332,14 @@ def _train(
         rounds_per_saving_program_state=config.rounds_per_checkpoint,
         metrics_managers=[progress],
     )
-  except BaseException:
+  except BaseException as e:
     # The error that stopped the run is the news; the checkpoint being written is kept.
     with contextlib.suppress(Exception):
       checkpoints.close()
     with contextlib.suppress(Exception):
       record_session()
+    if isinstance(e, errors.DivergedError):
+      run_directory.record_divergence(config.output_dir, str(e))
     raise
   checkpoints.close()
   evaluate.close()

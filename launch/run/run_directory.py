@@ -14,6 +14,8 @@
   trained and dropped by the kernel when the process dies, kill -9 included).
 - `checkpoint_versions`, `newest_checkpoint_round`: the checkpoints TFF has completed.
 - `remove_interrupted_saves`, `repair_metrics_csv`: what a killed process leaves behind.
+- `record_divergence`, `forget_divergence`: diverged.txt, the reason a run stopped
+  diverging, while the run is not trained again.
 
 What made the run, kept beside its checkpoints, is `launch.run.run_identity`'s business.
 
@@ -354,6 +356,20 @@ def write_json_atomically(path: str, value, sort_keys: bool = True) -> None:
     json.dump(value, f, indent=2, sort_keys=sort_keys)
     f.write('\n')
   os.replace(tmp, path)
+
+
+def record_divergence(output_dir: str, reason: str) -> None:
+  """Writes diverged.txt: `reason` in one line. A sweep does not train such a run again
+  (`launch.sweeps.runner.status`)."""
+  with open(os.path.join(output_dir, run_files.DIVERGED), 'w') as f:
+    f.write(' '.join(reason.split()) + '\n')
+
+
+def forget_divergence(output_dir: str) -> None:
+  """Deletes diverged.txt, if any: a run trained again (with a larger
+  --divergence_factor, say) is recorded as diverged only if it diverges again."""
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(os.path.join(output_dir, run_files.DIVERGED))
 
 
 def remove_interrupted_saves(output_dir: str, checkpoint_dir: str) -> list[str]:

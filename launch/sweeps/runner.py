@@ -6,8 +6,8 @@ and hand the list to `run_all`. A run whose folder holds the whole run is not st
 again (`launch.run.resumption.missing`: every round recorded whole, with the evaluations
 it is scored by, and its last checkpoint on the disk), so an interrupted program picks up
 where it stopped: any other run is `launch.train`'s to resume, which repairs what a kill
-left. A run that diverges (exit 3) is recorded with a `diverged.txt` in its directory and
-not retried; any other failure stops everything with the end of that run's log, and a run
+left. A run that diverges (exit 3) has said why in a `diverged.txt` in its directory and
+is not retried; any other failure stops everything with the end of that run's log, and a run
 that ends without its folder whole is a bug that stops everything too. Each run's output
 goes to `<log_dir>/<name>.log`, one `=== start` header per attempt, the command that
 trains it alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`):
@@ -212,7 +212,7 @@ def _why_alone(path: str) -> Optional[str]:
   return None if line is None else line[len(batched_cells.ALONE):].strip()
 
 
-def _last_error_line(path: str, default: str = 'training diverged') -> str:
+def _last_error_line(path: str, default: str) -> str:
   lines = [l.strip() for l in _tail(path).splitlines() if 'error:' in l]
   return lines[-1] if lines else default
 
@@ -349,7 +349,7 @@ def run_all(
 
 
 def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
-  """FINISHED or DIVERGED (recorded in the run's directory); else `errors.RunFailed`."""
+  """FINISHED or DIVERGED (the run recorded it in its directory); else `errors.RunFailed`."""
   if returncode == 0:
     missing = resumption.missing(run.config)
     if missing is not None:
@@ -357,10 +357,7 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
           f'{run.name} ended as done but its folder lacks {missing} (a bug; its log:'
           f' {log_path})', exit_status.UNEXPECTED)
     return FINISHED
-  if returncode == exit_status.DIVERGED:
-    os.makedirs(run.config.output_dir, exist_ok=True)
-    with open(os.path.join(run.config.output_dir, run_files.DIVERGED), 'w') as f:
-      f.write(_last_error_line(log_path) + '\n')
+  if returncode == exit_status.DIVERGED:  # The run wrote its diverged.txt.
     return DIVERGED
   raise errors.RunFailed(
       f'{run.name} failed ({local_workers.signal_text(returncode)}) after {seconds:.0f} s:'
