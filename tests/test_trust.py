@@ -12,6 +12,7 @@ TensorFlow start-up); a test keeps at least one real process where it checks lef
 """
 
 import csv
+import fcntl
 import json
 import math
 import os
@@ -413,6 +414,36 @@ def test_an_immutable_metrics_csv_is_the_machines_refusal(finished_run, tmp_path
   assert metrics.read_bytes() == before
   assert _checkpoints(run_dir) == ['program_state_0', 'program_state_1']
   assert len(analysis.runs.read_runtime(str(run_dir))) == 1  # Round 2 was not trained.
+  _assert_left_clean(tmp_path)
+
+
+def test_a_cell_that_fails_ends_the_search_with_the_line_it_ended_with(
+    cache_dir, tmp_path, run_program, children_tmp):
+  """5: a grid cell's run that fails (its folder held by another process, which only the
+  run's own lock tells) ends the search with the run's own line and status, as its warm
+  worker answered them (the runner used to read them back from the end of the cell's log)."""
+  grid = tmp_path / 'runs' / 'grid_emnist_fedavg'
+  cell = grid / 'clr0.1_slr1'
+  (grid / 'logs').mkdir(parents=True)  # A grid's folder.
+  cell.mkdir()
+  with open(cell / '.lock', 'w') as lock:
+    lock.write('12345\n')
+    lock.flush()
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    code, out, err = run_program(
+        grid_search, *_train_args(cache_dir, tmp_path / 'runs', '--algo=fedavg'),
+        '--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
+        '--nostability_check')
+  line = _one_error_line(err, 'grid_search')
+  assert code == exit_status.BAD_INPUT, err
+  assert re.fullmatch(
+      r'grid_search: error: clr0\.1_slr1 failed \(exit 2\) after \d+ s: train: error: '
+      + re.escape(f'{cell} is being trained by another process (pid 12345); wait for it to'
+                  ' end, or choose another --experiment_name (its log:'
+                  f' {grid / "logs" / "clr0.1_slr1.log"})'), line), line
+  log = (grid / 'logs' / 'clr0.1_slr1.log').read_text()
+  assert log.startswith('=== start ') and ' -m launch.train --task=emnist' in log, log
+  assert log.splitlines()[-1] == line[line.index('train: error: '):line.index(' (its log:')]
   _assert_left_clean(tmp_path)
 
 

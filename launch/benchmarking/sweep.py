@@ -107,9 +107,9 @@ def _time_in_one_worker(cells_: list[Cell], log_dir: str, batch: int,
       ended = []
       while not ended:
         ended = workers.wait(_POLL_S)
-      ((_, statuses),) = ended
-      failed = {name: local_workers.signal_text(code) for name, code in statuses.items()
-                if code}
+      ((_, outcomes),) = ended
+      failed = {name: local_workers.signal_text(outcome.status)
+                for name, outcome in outcomes.items() if outcome.status}
       if failed:
         raise RuntimeError(f'{kind} cells failed ({failed}): see {", ".join(logs)}')
       walls.append(time.monotonic() - began)

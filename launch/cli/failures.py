@@ -221,15 +221,17 @@ def keep_after_exit(path: str) -> str:
   return path
 
 
-def report(program: str, error: BaseException, stream=None) -> int:
-  """Prints the one line (after the traceback with --verbose); returns the exit status."""
+def report(program: str, error: BaseException, stream=None) -> tuple[int, str]:
+  """Prints the one line (after the traceback with --verbose); returns the exit status and
+  that line."""
   stream = stream or sys.stderr
   code, message = classify(error)
   verbose = flags.FLAGS.is_parsed() and VERBOSE.value
   if verbose:
     traceback.print_exception(error, file=stream)
-  print(f'{program}: error: {message}', file=stream, flush=True)
-  return code
+  line = f'{program}: error: {message}'
+  print(line, file=stream, flush=True)
+  return code, line
 
 
 def guarded_main(program: str, main: Callable[[list], Optional[int]], argv: list) -> int:
@@ -241,7 +243,7 @@ def guarded_main(program: str, main: Callable[[list], Optional[int]], argv: list
   except SystemExit:
     raise
   except BaseException as e:  # pylint: disable=broad-except
-    return report(program, e)
+    return report(program, e)[0]
 
 
 def one_line_errors(program: str):

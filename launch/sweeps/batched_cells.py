@@ -32,7 +32,7 @@ from tff_zmg.runtime import in_process
 from tff_zmg.templates import cells
 
 
-# How the log of a run that cannot be batched says so, before why (the runner repeats it).
+# How the log of a run that cannot be batched says so, before why (`Member.alone`).
 ALONE = 'batched cells: this run trains alone:'
 
 
@@ -177,6 +177,7 @@ class Member:
     self._member = member
     self._round = None
     self._context = None
+    self.alone: Optional[str] = None  # Why its run trains alone (`wrap`), if it does.
 
   def prepare(self, process) -> None:
     """Builds the group's computation of `process`, if it can be batched, as soon as the
@@ -196,6 +197,7 @@ class Member:
     if reason is None and not isinstance(context, in_process.InProcessContext):
       reason = 'its runtime is not the in-process one'
     if reason is not None:
+      self.alone = reason
       print(f'{ALONE} {reason}', flush=True)
       self._group.leave(self._member)
       return _StoppedWithGroup(self._group, training_process), select, evaluate

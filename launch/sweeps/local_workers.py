@@ -146,7 +146,7 @@ class LocalWorkers(workers.Workers):
     worker.key = key
     worker.send(task)
 
-  def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, int]]]:
+  def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, workers.Outcome]]]:
     """See `workers.Workers.wait`."""
     busy = [w for w in self._workers if w is not None and w.task is not None]
     if busy:
@@ -161,7 +161,7 @@ class LocalWorkers(workers.Workers):
       task = worker.task
       if answer is not None:
         worker.task = None
-        ended.append((task, task.statuses(answer)))
+        ended.append((task, task.outcomes(answer)))
         continue
       status = worker.dead()
       if status is None:
@@ -169,9 +169,9 @@ class LocalWorkers(workers.Workers):
       worker.task = None
       self._workers[slot] = None
       how = f'{signal_text(status)}; its log: {worker.log_path}'
-      statuses = self.died(slot, task, worker.key, how)
-      if statuses is not None:
-        ended.append((task, statuses))
+      outcomes = self.died(slot, task, worker.key, how)
+      if outcomes is not None:
+        ended.append((task, outcomes))
     return ended
 
   def close(self) -> None:

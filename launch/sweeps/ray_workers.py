@@ -179,7 +179,7 @@ class RayWorkers(workers.Workers):
     self._tasks[slot] = (task, key)
     self._keys[slot] = key
 
-  def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, int]]]:
+  def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, workers.Outcome]]]:
     if not any(self._tasks):
       time.sleep(timeout_s)
       return []
@@ -189,11 +189,11 @@ class RayWorkers(workers.Workers):
       task, key = self._tasks[slot]
       self._tasks[slot] = None
       if 'answer' in result:
-        ended.append((task, task.statuses(result['answer'])))
+        ended.append((task, task.outcomes(result['answer'])))
         continue
-      statuses = self.died(slot, task, key, result['died'])
-      if statuses is not None:
-        ended.append((task, statuses))
+      outcomes = self.died(slot, task, key, result['died'])
+      if outcomes is not None:
+        ended.append((task, outcomes))
     return ended
 
   def close(self) -> None:

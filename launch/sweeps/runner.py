@@ -6,11 +6,12 @@ and hand the list to `run_all`. A run whose folder holds the whole run is not st
 again (`launch.run.resumption.missing`: every round recorded whole, with the evaluations
 it is scored by, and its last checkpoint on the disk), so an interrupted program picks up
 where it stopped: any other run is `launch.train`'s to resume, which repairs what a kill
-left. A run that diverges (exit 3) has said why in a `diverged.txt` in its directory and
-is not retried; any other failure stops everything with the end of that run's log, and a run
-that ends without its folder whole is a bug that stops everything too. Each run's output
-goes to `<log_dir>/<name>.log`, one `=== start` header per attempt, the command that
-trains it alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`):
+left. Each run's worker answers with its outcome (`workers.Outcome`): a run that
+diverges (exit 3) has said why in a `diverged.txt` in its directory and is not retried;
+any other failure stops everything with the one line the run ended with, and a run that
+ends without its folder whole is a bug that stops everything too. Each run's output goes
+to `<log_dir>/<name>.log`, one `=== start` header per attempt, the command that trains it
+alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`):
 `parallel` processes on this machine (`local_workers`), or Ray actors over a cluster
 (`ray_workers`, with --ray_address), each training one run after another; a worker
 prefers runs that share its last run's build (all but the learning rates). A run's 'done'
@@ -37,7 +38,6 @@ from launch.run import errors
 from launch.run import resumption
 from launch.run import run_config
 from launch.run import settings as run_settings
-from launch.sweeps import batched_cells
 from launch.sweeps import local_workers
 from launch.sweeps import ray_workers
 from launch.sweeps import workers as workers_lib
@@ -59,7 +59,6 @@ BATCH_CELLS = flags.DEFINE_integer(
 )
 FINISHED, DIVERGED, PENDING = 'finished', 'diverged', 'pending'
 _POLL_S = 0.5
-_LOG_TAIL_LINES = 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +86,6 @@ class Run:
   @property
   def args(self) -> tuple[str, ...]:
     return self.settings.command_line()
-
-  @property
-  def command(self) -> list[str]:
-    return [sys.executable, '-m', 'launch.train', *self.args]
 
 
 def train_run(name: str, overrides: Mapping[str, object]) -> Run:
@@ -199,24 +194,6 @@ class Progress:
     return f'  ({to_go} to go, {about})'
 
 
-def _tail(path: str) -> str:
-  with open(path, errors='replace') as f:
-    return ''.join(f.readlines()[-_LOG_TAIL_LINES:])
-
-
-def _why_alone(path: str) -> Optional[str]:
-  """Why a run given to a worker with others trained alone, as its log says (None: it did
-  not)."""
-  with open(path, errors='replace') as f:
-    line = next((l for l in f if l.startswith(batched_cells.ALONE)), None)
-  return None if line is None else line[len(batched_cells.ALONE):].strip()
-
-
-def _last_error_line(path: str, default: str) -> str:
-  lines = [l.strip() for l in _tail(path).splitlines() if 'error:' in l]
-  return lines[-1] if lines else default
-
-
 def build_key(config: run_config.ExperimentConfig) -> str:
   """What a run builds in a warm worker (`launch.run.builds`), roughly: its settings but
   the learning rates, its name and its rounds. Runs with one key share a build."""
@@ -313,23 +290,20 @@ def run_all(
           taken = _next_for(workers.key(slot), pending, keys, batch_cells)
           logs = []
           for i, run in taken:
-            logs.append(os.path.join(log_dir, f'{run.name}.log'))
-            with open(logs[-1], 'a') as log:
-              log.write(f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}:'
-                        f' {" ".join(run.command)}\n')
+            logs.append(os.path.join(log_dir, f'{run.name}.log'))  # The worker writes it.
             running[run.name] = (i, run, logs[-1], time.monotonic())
             print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
           workers.start(slot, workers_lib.Task(tuple(r for _, r in taken), tuple(logs)),
                         keys[taken[0][1].name])
-        for task, statuses in workers.wait(_POLL_S):
+        for task, outcomes in workers.wait(_POLL_S):
           ended = [running.pop(run.name) for run in task.runs]  # Batched runs end together.
           for i, run, log_path, start in ended:
-            results[run.name] = _outcome(run, statuses[run.name], log_path,
+            results[run.name] = _outcome(run, outcomes[run.name], log_path,
                                          time.monotonic() - start)
             progress.done(run)
           left = progress.text([r for _, r in pending], [r for _, r, _, _ in running.values()])
           if len(ended) > 1:
-            why = _why_alone(ended[0][2])
+            why = next((o.alone for o in outcomes.values() if o.alone), None)
             if why and why not in said:  # Once: cells of one build say the same.
               said.add(why)
               print(f'batched cells: {ended[0][1].config.algo} cells train one after another:'
@@ -348,8 +322,10 @@ def run_all(
   return results
 
 
-def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
-  """FINISHED or DIVERGED (the run recorded it in its directory); else `errors.RunFailed`."""
+def _outcome(run: Run, outcome: workers_lib.Outcome, log_path: str, seconds: float) -> str:
+  """FINISHED or DIVERGED (the run recorded it in its directory), as its worker answered;
+  else `errors.RunFailed`."""
+  returncode = outcome.status
   if returncode == 0:
     missing = resumption.missing(run.config)
     if missing is not None:
@@ -361,7 +337,7 @@ def _outcome(run: Run, returncode: int, log_path: str, seconds: float) -> str:
     return DIVERGED
   raise errors.RunFailed(
       f'{run.name} failed ({local_workers.signal_text(returncode)}) after {seconds:.0f} s:'
-      f' {_last_error_line(log_path, "no error line")} (its log: {log_path})',
+      f' {outcome.error or "no error line"} (its log: {log_path})',
       returncode if returncode in exit_status.DOCUMENTED else exit_status.UNEXPECTED,
   )
 

@@ -8,15 +8,17 @@ The sweep's runner (`launch.sweeps.runner`) starts it as
 `{"ready": where it runs}` to its stdout once it has started; the runner writes a request
 `{"name": ..., "settings": {flag: value}, "log": path}` to the worker's stdin (the run's
 settings as data: the `launch.train` flags its command line gives,
-`launch.run.settings.settings_of`) and reads `{"name": ..., "status": exit status}` from
-its stdout once the run has ended. A request `{"name": ..., "runs": [such requests]}`
-trains its runs as batched cells (`launch.sweeps.batched_cells`) and is answered
-`{"name": ..., "statuses": {run: status}}` once all have ended. While a run trains, the
-worker's standard output and error (file descriptors 1 and 2, so TensorFlow's and TFF's
-too) go to the run's log, which then reads as `launch.train`'s output would, ending in
-the same one line on failure; between runs they go to the worker's own log (its stderr).
-A stop signal ends the run it trains, which says what is kept as `launch.train` would,
-and then the worker; end of input ends it too. absl's flags are not read for a run.
+`launch.run.settings.settings_of`) and reads the run's outcome from its stdout once it
+has ended: `{"name": ..., "status": exit status, "error": the one line it ended with, or
+null}`. A request `{"name": ..., "runs": [such requests]}` trains its runs as batched
+cells (`launch.sweeps.batched_cells`) and is answered `{"name": ..., "runs": [such
+outcomes]}` once all have ended, each with `"alone"`: why the run trained alone, or null.
+While a run trains, the worker's standard output and error (file descriptors 1 and 2, so
+TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.train`'s
+output would, under the command that trains it alone and ending in the same one line on
+failure; between runs they go to the worker's own log (its stderr). A stop signal ends
+the run it trains, which says what is kept as `launch.train` would, and then the worker;
+end of input ends it too. absl's flags are not read for a run.
 
 A Ray actor (`launch.sweeps.ray_driver`) answers the same requests, one per call
 (`answer`).
@@ -29,7 +31,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Mapping
+from typing import Mapping, Optional
 
 from launch.cli import exit_status
 from launch.cli import failures
@@ -76,25 +78,39 @@ def where() -> str:
           + ('' if gpus is None else f', CUDA_VISIBLE_DEVICES={gpus}'))
 
 
-def run_cell(request: Mapping, builds: builds_lib.Builds) -> int:
-  """Trains the run of `request` (its `settings` and `log`); returns its exit status."""
+def start_line(settings: run_settings.Settings) -> str:
+  """The line a run's log starts each attempt with: when, and the command that trains the
+  run alone."""
+  command = [sys.executable, '-m', 'launch.train', *settings.command_line()]
+  return f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(command)}'
+
+
+def run_cell(request: Mapping, builds: builds_lib.Builds) -> dict:
+  """Trains the run of `request` (its `settings` and `log`); returns its outcome."""
   with output_to(request['log']):
-    print(f'--- {where()}', flush=True)
     try:
-      training.train(run_settings.settings_of(request['settings']), builds)
-      return exit_status.OK
+      settings = run_settings.settings_of(request['settings'])
+      print(start_line(settings), flush=True)
+      print(f'--- {where()}', flush=True)
+      training.train(settings, builds)
+      return _outcome(request, exit_status.OK)
     except BaseException as e:  # pylint: disable=broad-except
-      return failures.report(_RUN_PROGRAM, e)
+      return _outcome(request, *failures.report(_RUN_PROGRAM, e))
 
 
-def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
-  """Trains the runs of `request['runs']` as batched cells; their exit statuses by name."""
+def _outcome(request: Mapping, status: int, error: Optional[str] = None, **more) -> dict:
+  """A run's answer: its name, exit status and one-line error (None: it finished)."""
+  return {'name': request['name'], 'status': status, 'error': error, **more}
+
+
+def run_cells(request: Mapping, builds: builds_lib.Builds) -> list[dict]:
+  """Trains the runs of `request['runs']` as batched cells; returns their outcomes, each
+  with why it trained alone (None: it did not)."""
   runs = request['runs']
-  statuses: dict[str, int] = {}
+  ended_as: dict[str, tuple] = {}  # name -> (status, error)
+  alone: dict[str, Optional[str]] = {}
   group = batched_cells.CellGroup(len(runs), builds)
   logs = {run['name']: open(run['log'], 'a') for run in runs}  # pylint: disable=consider-using-with
-  for log in logs.values():
-    print(f'--- {where()}, one of {len(runs)} batched cells', file=log, flush=True)
 
   # Set as each run's thread ends. (Not `Thread.join`: on Python 3.11 a signal landing
   # in it marks a thread that still runs as ended, and a run was cut off unreported.)
@@ -104,10 +120,15 @@ def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
     try:
       with stdout.to(logs[name]), stderr.to(logs[name]), group.turn(member) as cell:
         try:
-          training.train(run_settings.settings_of(runs[member]['settings']), builds, cell)
-          statuses[name] = exit_status.OK
+          settings = run_settings.settings_of(runs[member]['settings'])
+          print(start_line(settings), flush=True)
+          print(f'--- {where()}, one of {len(runs)} batched cells', flush=True)
+          training.train(settings, builds, cell)
+          ended_as[name] = (exit_status.OK,)
         except BaseException as e:  # pylint: disable=broad-except
-          statuses[name] = failures.report(_RUN_PROGRAM, e)
+          ended_as[name] = failures.report(_RUN_PROGRAM, e)
+        finally:
+          alone[name] = cell.alone
     finally:
       ended[member].set()
 
@@ -126,7 +147,9 @@ def run_cells(request: Mapping, builds: builds_lib.Builds) -> dict[str, int]:
   finally:
     for log in logs.values():
       log.close()
-  return {run['name']: statuses.get(run['name'], exit_status.INTERRUPTED) for run in runs}
+  return [_outcome(run, *ended_as.get(run['name'], (exit_status.INTERRUPTED,)),
+                   alone=alone.get(run['name']))
+          for run in runs]
 
 
 def _wait_for(events: list[threading.Event], through_stops: bool = False) -> None:
@@ -143,19 +166,25 @@ def _wait_for(events: list[threading.Event], through_stops: bool = False) -> Non
 
 
 def answer(request: Mapping, builds: builds_lib.Builds) -> dict:
-  """The answer to one request: its run's status, or its batched runs' statuses."""
+  """The answer to one request: its run's outcome, or its batched runs' outcomes."""
   start = time.monotonic()
   if 'runs' in request:
-    result = {'statuses': run_cells(request, builds)}
+    result = {'name': request['name'], 'runs': run_cells(request, builds)}
   else:
-    result = {'status': run_cell(request, builds)}
-  return {'name': request['name'], **result, 'seconds': time.monotonic() - start}
+    result = run_cell(request, builds)
+  return {**result, 'seconds': time.monotonic() - start}
+
+
+def statuses(answer_: Mapping):
+  """The exit status of the answer's run, or those of its batched runs by name."""
+  if 'runs' not in answer_:
+    return answer_['status']
+  return {run['name']: run['status'] for run in answer_['runs']}
 
 
 def interrupted(answer_: Mapping) -> bool:
   """Whether a run of the answer was interrupted (then its worker stops too)."""
-  statuses = answer_.get('statuses') or {'': answer_['status']}
-  return exit_status.INTERRUPTED in statuses.values()
+  return exit_status.INTERRUPTED in [run['status'] for run in answer_.get('runs', [answer_])]
 
 
 def serve(requests, results, builds: builds_lib.Builds) -> int:
@@ -166,8 +195,8 @@ def serve(requests, results, builds: builds_lib.Builds) -> int:
     result = answer(request, builds)
     results.write(json.dumps(result) + '\n')
     results.flush()
-    print(f'{request["name"]}: exit status {result.get("statuses", result.get("status"))};'
-          f' built so far: {builds.built}', flush=True)
+    print(f'{request["name"]}: exit status {statuses(result)}; built so far: {builds.built}',
+          flush=True)
     if interrupted(result):
       return exit_status.INTERRUPTED
   return exit_status.OK

@@ -2,16 +2,28 @@
 workers, on this machine (`local_workers`) or on a Ray cluster (`ray_workers`).
 
 A worker slot trains one `Task` at a time, one run or runs batched as cells: `idle` slots
-take a task (`start`), `wait` says which tasks have ended and how each of their runs did,
-`close` ends every worker. A task whose worker dies is started again, once, in a fresh
-worker (`died`), each run from its last checkpoint; the second death is its end, with the
-exit status of a lost worker: the same command resumes it.
+take a task (`start`), `wait` says which tasks have ended and how each of their runs did
+(an `Outcome`, as the worker answered), `close` ends every worker. A task whose worker
+dies is started again, once, in a fresh worker (`died`), each run from its last
+checkpoint; the second death is its end, with the exit status of a lost worker: the same
+command resumes it.
 """
 
 import dataclasses
 from typing import Any, Optional
 
 from launch.cli import exit_status
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """How one run ended, as its worker answered (`launch.sweeps.warm_worker`): its exit
+  status, the one line it ended with unless it finished (`train: error: ...`), and, for a
+  run given with others as batched cells, why it trained alone (None: it did not)."""
+
+  status: int
+  error: Optional[str] = None
+  alone: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +47,14 @@ class Task:
       return requests[0]
     return {'name': self.name, 'runs': requests}
 
-  def statuses(self, answer: dict) -> dict[str, int]:
-    """Each run's exit status from the worker's answer."""
-    if 'statuses' in answer:
-      return dict(answer['statuses'])
-    return {run.name: answer['status'] for run in self.runs}
+  def outcomes(self, answer: dict) -> dict[str, Outcome]:
+    """Each run's `Outcome` by name, from the worker's answer to `request`."""
+    return {run['name']: Outcome(run['status'], run.get('error'), run.get('alone'))
+            for run in answer.get('runs', [answer])}
 
-  def each_ended(self, status: int) -> dict[str, int]:
-    """Every run's exit status `status` (their worker died)."""
-    return {run.name: status for run in self.runs}
+  def each_ended(self, status: int, error: str) -> dict[str, Outcome]:
+    """Every run's end with `status` and `error` (their worker died)."""
+    return {run.name: Outcome(status, error) for run in self.runs}
 
 
 class Workers:
@@ -79,18 +90,19 @@ class Workers:
     """Gives `task` to the worker of `slot`, starting one if needed."""
     raise NotImplementedError
 
-  def wait(self, timeout_s: float) -> list[tuple[Task, dict[str, int]]]:
-    """Waits up to `timeout_s` for tasks to end; (task, its runs' exit statuses) of each
-    that did."""
+  def wait(self, timeout_s: float) -> list[tuple[Task, dict[str, Outcome]]]:
+    """Waits up to `timeout_s` for tasks to end; (task, its runs' outcomes by name) of
+    each that did."""
     raise NotImplementedError
 
   def close(self) -> None:
     raise NotImplementedError
 
-  def died(self, slot: int, task: Task, key, how: str) -> Optional[dict[str, int]]:
-    """After the worker of `slot` died training `task` (`how`, for its logs): None once the
-    task has started again in a fresh worker, or, if it did so before, each run's end:
-    `exit_status.WORKER_LOST`, with a line in its log that says so."""
+  def died(self, slot: int, task: Task, key, how: str) -> Optional[dict[str, Outcome]]:
+    """After the worker of `slot` died training `task` (`how`): None once the task has
+    started again in a fresh worker (each run's log says so), or, if it did so before,
+    each run's end: `exit_status.WORKER_LOST`, with the line the runs' own failures end
+    with."""
     if task.name not in self._retried:
       self._retried.add(task.name)
       for path in task.logs:
@@ -99,8 +111,7 @@ class Workers:
                     ' fresh worker\n')
       self.start(slot, task, key)
       return None
-    for path in task.logs:
-      with open(path, 'a') as log:
-        log.write(f'train: error: its warm worker died again ({how}); re-run the same'
-                  ' command to resume it from its last checkpoint\n')
-    return task.each_ended(exit_status.WORKER_LOST)
+    return task.each_ended(
+        exit_status.WORKER_LOST,
+        f'train: error: its warm worker died again ({how}); re-run the same command to'
+        ' resume it from its last checkpoint')
