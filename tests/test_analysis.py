@@ -231,6 +231,40 @@ def test_metric_series_reads_a_training_csv(tmp_path):
     analysis.metric_series(str(path), 'evaluation/loss')
 
 
+def test_metrics_csv_reader_drops_a_torn_last_row_only_where_asked(tmp_path):
+  path = tmp_path / 'metrics.csv'
+  # Round 3's row was cut short by a kill: no line break, its loss half written.
+  path.write_bytes(b'key,evaluation/sparse_categorical_accuracy,client_work/train/loss\r\n'
+                   b'0,0.01,\r\n1,0.2,2.0\r\n2,,1.5\r\n3,0.4,1.')
+  whole = analysis.runs.whole_rows(str(path))
+  assert [r['key'] for r in whole] == ['0', '1', '2']
+  assert whole[2] == {'key': '2', 'evaluation/sparse_categorical_accuracy': '',
+                      'client_work/train/loss': '1.5'}
+  assert [r['key'] for r in analysis.runs.read_rows(str(path))] == ['0', '1', '2', '3']
+  # `metric_by_round` reads every row, the torn one too (its round is trained again).
+  assert analysis.runs.metric_by_round(str(path), 'client_work/train/loss') == {
+      1: 2.0, 2: 1.5, 3: 1.0}
+  assert analysis.runs.metric_by_round(
+      str(path), 'evaluation/sparse_categorical_accuracy') == {0: 0.01, 1: 0.2, 3: 0.4}
+  assert analysis.runs.metric_by_round(str(path), 'evaluation/loss') == {}
+  path.write_bytes(b'key,client_work/train/loss\n1,2.0\n1,1.5\n')  # Round 1 twice.
+  assert analysis.runs.metric_by_round(str(path), 'client_work/train/loss') == {1: 1.5}
+  assert analysis.runs.whole_rows(str(path)) == analysis.runs.read_rows(str(path))
+  path.write_bytes(b'key,client_work/tr')  # Torn header: no whole row.
+  assert analysis.runs.whole_rows(str(path)) == []
+
+
+def test_metrics_csv_reader_on_a_missing_file(tmp_path):
+  missing = str(tmp_path / 'metrics.csv')
+  assert analysis.runs.whole_rows(missing) == []
+  assert analysis.runs.metric_by_round(missing, 'client_work/train/loss') == {}
+  assert analysis.runs.completed_rounds(missing) == 0
+  with pytest.raises(FileNotFoundError):
+    analysis.runs.read_rows(missing)
+  with pytest.raises(FileNotFoundError):
+    analysis.metric_series(missing, 'client_work/train/loss')
+
+
 def test_tables_write_not_reached_for_missing_values(tmp_path):
   rows = [{'algo': 'a', 'rounds': None, 'acc': 0.123456}, {'algo': 'b', 'rounds': 12,
                                                            'acc': float('nan')}]

@@ -5,6 +5,8 @@ communication.json.
 one row per round, the round in column `key`, round 0 being the evaluation of the
 initial model, and a column per metric ('evaluation/sparse_categorical_accuracy',
 'client_work/train/loss', ...); a round without evaluation leaves the column empty.
+This module is the one reader of that file: `read_rows`, `whole_rows` (a torn last row
+dropped), `metric_by_round` and `metric_series`.
 """
 
 import csv
@@ -18,6 +20,39 @@ from tff_zmg import run_files
 
 EVAL_ACCURACY = 'evaluation/sparse_categorical_accuracy'
 TRAIN_LOSS = 'client_work/train/loss'
+
+
+def read_rows(csv_path: str) -> list[dict]:
+  """Every row of a metrics.csv, a torn last one included.
+
+  Raises:
+    FileNotFoundError: no such file.
+  """
+  with open(csv_path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def whole_rows(csv_path: str) -> list[dict]:
+  """A metrics.csv's rows but a torn last one (a write a kill cut short); [] without it."""
+  try:
+    with open(csv_path, 'rb') as f:
+      data = f.read()
+  except FileNotFoundError:
+    return []
+  text = data[:data.rfind(b'\n') + 1].decode('utf-8', 'replace')
+  return list(csv.DictReader(text.splitlines()))
+
+
+def metric_by_round(csv_path: str, column: str) -> dict[int, float]:
+  """`{round: value}` of one column of a metrics.csv (rounds that have it; a round
+  written twice: its last row); {} without the file or the column."""
+  if not os.path.exists(csv_path):
+    return {}
+  return _by_round(read_rows(csv_path), column)
+
+
+def _by_round(rows, column: str) -> dict[int, float]:
+  return {int(r['key']): float(r[column]) for r in rows if r.get(column) not in (None, '')}
 
 
 def metric_series(
@@ -40,7 +75,7 @@ def metric_series(
       raise ValueError(
           f'{csv_path} has no column {column!r} (columns: {reader.fieldnames})'
       )
-    by_round = {int(r['key']): float(r[column]) for r in reader if r[column] not in ('', None)}
+    by_round = _by_round(reader, column)
   rounds = sorted(r for r in by_round if include_initial or r > 0)
   return np.array(rounds, dtype=int), np.array([by_round[r] for r in rounds], dtype=float)
 
