@@ -270,7 +270,8 @@ def _resume(config: run_config.ExperimentConfig, process, store,
     if said:
       print(said, flush=True)
   resumed_from = resumption.check_checkpoint(config, process, store)
-  progress.set_reference(resumption.read_metric(config.metrics_csv, 'evaluation/loss').get(0))
+  initial_loss = analysis.runs.metric_by_round(config.metrics_csv, 'evaluation/loss').get(0)
+  progress.set_reference(initial_loss)
   return resumed_from
 
 
@@ -376,8 +377,8 @@ def _summary(config: run_config.ExperimentConfig, wall: float, session: Optional
              held_out) -> dict:
   """What `run` returns: the rounds and accuracies its metrics.csv holds, its time, where
   its outputs are, and what ran it."""
-  eval_acc = resumption.read_metric(config.metrics_csv, 'evaluation/sparse_categorical_accuracy')
-  train_loss = resumption.read_metric(config.metrics_csv, 'client_work/train/loss')
+  eval_acc = analysis.runs.metric_by_round(config.metrics_csv, analysis.runs.EVAL_ACCURACY)
+  train_loss = analysis.runs.metric_by_round(config.metrics_csv, analysis.runs.TRAIN_LOSS)
   return collections.OrderedDict(
       rounds_completed=max(train_loss, default=0),
       final_eval_accuracy=eval_acc[max(eval_acc)] if eval_acc else None,

@@ -7,7 +7,7 @@ may change: `lasting_settings`), and a run is never cut back (`check_total_round
 `check_run_directory` makes every check that can refuse the folder before any
 computation, `rewind` deletes the checkpoints metrics.csv does not reach,
 `check_checkpoint` picks the newest checkpoint that can be restored, and `missing`
-(`is_finished`) says what the folder lacks of the whole run (`read_metric` reads
+(`is_finished`) says what the folder lacks of the whole run (`analysis.runs` reads
 metrics.csv).
 
 A folder holds the whole run when metrics.csv records every round whole, with the
@@ -17,7 +17,6 @@ recorded once the checkpoint before it is on the disk, so metrics.csv may hold o
 more than the checkpoints: the round is trained again, and evaluated again where it was.
 """
 
-import csv
 import json
 import os
 import shutil
@@ -52,28 +51,6 @@ _RESUMABLE_CHANGES = frozenset(
 # and the data moved (the data's identity is checked instead, `identity`).
 _LOCATION_SETTINGS = frozenset({'root_output_dir', 'experiment_name', 'cache_dir'})
 _IDENTITY_PATH = f'{run_files.CHECKPOINTS}/{run_files.IDENTITY}'
-
-
-def read_metric(csv_path: str, name: str) -> dict[int, float]:
-  """`{round: value}` of one metric column of a run's metrics.csv (rounds that have it)."""
-  if not os.path.exists(csv_path):
-    return {}
-  with open(csv_path, newline='') as f:
-    rows = list(csv.DictReader(f))
-  return {
-      int(r['key']): float(r[name]) for r in rows if r.get(name) not in (None, '')
-  }
-
-
-def _whole_rows(csv_path: str) -> list[dict]:
-  """metrics.csv's rows but a torn last one (a write a kill cut short); [] without it."""
-  try:
-    with open(csv_path, 'rb') as f:
-      data = f.read()
-  except FileNotFoundError:
-    return []
-  text = data[:data.rfind(b'\n') + 1].decode('utf-8', 'replace')
-  return list(csv.DictReader(text.splitlines()))
 
 
 def _rounds_with(rows: list[dict], name: str) -> set[int]:
@@ -114,7 +91,7 @@ def missing(config: run_config.ExperimentConfig) -> Optional[str]:
       run never trains those rounds again).
   """
   check_resumable(run_config.resolve_evaluation(config))
-  rows = _whole_rows(config.metrics_csv)
+  rows = analysis.runs.whole_rows(config.metrics_csv)
   trained = max(_rounds_with(rows, analysis.runs.TRAIN_LOSS), default=0)
   if trained < config.total_rounds:
     first = trained + 1
@@ -149,14 +126,15 @@ def is_finished(config: run_config.ExperimentConfig) -> bool:
 
 def rounds_done(config: run_config.ExperimentConfig) -> int:
   """Rounds a run's metrics.csv already holds (0 for a new run)."""
-  return max(read_metric(config.metrics_csv, analysis.runs.TRAIN_LOSS), default=0)
+  trained = analysis.runs.metric_by_round(config.metrics_csv, analysis.runs.TRAIN_LOSS)
+  return max(trained, default=0)
 
 
 def evaluated_after(config: run_config.ExperimentConfig, round_num: Optional[int]) -> set[int]:
   """The rounds after `round_num` (the checkpoint a run resumes from) that metrics.csv
   records evaluated: trained again, they are evaluated again, whatever the rounds to go
   now ask for, so that resuming never loses a score."""
-  evaluated = read_metric(config.metrics_csv, analysis.runs.EVAL_ACCURACY)
+  evaluated = analysis.runs.metric_by_round(config.metrics_csv, analysis.runs.EVAL_ACCURACY)
   return {r for r in evaluated if r > (round_num or 0)}
 
 
@@ -174,7 +152,7 @@ def rewind(config: run_config.ExperimentConfig) -> Optional[str]:
   """
   if not os.path.exists(config.metrics_csv):
     return None  # `run_directory.repair_metrics_csv` refuses it beside checkpoints.
-  rows = _whole_rows(config.metrics_csv)
+  rows = analysis.runs.whole_rows(config.metrics_csv)
   recorded = max((int(r['key']) for r in rows), default=-1)
   evaluated = _rounds_with(rows, analysis.runs.EVAL_ACCURACY)
   unevaluated = [r for r in score_rounds(config) if r <= recorded and r not in evaluated]
