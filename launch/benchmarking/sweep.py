@@ -17,7 +17,6 @@ training cells together saves.
 """
 
 import collections
-import csv
 import dataclasses
 import os
 import subprocess
@@ -26,6 +25,7 @@ import time
 
 from launch.sweeps import local_workers
 from launch.sweeps import workers as workers_lib
+from tff_zmg import analysis
 from tff_zmg import run_files
 
 _TIME_COLUMNS = ('training_time_in_seconds', 'evaluation/evaluation_time_in_seconds')
@@ -61,8 +61,8 @@ def cells(common: dict, client_lrs, rounds: int, root: str) -> list[Cell]:
 
 def rounds_seconds(run_dir: str) -> float:
   """The training and evaluation seconds a run's metrics.csv records, summed."""
-  with open(os.path.join(run_dir, run_files.METRICS)) as f:
-    return sum(float(row[c]) for row in csv.DictReader(f) for c in _TIME_COLUMNS if row.get(c))
+  rows = analysis.runs.read_rows(os.path.join(run_dir, run_files.METRICS))
+  return sum(float(row[c]) for row in rows for c in _TIME_COLUMNS if row.get(c))
 
 
 def time_cold(cells_: list[Cell], log_dir: str) -> list[float]:

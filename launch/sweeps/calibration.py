@@ -71,6 +71,7 @@ from launch.run import run_directory
 from launch.sweeps import runner
 import tasks
 from tasks import client_work
+from tff_zmg import analysis
 from tff_zmg.algorithms import registry
 from tff_zmg import run_files
 
@@ -194,8 +195,8 @@ def steady_rounds(run_dir: str) -> list[tuple[float, float]]:
   """(steps, seconds) of each round from 2 on of a calibration run's metrics.csv that
   records both (`client_work/train/num_batches`: every client's steps, summed)."""
   csv_path = os.path.join(run_dir, run_files.METRICS)
-  train = resumption.read_metric(csv_path, 'training_time_in_seconds')
-  steps = resumption.read_metric(csv_path, 'client_work/train/num_batches')
+  train = analysis.runs.metric_by_round(csv_path, 'training_time_in_seconds')
+  steps = analysis.runs.metric_by_round(csv_path, 'client_work/train/num_batches')
   return [(steps[r], train[r]) for r in sorted(train) if r >= 2 and r in steps]
 
 
@@ -235,8 +236,8 @@ def round_work(config: run_config.ExperimentConfig) -> tuple[float, float]:
 def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
   """The timing of a finished calibration run (None without its rounds)."""
   csv_path = os.path.join(run_dir, run_files.METRICS)
-  train = resumption.read_metric(csv_path, 'training_time_in_seconds')
-  evaluation = resumption.read_metric(csv_path, 'evaluation/evaluation_time_in_seconds')
+  train = analysis.runs.metric_by_round(csv_path, 'training_time_in_seconds')
+  evaluation = analysis.runs.metric_by_round(csv_path, 'evaluation/evaluation_time_in_seconds')
   steady = [train[r] for r in sorted(train) if r >= 2]
   later_evaluations = [evaluation[r] for r in sorted(evaluation) if r >= 1]
   if not steady or not later_evaluations:

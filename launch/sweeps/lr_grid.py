@@ -17,7 +17,6 @@ import os
 import sys
 from typing import Hashable, Mapping, Optional, Sequence
 
-from launch.run import resumption
 from launch.sweeps import calibration
 from launch.sweeps import halving
 from launch.sweeps import runner
@@ -166,9 +165,9 @@ def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
   From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
   """
   path = os.path.join(run_dir, run_files.METRICS)
-  trained = {r: t for r, t in resumption.read_metric(
+  trained = {r: t for r, t in analysis.runs.metric_by_round(
       path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
-  evaluated = resumption.read_metric(path, 'evaluation/evaluation_time_in_seconds')
+  evaluated = analysis.runs.metric_by_round(path, 'evaluation/evaluation_time_in_seconds')
   seconds = sum(trained.values()) + sum(t for r, t in evaluated.items() if r <= up_to)
   return len(trained), seconds
 
