@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from launch.benchmarking import sweep
 from tasks import evaluation as tasks_evaluation
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +105,13 @@ def test_benchmark_prints_a_parseable_line_per_contender_with_its_own_bound(tmp_
     assert line['ratio_tff_fed_eval'] == line['total_s'] / (
         line['train_s'] + evaluation['tff_fed_eval']['median_s'])
     assert f'round_as_run/{algo}' in text
+
+
+def test_a_sweep_cell_costs_the_training_and_evaluation_seconds_of_its_metrics_csv(tmp_path):
+  (tmp_path / 'metrics.csv').write_text(
+      'key,training_time_in_seconds,evaluation/evaluation_time_in_seconds,'
+      'client_work/train/loss\n0,,0.5,\n1,1.25,,2.0\n2,1.5,0.25,1.5\n')
+  assert sweep.rounds_seconds(str(tmp_path)) == pytest.approx(0.5 + 1.25 + 1.5 + 0.25)
 
 
 def test_an_unknown_algorithm_fails_before_any_timing(tmp_path):
