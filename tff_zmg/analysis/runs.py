@@ -45,7 +45,8 @@ def whole_rows(csv_path: str) -> list[dict]:
 
 def metric_by_round(csv_path: str, column: str) -> dict[int, float]:
   """`{round: value}` of one column of a metrics.csv (rounds that have it; a round
-  written twice: its last row); {} without the file or the column."""
+  written twice: its last row; a torn last row as far as it reaches); {} without the
+  file or the column."""
   if not os.path.exists(csv_path):
     return {}
   return _by_round(read_rows(csv_path), column)
