@@ -43,6 +43,7 @@ from launch.run import errors
 from launch.sweeps import calibration
 from launch.sweeps import comparison
 from launch.sweeps import runner
+from launch.sweeps import workers
 import tasks
 from tff_zmg.algorithms import registry
 from tff_zmg import analysis
@@ -139,10 +140,10 @@ def _check_rates(runs, task_names, algos, tuned, asked) -> None:
             flush=True)
 
 
-def _train(runs, root: str, report_dir: str) -> None:
-  print(f'compare: {len(runs)} runs in {root}, {runner.PARALLEL.value} at a time', flush=True)
+def _train(runs, pool: workers.Pool, root: str, report_dir: str) -> None:
+  print(f'compare: {len(runs)} runs in {root}, {pool.parallel} at a time', flush=True)
   try:
-    runner.run_all(runs, parallel=runner.PARALLEL.value, log_dir=os.path.join(report_dir, 'logs'))
+    runner.run_all(runs, pool=pool, log_dir=os.path.join(report_dir, 'logs'))
   except errors.RunEnvironmentError:
     raise
   except errors.ExperimentError as e:
@@ -158,7 +159,7 @@ def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
   task_names, algos, seeds, hparams, thresholds = _parse_settings()
-  runner.check_flags(batches=False)
+  pool = runner.pool_from_flags(batches=False)
   root = flags.FLAGS.root_output_dir
   report_dir = _REPORT_DIR.value or os.path.join(root, 'compare')
   if _COLLECT_ONLY.value:
@@ -180,9 +181,9 @@ def main(argv) -> int:
     _check_rates(runs, task_names, algos, tuned, asked)
     if calibration.DRY_RUN.value:
       calibration.estimate_runs(runs, os.path.join(report_dir, calibration.DRY_RUN_DIRNAME),
-                                runner.PARALLEL.value, sys.stdout)
+                                pool, sys.stdout)
       return 0
-    _train(runs, root, report_dir)
+    _train(runs, pool, root, report_dir)
   text = comparison.report(root, report_dir, task_names, algos, seeds, thresholds,
                            tuned=tuned, hparams=asked)
   print(text)

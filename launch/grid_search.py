@@ -77,6 +77,7 @@ from launch.sweeps import grid_outputs
 from launch.sweeps import halving
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
+from launch.sweeps import workers
 from tff_zmg.algorithms import registry
 from tff_zmg import analysis
 from tff_zmg import run_files
@@ -206,7 +207,6 @@ def _check_flags() -> None:
   for name in ('task', 'algo'):
     if flags.FLAGS[name].value is None:
       raise ValueError(f'--{name} is required')
-  runner.check_flags(batches=True)
   for name in ('client_learning_rate', 'server_learning_rate'):
     if flags.FLAGS[name].present:
       raise ValueError(f'the grid sets --{name}; give the values with --{name}s')
@@ -220,7 +220,8 @@ def _check_flags() -> None:
     )
 
 
-def _grids(search: lr_grid.Search) -> tuple[str, Optional[str], list[lr_grid.Grid]]:
+def _grids(search: lr_grid.Search,
+           pool: workers.Pool) -> tuple[str, Optional[str], list[lr_grid.Grid]]:
   """The grid folder, the third axis' name (None without one) and a grid per value of it,
   each checked by making its first cell's run (bad settings are refused before any run);
   says in one line what the search is."""
@@ -250,7 +251,7 @@ def _grids(search: lr_grid.Search) -> tuple[str, Optional[str], list[lr_grid.Gri
   print(
       f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
       f' {len(server_lrs)} server learning rates{third}, {search.describe(cells)},'
-      f' {runner.PARALLEL.value} at a time, in {grid_dir}', flush=True,
+      f' {pool.parallel} at a time, in {grid_dir}', flush=True,
   )
   return grid_dir, axis, grids
 
@@ -274,15 +275,14 @@ def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
   _check_flags()
+  pool = runner.pool_from_flags(batches=True)
   search = search_from_flags()
-  grid_dir, axis, grids = _grids(search)
+  grid_dir, axis, grids = _grids(search, pool)
   if calibration.DRY_RUN.value:
-    grid_outputs.dry_run(grids, search, grid_dir, runner.PARALLEL.value,
-                         runner.BATCH_CELLS.value)
+    grid_outputs.dry_run(grids, search, grid_dir, pool)
     return 0
-  (outcome,) = lr_grid.run_search(grids, search, parallel=runner.PARALLEL.value,
-                                  log_dir=os.path.join(grid_dir, lr_grid.LOGS_DIRNAME),
-                                  batch_cells=runner.BATCH_CELLS.value).values()
+  (outcome,) = lr_grid.run_search(grids, search, pool=pool,
+                                  log_dir=os.path.join(grid_dir, lr_grid.LOGS_DIRNAME)).values()
   for index, grid in enumerate(grids):
     heatmap_path = grid_outputs.write_results(grid, index, search, outcome)
     print(f'table: {os.path.join(grid.directory, "grid.csv")}\nheatmap: {heatmap_path}')

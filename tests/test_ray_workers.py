@@ -186,23 +186,21 @@ def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program,
   assert time.monotonic() - start < 30
 
 
-# A sweep's driver (`runner.run_all` on `ray_workers.RayWorkers`, as launch.grid_search runs
-# its cells with --ray_address) of the runs given as {name: launch.train's arguments}.
+# A sweep's driver (`runner.run_all` in the pool of a Ray cluster, as launch.grid_search
+# runs its cells with --ray_address) of the runs given as {name: launch.train's arguments}.
 _RAY_CELLS = """
 import json, sys
 from absl import flags
 from launch.run import settings
-from launch.sweeps import ray_workers, runner
+from launch.sweeps import runner, workers
 address, driver_ip, log_dir, cells = json.loads(sys.argv[1])
 runs = []
 for name, args in cells.items():
   flags.FLAGS.unparse_flags()
   flags.FLAGS(['train', *args])
   runs.append(runner.Run(name=name, settings=settings.settings_from_flags()))
-flags.FLAGS.unparse_flags()
-flags.FLAGS(['ray_cells', f'--ray_driver_ip={driver_ip}'])
-with ray_workers.RayWorkers(address, log_dir) as workers:
-  print(runner.run_all(runs, parallel=workers.size, log_dir=log_dir, workers=workers))
+pool = workers.Pool(ray_address=address, ray_driver_ip=driver_ip)
+print(runner.run_all(runs, pool=pool, log_dir=log_dir))
 """
 
 

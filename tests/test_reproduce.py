@@ -42,13 +42,18 @@ def _parse(*args):
   flags.FLAGS(['reproduce', *args])
 
 
+def _pool():
+  """The pool of the parsed flags, as `launch.reproduce`'s main makes it."""
+  return runner.pool_from_flags(batches=True)
+
+
 def _reproduce(args):
   """Runs the protocol the flags describe in-process; (plan, report path, progress output)."""
   _parse(*args)
   try:
     plan = reproduce.make_plan()
     out = io.StringIO()
-    path = reproduce.reproduce(plan, stream=out)
+    path = reproduce.reproduce(plan, _pool(), stream=out)
   finally:
     flags.FLAGS.unparse_flags()
   return plan, path, out.getvalue()
@@ -195,7 +200,7 @@ def designed(tmp_path_factory, synthetic_cache_dir):
       curve = 0.9 * (1 - np.exp(-rounds / speed[run.config.algo]))
       _write_run(run, np.round(curve + rng.normal(0, 0.01, rounds.size), 4))
     out = io.StringIO()
-    path = reproduce.reproduce(plan, stream=out)
+    path = reproduce.reproduce(plan, _pool(), stream=out)
   finally:
     flags.FLAGS.unparse_flags()
   return root, plan, path, out.getvalue(), best
@@ -335,7 +340,7 @@ def _dry_run(root, *args, timing=None, paper='fedzmg'):
         json.dump({calibration.timing_key(k, parallel): dataclasses.asdict(t)
                    for k in kinds for parallel, t in timing.items()}, f)
     out = io.StringIO()
-    counts = reproduce.dry_run(plan, stream=out)
+    counts = reproduce.dry_run(plan, _pool(), stream=out)
   finally:
     flags.FLAGS.unparse_flags()
   return counts, out.getvalue()
@@ -460,10 +465,10 @@ def test_a_dry_runs_estimate_holds_for_a_plan_of_two_kinds(
     plan = dataclasses.replace(
         plan, paper=dataclasses.replace(plan.paper, algos=('fedavg', 'fedzmg'), grid=None),
         scale=dataclasses.replace(plan.scale, max_seeds=1))
-    counts = reproduce.dry_run(plan, stream=io.StringIO())
+    counts = reproduce.dry_run(plan, _pool(), stream=io.StringIO())
     assert counts['total'] == 2 and len(counts['timings']) == 2, counts
     start = time.monotonic()
-    reproduce.reproduce(plan, stream=io.StringIO())
+    reproduce.reproduce(plan, _pool(), stream=io.StringIO())
     measured = time.monotonic() - start
   finally:
     flags.FLAGS.unparse_flags()
@@ -603,7 +608,7 @@ def test_tfds_papers_need_their_data_but_not_for_a_dry_run(designed, tmp_path):
     plan = reproduce.make_plan()
     with pytest.raises(sources.MissingDataError, match='cifar10 data is not on this machine'):
       reproduce.check_data(plan)
-    counts = reproduce.dry_run(plan, stream=io.StringIO())
+    counts = reproduce.dry_run(plan, _pool(), stream=io.StringIO())
   finally:
     flags.FLAGS.unparse_flags()
   assert (counts['grid'], counts['comparison']) == (0, 8 * 4 * 3)
@@ -648,7 +653,7 @@ def test_each_papers_tables_at_the_ci_scale_fill_from_their_runs(paper, tmp_path
                           []).append(max(accuracies) if kind == 'best' else
                                      np.mean(accuracies[-n:]))
     out = io.StringIO()
-    path = reproduce.reproduce(plan, stream=out)
+    path = reproduce.reproduce(plan, _pool(), stream=out)
   finally:
     flags.FLAGS.unparse_flags()
   assert ': started' not in out.getvalue()

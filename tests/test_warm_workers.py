@@ -24,6 +24,7 @@ from launch.run import settings as run_settings
 from launch.sweeps import local_workers
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
+from launch.sweeps import workers as workers_lib
 from tff_zmg.algorithms import registry
 
 _rows = small_runs.metric_rows
@@ -86,8 +87,8 @@ def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(row, tmp_path):
           _run(small_runs.matrix_args(row, warm, 'b'), 'b')]
   stream = io.StringIO()
   with local_workers.LocalWorkers(1, str(tmp_path / 'logs')) as workers:
-    states = runner.run_all(runs, parallel=1, log_dir=str(tmp_path / 'logs'),
-                            workers=workers, batch_cells=2, stream=stream)
+    states = runner.run_all(runs, pool=workers_lib.Pool(batch_cells=2),
+                            log_dir=str(tmp_path / 'logs'), workers=workers, stream=stream)
   assert states == {'a': runner.FINISHED, 'b': runner.FINISHED}
   alone = f'batched cells: {algo} cells train one after another: its clients keep state'
   assert (alone in stream.getvalue()) == rebuilds, stream.getvalue()

@@ -8,6 +8,7 @@ import sys
 from launch.reproduce import plan as plan_lib
 from launch.sweeps import calibration
 from launch.sweeps import runner
+from launch.sweeps import workers as workers_lib
 import tasks
 
 
@@ -17,8 +18,9 @@ def _setting_key(plan: plan_lib.Plan, planned: calibration.PlannedRun) -> str:
   return os.path.relpath(planned.run.config.output_dir, plan.directory).split(os.sep)[1]
 
 
-def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
-  """Prints every run (grid cells, then comparison runs), the count and a time estimate."""
+def dry_run(plan: plan_lib.Plan, pool: workers_lib.Pool, stream=None) -> dict:
+  """Prints every run (grid cells, then comparison runs), the count and a time estimate
+  of them in `pool`."""
   stream = stream or sys.stdout
   planned = plan_lib.planned_runs(plan)
   by_stage = {stage: [p for p in planned if p.stage == stage]
@@ -62,7 +64,7 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
         f' {len(by_stage["stability"])} stability, {len(comparison)} comparison),'
         f' {sum(p.rounds for p in planned)} rounds', file=stream)
   directory = os.path.join(plan.directory, calibration.DRY_RUN_DIRNAME)
-  parallel = runner.PARALLEL.value
+  parallel = pool.parallel
   if calibration.untimed([p.run for p in planned], directory, parallel):
     try:
       plan_lib.check_data(plan)
@@ -71,7 +73,7 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
       print(f'estimated time: none, the plan\'s data cannot be read to time its runs'
             f' ({str(e).splitlines()[0]})', file=stream, flush=True)
       return dict(counts, seconds=None, tables={}, timings={})
-  timings = calibration.calibrate([p.run for p in planned], directory, stream, parallel)
+  timings = calibration.calibrate([p.run for p in planned], directory, stream, pool)
   total = calibration.estimate_seconds(planned, timings, parallel)
   calibration.print_timings(timings, planned, parallel, stream)
   per_table = {}
@@ -83,6 +85,6 @@ def dry_run(plan: plan_lib.Plan, stream=None) -> dict:
   spread = calibration.spread_seconds(planned, timings, parallel)
   print(f'estimated time: {calibration.estimate_text(total, spread, parallel)} (runs the'
         ' tables share counted once)', file=stream, flush=True)
-  calibration.say_if_batched(runner.BATCH_CELLS.value, stream)
+  calibration.say_if_batched(pool.batch_cells, stream)
   return dict(counts, seconds=total, tables=per_table,
               timings={k: dataclasses.asdict(t) for k, t in timings.items()})

@@ -13,30 +13,32 @@ from launch.sweeps import calibration
 from launch.sweeps import grid_outputs
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
+from launch.sweeps import workers as workers_lib
 from tff_zmg import run_files
 
 
-def reproduce(plan: plan_lib.Plan, stream=None) -> str:
+def reproduce(plan: plan_lib.Plan, pool: workers_lib.Pool, stream=None) -> str:
   """Grid search (if the paper tuned), comparison, report; returns report.md's path.
-  One set of warm workers trains every run."""
+  One set of warm workers, `pool`'s, trains every run."""
   stream = stream or sys.stdout
   os.makedirs(plan.directory, exist_ok=True)
   log_dir = os.path.join(plan.directory, 'logs')
   start = time.monotonic()
-  with runner.workers_for(runner.PARALLEL.value, log_dir) as workers:
-    best, heatmaps = _tune(plan, log_dir, workers, stream)
+  with runner.workers_for(pool, log_dir) as workers:
+    best, heatmaps = _tune(plan, pool, log_dir, workers, stream)
     runs = plan_lib.comparison_runs(plan, best or None)
     print(f'reproduce {plan.paper.name}: comparison, {len(runs)} runs', file=stream,
           flush=True)
-    runner.run_all(runs, parallel=runner.PARALLEL.value, log_dir=log_dir, stream=stream,
-                   workers=workers)
+    # Each of another algorithm, seed or setting: no two share a build.
+    runner.run_all(runs, pool=pool.alone(), log_dir=log_dir, stream=stream, workers=workers)
   path = report.write_report(plan, best, heatmaps, stream=stream)
   print(f'reproduce {plan.paper.name}: report {path} ({time.monotonic() - start:.0f} s)',
         file=stream, flush=True)
   return path
 
 
-def _tune(plan: plan_lib.Plan, log_dir: str, workers, stream) -> tuple[dict, dict]:
+def _tune(plan: plan_lib.Plan, pool: workers_lib.Pool, log_dir: str, workers,
+          stream) -> tuple[dict, dict]:
   """The grid searches where the paper tuned: (setting key, algo) -> the pick's record,
   and -> its grid's heatmap (both empty where it did not)."""
   grids = plan_lib.grid_groups(plan)
@@ -50,8 +52,8 @@ def _tune(plan: plan_lib.Plan, log_dir: str, workers, stream) -> tuple[dict, dic
         f' ({len(grids)} grids of {len(client_lrs)} x {len(server_lrs)}), each'
         f' {search.describe(cells)}', file=stream, flush=True)
   outcomes = lr_grid.run_search(
-      list(grids.values()), search, parallel=runner.PARALLEL.value, log_dir=log_dir,
-      stream=stream, workers=workers, batch_cells=runner.BATCH_CELLS.value)
+      list(grids.values()), search, pool=pool, log_dir=log_dir, stream=stream,
+      workers=workers)
   for index, ((key, algo), grid) in enumerate(grids.items()):
     outcome = outcomes[grid.group]
     heatmaps[(key, algo)] = grid_outputs.write_results(grid, index, search, outcome)
@@ -70,13 +72,13 @@ def _tune(plan: plan_lib.Plan, log_dir: str, workers, stream) -> tuple[dict, dic
 def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
-  runner.check_flags(batches=True)
+  pool = runner.pool_from_flags(batches=True)
   plan = plan_lib.make_plan()
   if calibration.DRY_RUN.value:
-    estimate.dry_run(plan)
+    estimate.dry_run(plan, pool)
     return 0
   plan_lib.check_data(plan)
-  path = reproduce(plan)
+  path = reproduce(plan, pool)
   with open(path) as f:
     print(f.read())
   return 0

@@ -69,6 +69,7 @@ from launch.run import rounds
 from launch.run import run_config
 from launch.run import run_directory
 from launch.sweeps import runner
+from launch.sweeps import workers as workers_lib
 import tasks
 from tasks import client_work
 from tff_zmg import analysis
@@ -331,10 +332,12 @@ def untimed(runs: Sequence[runner.Run], directory: str, parallel: int) -> set[st
 
 
 def calibrate(runs: Sequence[runner.Run], directory: str, stream,
-              parallel: int) -> dict[str, Timing]:
-  """{kind: Timing} of every kind of `runs` with `parallel` runs at a time: kept ones from
-  `directory`'s calibration.json, the others timed now, one kind after another, by
-  `parallel` fresh warm workers at once, each training three 3-round copies in turn."""
+              pool: workers_lib.Pool) -> dict[str, Timing]:
+  """{kind: Timing} of every kind of `runs` with `pool.parallel` runs at a time: kept ones
+  from `directory`'s calibration.json, the others timed now, one kind after another, by
+  that many fresh warm workers of `pool` at once, each training three 3-round copies in
+  turn, one at a time (`say_if_batched`)."""
+  parallel = pool.parallel
   stored = _stored(directory)
   first_of_kind = {}
   for run in runs:
@@ -345,22 +348,25 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
   if not to_time:
     return timings
   log_dir = os.path.join(directory, 'logs')
-  with runner.workers_for(parallel, log_dir) as workers:
+  alone = pool.alone()
+  with runner.workers_for(alone, log_dir) as workers:
     start = time.monotonic()
     workers.start_all(parallel)
     worker_s = time.monotonic() - start
     for kind, run in to_time.items():
       timings[kind] = stored[timing_key(kind, parallel)] = _time_kind(
-          kind, run, directory, workers, parallel, stream, worker_s)
+          kind, run, directory, workers, alone, stream, worker_s)
       run_directory.write_json_atomically(
           os.path.join(directory, CALIBRATION_FILENAME),
           {k: dataclasses.asdict(t) for k, t in stored.items()})
   return timings
 
 
-def _time_kind(kind: str, run: runner.Run, directory: str, workers, parallel: int, stream,
-               worker_s: float) -> Timing:
-  """The Timing of `kind` by `workers`, which started in `worker_s` (the module's)."""
+def _time_kind(kind: str, run: runner.Run, directory: str, workers, pool: workers_lib.Pool,
+               stream, worker_s: float) -> Timing:
+  """The Timing of `kind` by `workers` (`pool`'s), which started in `worker_s` (the
+  module's)."""
+  parallel = pool.parallel
   seeds = dict(first=run.config.seed, built=run.config.seed + 1, warm=run.config.seed + 1)
   batches = [[_calibration_run(run, directory, f'{kind}-{turn}-{i}', seed)
               for i in range(parallel)] for turn, seed in seeds.items()]
@@ -372,7 +378,7 @@ def _time_kind(kind: str, run: runner.Run, directory: str, workers, parallel: in
   for batch in batches:
     # The copies of a batch start together and do the same work: each took the whole.
     start = time.monotonic()
-    runner.run_all(batch, parallel=parallel, log_dir=os.path.join(directory, 'logs'),
+    runner.run_all(batch, pool=pool, log_dir=os.path.join(directory, 'logs'),
                    stream=stream, workers=workers)
     walls.append(time.monotonic() - start)
   measured = [read_timing(copy.config.output_dir, walls[2]) for copy in batches[2]]
@@ -434,19 +440,23 @@ def say_if_batched(batch_cells: int, stream) -> None:
           ' cells")', file=stream, flush=True)
 
 
-def estimate(planned: Sequence[PlannedRun], directory: str, parallel: int, stream) -> float:
-  """Wall seconds of `planned` at `parallel` at a time, each kind timed first if
+def estimate(planned: Sequence[PlannedRun], directory: str, pool: workers_lib.Pool,
+             stream) -> float:
+  """Wall seconds of `planned` at `pool.parallel` at a time, each kind timed first if
   `directory` has no timing of it (`calibrate`); prints the timings and the estimate."""
-  timings = calibrate([p.run for p in planned], directory, stream, parallel)
+  parallel = pool.parallel
+  timings = calibrate([p.run for p in planned], directory, stream, pool)
   seconds = estimate_seconds(planned, timings, parallel)
   print_timings(timings, planned, parallel, stream)
   spread = spread_seconds(planned, timings, parallel)
   print(f'estimated time: {estimate_text(seconds, spread, parallel)}', file=stream,
         flush=True)
+  say_if_batched(pool.batch_cells, stream)
   return seconds
 
 
-def estimate_runs(runs: Sequence[runner.Run], directory: str, parallel: int, stream) -> float:
+def estimate_runs(runs: Sequence[runner.Run], directory: str, pool: workers_lib.Pool,
+                  stream) -> float:
   """`estimate` of the runs still to train (finished and diverged ones skipped, unfinished
   ones counted from where they stopped), after a line of their count and rounds."""
   pending = [PlannedRun('comparison', run, run.config.total_rounds)
@@ -455,4 +465,4 @@ def estimate_runs(runs: Sequence[runner.Run], directory: str, parallel: int, str
   resumed = sum(rounds < p.rounds for rounds, p in zip(left, pending))
   print(f'dry run: {len(pending)} of {len(runs)} runs to train ({resumed} of them resumed),'
         f' {sum(left)} rounds', file=stream, flush=True)
-  return estimate(pending, directory, parallel, stream) if pending else 0.0
+  return estimate(pending, directory, pool, stream) if pending else 0.0

@@ -18,6 +18,7 @@ from launch.sweeps import calibration
 from launch.sweeps import halving
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
+from launch.sweeps import workers as workers_lib
 from tff_zmg import analysis
 
 
@@ -132,7 +133,7 @@ def grid_directory(root_output_dir: str, name: str) -> str:
 
 
 def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str,
-            parallel: int, batch_cells: int = 1) -> float:
+            pool: workers_lib.Pool) -> float:
   """Prints the search's runs and rounds at most and their time here; returns the seconds."""
   planned = lr_grid.planned_runs(grids, search)
   print(f'dry run: {len(planned)} runs, {sum(p.rounds for p in planned)} rounds at most'
@@ -147,7 +148,5 @@ def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str,
     print(f'  {runs} run{"s" * (runs != 1)} of {more}{rounds} rounds: {what}')
   # The dry run's folder makes the grid's folder: `logs/` marks it as a grid's.
   os.makedirs(os.path.join(grid_dir, lr_grid.LOGS_DIRNAME), exist_ok=True)
-  seconds = calibration.estimate(
-      planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME), parallel, sys.stdout)
-  calibration.say_if_batched(batch_cells, sys.stdout)
-  return seconds
+  return calibration.estimate(
+      planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME), pool, sys.stdout)

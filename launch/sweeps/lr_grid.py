@@ -3,8 +3,8 @@
 A `Grid` names each of its cells' runs (`cell_name`; a cell is one `launch.train` run,
 continued from rung to rung) and a `Search` says how its cells are searched: exhaustively
 (one rung) or by successive halving (`launch.sweeps.halving`), with the pick re-run with another
-seed (the stability check). `run_search` searches grids side by side, `parallel` runs at a
-time (`launch.sweeps.runner`), scores each cell at each rung (`rung_score`) and returns each
+seed (the stability check). `run_search` searches grids side by side in a sweep's pool
+(`launch.sweeps.runner`), scores each cell at each rung (`rung_score`) and returns each
 group's `Outcome`, whose `best` is the pick's record (best.json) with the search's cost
 (`run_cost`); `planned_runs` lists a search's runs for a dry run's estimate.
 `launch.grid_search` (the program) and `launch.reproduce` build the grids and write the
@@ -20,6 +20,7 @@ from typing import Hashable, Mapping, Optional, Sequence
 from launch.sweeps import calibration
 from launch.sweeps import halving
 from launch.sweeps import runner
+from launch.sweeps import workers as workers_lib
 from tff_zmg import analysis
 from tff_zmg import run_files
 
@@ -223,21 +224,21 @@ def later_work(group_sizes: Sequence[int], search: Search, rung: int) -> runner.
 
 
 def run_search(
-    grids: Sequence[Grid], search: Search, *, parallel: int, log_dir: str, stream=None,
-    workers=None, batch_cells: int = 1,
+    grids: Sequence[Grid], search: Search, *, pool: workers_lib.Pool, log_dir: str,
+    stream=None, workers: Optional[workers_lib.Workers] = None,
 ) -> dict[Hashable, Outcome]:
   """Searches every group of `grids` side by side; group -> its `Outcome`.
 
-  Each rung's runs of all groups go together, `parallel` at a time (cells of one grid up
-  to `batch_cells` at once, batched, in each); so do the stability re-runs. Cells are
+  Each rung's runs of all groups go together, in `pool`'s slots (cells of one grid up to
+  `pool.batch_cells` at once, batched, in each); so do the stability re-runs. Cells are
   keyed (grid index, client lr, server lr). One set of warm workers (`workers`, or the
   search's own) trains every rung, so that each builds a grid once.
   """
   stream = stream or sys.stdout
   if workers is None:
-    with runner.workers_for(parallel, log_dir) as own:
-      return run_search(grids, search, parallel=parallel, log_dir=log_dir, stream=stream,
-                        workers=own, batch_cells=batch_cells)
+    with runner.workers_for(pool, log_dir) as own:
+      return run_search(grids, search, pool=pool, log_dir=log_dir, stream=stream,
+                        workers=own)
 
   def train_and_score(keys, rounds):
     k = search.rung_rounds.index(rounds) + 1
@@ -245,10 +246,10 @@ def run_search(
           file=stream, flush=True)
     runs = {key: grids[key[0]].run(key[1:], rounds, continued=k > 1) for key in keys}
     runner.run_all(
-        list(runs.values()), parallel=parallel, log_dir=log_dir, stream=stream,
+        list(runs.values()), pool=pool, log_dir=log_dir, stream=stream,
         describe=lambda run, state: f'score={_score(run, rounds):.4f}',
         later=later_work([len(cells) for cells in members.values()], search, k),
-        workers=workers, batch_cells=batch_cells,
+        workers=workers,
     )
     return {key: _score(run, rounds) for key, run in runs.items()}
 
@@ -259,8 +260,8 @@ def run_search(
     print(f'stability: {len(keys)} picks re-run with another seed for'
           f' {search.final_rounds} rounds', file=stream, flush=True)
     runs = {key: _stability_run(grids, key, search) for key in keys}
-    states = runner.run_all(list(runs.values()), parallel=parallel, log_dir=log_dir,
-                            stream=stream, workers=workers)
+    states = runner.run_all(list(runs.values()), pool=pool.alone(), log_dir=log_dir,
+                            stream=stream, workers=workers)  # One a grid: no shared build.
     return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
 
   keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]

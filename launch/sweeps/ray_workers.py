@@ -40,22 +40,23 @@ from launch.sweeps import local_workers
 from launch.sweeps import workers
 
 RAY_ADDRESS = flags.DEFINE_string(
-    'ray_address', None,
+    'ray_address', workers.Pool.ray_address,
     'Train the runs on a Ray cluster: auto (the cluster this machine belongs to) or'
     ' HOST:PORT of its head (`ray start --head`); every node sees the run folders at the'
     ' same path. Unset: warm worker processes on this machine (--parallel).',
 )
 RAY_DRIVER_IP = flags.DEFINE_string(
-    'ray_driver_ip', None,
+    'ray_driver_ip', workers.Pool.ray_driver_ip,
     "With --ray_address: this machine's address as the cluster's nodes reach it (default:"
     " Ray's own choice; give it where this machine has several).",
 )
 CELLS_PER_GPU = flags.DEFINE_integer(
-    'cells_per_gpu', 1, 'With --ray_address: runs trained at once on each GPU of the cluster.',
+    'cells_per_gpu', workers.Pool.cells_per_gpu,
+    'With --ray_address: runs trained at once on each GPU of the cluster.',
     lower_bound=1,
 )
 CPUS_PER_CELL = flags.DEFINE_integer(
-    'cpus_per_cell', 2,
+    'cpus_per_cell', workers.Pool.cpus_per_cell,
     'With --ray_address and --executor=cpu: the CPUs of a node without GPUs each run takes.',
     lower_bound=1,
 )
@@ -68,22 +69,23 @@ DRIVER_LOG = 'ray_driver.log'
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def check_flags() -> None:
-  """Refuses the flags of a Ray cluster without --ray_address, and --cpus_per_cell where
-  no run takes a node's CPUs (--executor=gpu)."""
-  if not RAY_ADDRESS.value:
+def check_flags(pool: workers.Pool) -> None:
+  """Refuses the flags of a Ray cluster given without --ray_address, and --cpus_per_cell
+  where no run takes a node's CPUs (--executor=gpu): `pool` is what the flags made."""
+  if not pool.ray_address:
     unused_flags.refuse(('ray_driver_ip', 'cells_per_gpu', 'cpus_per_cell'),
                         'applies only with --ray_address')
-  if flags.FLAGS['executor'].value != 'cpu':
+  if pool.executor != 'cpu':
     unused_flags.refuse(('cpus_per_cell',), 'applies only with --executor=cpu')
 
 
 class RayWorkers(workers.Workers):
-  """The actors of a Ray cluster, through the driver process (`launch.sweeps.ray_driver`)."""
+  """The actors of `pool`'s Ray cluster (`pool.ray_address`), through the driver process
+  (`launch.sweeps.ray_driver`)."""
 
-  def __init__(self, address: str, log_dir: str, executor: str = 'cpu'):
+  def __init__(self, pool: workers.Pool, log_dir: str):
     super().__init__()
-    self._address = address
+    address = self._address = pool.ray_address
     os.makedirs(log_dir, exist_ok=True)
     self._log_path = os.path.join(log_dir, DRIVER_LOG)
     with open(self._log_path, 'a') as log:
@@ -97,8 +99,8 @@ class RayWorkers(workers.Workers):
     self._pending = b''
     try:
       ready = self._ask({'init': dict(
-          address=address, driver_ip=RAY_DRIVER_IP.value, executor=executor,
-          cells_per_gpu=CELLS_PER_GPU.value, cpus_per_cell=CPUS_PER_CELL.value,
+          address=address, driver_ip=pool.ray_driver_ip, executor=pool.executor,
+          cells_per_gpu=pool.cells_per_gpu, cpus_per_cell=pool.cpus_per_cell,
           repo_root=_REPO_ROOT)}, CONNECT_S, connecting=True)['ready']
     except BaseException:
       self._end_driver()

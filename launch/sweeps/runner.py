@@ -11,13 +11,13 @@ diverges (exit 3) has said why in a `diverged.txt` in its directory and is not r
 any other failure stops everything with the one line the run ended with, and a run that
 ends without its folder whole is a bug that stops everything too. Each run's output goes
 to `<log_dir>/<name>.log`, one `=== start` header per attempt, the command that trains it
-alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`):
-`parallel` processes on this machine (`local_workers`), or Ray actors over a cluster
-(`ray_workers`, with --ray_address), each training one run after another; a worker
-prefers runs that share its last run's build (all but the learning rates). A run's 'done'
-line says how many runs are still to go and, at the pace of the rounds trained so far,
-about how long they take (and the whole they make with later runs, such as a grid
-search's later rungs).
+alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`), those of the
+program's `workers.Pool`: `parallel` processes on this machine (`local_workers`), or Ray
+actors over a cluster (`ray_workers`, with --ray_address), each training one run after
+another; a worker prefers runs that share its last run's build (all but the learning
+rates). A run's 'done' line says how many runs are still to go and, at the pace of the
+rounds trained so far, about how long they take (and the whole they make with later runs,
+such as a grid search's later rungs).
 """
 
 import contextlib
@@ -44,13 +44,13 @@ from launch.sweeps import workers as workers_lib
 from tff_zmg import run_files
 
 PARALLEL = flags.DEFINE_integer(
-    'parallel', 1,
+    'parallel', workers_lib.Pool.parallel,
     'How many warm worker processes on this machine train runs at once, each one run after'
     ' another (launch.sweeps.warm_worker); with --ray_address the cluster sets that.',
     lower_bound=1,
 )
 BATCH_CELLS = flags.DEFINE_integer(
-    'batch_cells', 1,
+    'batch_cells', workers_lib.Pool.batch_cells,
     'Grid cells that differ only in their learning rates trained together as one'
     ' computation, at most this many at once in each worker (tff_zmg.templates.cells;'
     ' algorithms whose clients keep state train alone); 1: each cell alone. On a CPU'
@@ -219,32 +219,39 @@ def _next_for(key, pending: list, keys: Mapping[str, str],
   return taken
 
 
-def check_flags(batches: bool) -> None:
-  """Refuses the runner's flags a program would not use: --batch_cells unless it
-  `batches` (its runs may share a build), the Ray cluster's without one (`ray_workers`)."""
+def pool_from_flags(batches: bool) -> workers_lib.Pool:
+  """The pool this program's flags describe (--parallel, --batch_cells, --ray_address,
+  ... and launch.train's --executor), built once by a program's `main`; refuses those it
+  would not use: --batch_cells unless it `batches` (its runs may share a build), the Ray
+  cluster's without one (`ray_workers.check_flags`)."""
   if not batches:
     unused_flags.refuse(('batch_cells',), 'does not apply here: no two runs of this program'
                         ' differ only in their learning rates, so none train batched')
-  ray_workers.check_flags()
+  pool = workers_lib.Pool(
+      parallel=PARALLEL.value, batch_cells=BATCH_CELLS.value,
+      ray_address=ray_workers.RAY_ADDRESS.value, ray_driver_ip=ray_workers.RAY_DRIVER_IP.value,
+      cells_per_gpu=ray_workers.CELLS_PER_GPU.value,
+      cpus_per_cell=ray_workers.CPUS_PER_CELL.value, executor=flags.FLAGS['executor'].value)
+  ray_workers.check_flags(pool)
+  return pool
 
 
-def workers_for(parallel: int, log_dir: str):
-  """The warm workers a program's runs share: Ray actors with --ray_address (the cluster's
-  GPUs and CPUs say how many), else `parallel` processes on this machine."""
-  if ray_workers.RAY_ADDRESS.value:
-    return ray_workers.RayWorkers(ray_workers.RAY_ADDRESS.value, log_dir,
-                                  executor=flags.FLAGS['executor'].value)
-  return local_workers.LocalWorkers(parallel, log_dir)
+def workers_for(pool: workers_lib.Pool, log_dir: str) -> workers_lib.Workers:
+  """The warm workers a program's runs share: the Ray actors of `pool.ray_address` (the
+  cluster's GPUs and CPUs say how many), else `pool.parallel` processes on this machine."""
+  if pool.ray_address:
+    return ray_workers.RayWorkers(pool, log_dir)
+  return local_workers.LocalWorkers(pool.parallel, log_dir)
 
 
 def run_all(
-    runs: Sequence[Run], *, parallel: int, log_dir: str,
+    runs: Sequence[Run], *, pool: workers_lib.Pool, log_dir: str,
     describe: Optional[Callable[[Run, str], str]] = None, stream=None,
-    later: Optional[LaterWork] = None, workers=None, batch_cells: int = 1,
+    later: Optional[LaterWork] = None, workers: Optional[workers_lib.Workers] = None,
 ) -> dict[str, str]:
-  """Brings every run to FINISHED or DIVERGED, `parallel` at a time, in `workers`
-  (`workers_for`'s, kept for the next call; None: this call's own), runs that share a
-  build up to `batch_cells` at once in one worker as batched cells.
+  """Brings every run to FINISHED or DIVERGED in `workers` (`workers_for(pool)`'s, kept
+  for the next call; None: this call's own), runs that share a build up to
+  `pool.batch_cells` at once in one worker as batched cells.
 
   Prints one line per run as it is skipped, started and done; `describe(run, status)`
   may add to the 'done' line (e.g. a score), which ends with the runs to go and their
@@ -257,8 +264,6 @@ def run_all(
     errors.RunFailed: a run failed otherwise; the others are stopped (they resume next time).
     errors.ExperimentError: a run's directory holds a run with other settings.
   """
-  if parallel < 1:
-    raise ValueError(f'parallel must be >= 1, got {parallel}')
   stream = stream or sys.stdout
   total = len(runs)
   results, pending = {}, []
@@ -275,11 +280,11 @@ def run_all(
   os.makedirs(log_dir, exist_ok=True)
   own = workers is None
   if own:
-    workers = workers_for(parallel, log_dir)
+    workers = workers_for(pool, log_dir)
   keys = {run.name: build_key(run.config) for _, run in pending}
   running = {}  # name -> (index, run, log path, start time)
   said = set()  # Why batched runs trained alone, said once each.
-  progress = Progress([run for _, run in pending], workers.size * batch_cells, later)
+  progress = Progress([run for _, run in pending], workers.size * pool.batch_cells, later)
   with _deferred_stop_signals() as stop_requested:
     try:
       while pending or running:
@@ -287,7 +292,7 @@ def run_all(
         for slot in workers.idle():
           if not pending:
             break
-          taken = _next_for(workers.key(slot), pending, keys, batch_cells)
+          taken = _next_for(workers.key(slot), pending, keys, pool.batch_cells)
           logs = []
           for i, run in taken:
             logs.append(os.path.join(log_dir, f'{run.name}.log'))  # The worker writes it.

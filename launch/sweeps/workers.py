@@ -7,12 +7,43 @@ take a task (`start`), `wait` says which tasks have ended and how each of their 
 dies is started again, once, in a fresh worker (`died`), each run from its last
 checkpoint; the second death is its end, with the exit status of a lost worker: the same
 command resumes it.
+
+A sweep's `Pool` says which workers those are and how many runs each task holds: the
+value a program builds once from its flags (`runner.pool_from_flags`) and hands down.
 """
 
 import dataclasses
 from typing import Any, Optional
 
 from launch.cli import exit_status
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+  """How a sweep trains its runs: in `parallel` warm worker processes on this machine or,
+  with `ray_address`, in the actors of that Ray cluster (`ray_workers`: `cells_per_gpu`
+  a GPU, or `cpus_per_cell` CPUs each where the runs' `executor` is 'cpu', the driver
+  reached at `ray_driver_ip`); each of its slots trains up to `batch_cells` runs that
+  share a build at once. The defaults are the sweep flags' (--parallel, --ray_address,
+  ...), which say what each field means."""
+
+  parallel: int = 1
+  batch_cells: int = 1
+  ray_address: Optional[str] = None
+  ray_driver_ip: Optional[str] = None
+  cells_per_gpu: int = 1
+  cpus_per_cell: int = 2
+  executor: str = 'cpu'  # launch.train's --executor, which the runs train on.
+
+  def __post_init__(self):
+    for name in ('parallel', 'batch_cells', 'cells_per_gpu', 'cpus_per_cell'):
+      if getattr(self, name) < 1:
+        raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}')
+
+  def alone(self) -> 'Pool':
+    """This pool, each run trained alone (`batch_cells` 1): for runs that share no build,
+    so that the time left counts one run a slot, or that are timed one at a time."""
+    return dataclasses.replace(self, batch_cells=1)
 
 
 @dataclasses.dataclass(frozen=True)
