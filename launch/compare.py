@@ -40,6 +40,7 @@ from launch.cli import failures
 from launch.cli import quiet
 from launch.cli import unused_flags
 from launch.run import errors
+from launch.run import settings as run_settings
 from launch.sweeps import calibration
 from launch.sweeps import comparison
 from launch.sweeps import runner
@@ -102,13 +103,7 @@ def _parse_settings():
   for t in task_names:
     if t not in tasks.TASK_NAMES:
       raise ValueError(f'unknown task {t!r}; choose from {list(tasks.TASK_NAMES)}')
-  thresholds = None
-  if comparison.THRESHOLDS.value:
-    try:
-      thresholds = tuple(float(t) for t in comparison.THRESHOLDS.value)
-    except ValueError:
-      raise ValueError(
-          f'--thresholds must be numbers, got {comparison.THRESHOLDS.value}') from None
+  thresholds = comparison.parse_thresholds(comparison.THRESHOLDS.value)
   hparams = comparison.parse_algo_hparams(_ALGO_HPARAMS.value, algos)
   return task_names, algos, seeds, hparams, thresholds
 
@@ -120,6 +115,7 @@ def _tuned(task_names, algos, hparams) -> dict:
   if not _TUNED_FROM.value:
     return {}
   tuned = comparison.tuned_picks(_TUNED_FROM.value, task_names, algos, hparams,
+                                 run_settings.settings_from_flags().given,
                                  _ALLOW_UNTUNED.value)
   for (task, algo), pick in tuned.items():
     print(f'compare: {algo} on {task} at its tuned {pick.describe()}', flush=True)

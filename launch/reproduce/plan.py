@@ -55,7 +55,9 @@ _SET_BY_PROTOCOL = (
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """What one command runs: a paper, its chosen tables and settings, at a scale."""
+  """What one command runs: a paper, its chosen tables and settings, at a scale, with
+  `launch.train`'s flags as the command line gave them (`given`: the protocol and the
+  scale leave those alone) and the accuracy thresholds it gave (None: each task's)."""
 
   paper: papers.base.Paper
   scale: scales.Scale
@@ -63,6 +65,9 @@ class Plan:
   settings: tuple[papers.base.Setting, ...]
   data_source: str
   directory: str
+  given: frozenset[str]
+  cache_dir: Optional[str]
+  thresholds: Optional[tuple[float, ...]]
 
   @property
   def seeds(self) -> tuple[int, ...]:
@@ -122,10 +127,9 @@ class Plan:
     # The protocol's data and participation flags, explicit so that the scale can cap
     # them (its hyperparameters are left to launch.train, which gives each algorithm the
     # client optimizer and refuses one that cannot take it).
-    given = run_settings.settings_from_flags().given
     base = {} if protocol is None else {
         flag: value for flag, value in papers.get_protocol(protocol).flag_values().items()
-        if flag not in given}
+        if flag not in self.given}
     values = {**base, **self.paper.flags, **setting.flags, 'task': self.task(setting)}
     if 'clients_per_round' in values:
       values['clients_per_round'] = self.scale.cap(
@@ -133,7 +137,7 @@ class Plan:
     if 'num_clients' in values:
       values['num_clients'] = self.scale.cap(values['num_clients'], self.scale.max_num_clients)
     for name, value in self.scale.flags.items():
-      if not flags.FLAGS[name].present:
+      if name not in self.given:
         values[name] = value
     if values.get('model') not in (None, *tasks.MODELS[values['task']]):
       # A synthetic stand-in task trains its own model (it has no other).
@@ -142,13 +146,15 @@ class Plan:
 
 
 def make_plan() -> Plan:
-  """The plan the flags describe; ValueError for bad or conflicting flags."""
+  """The plan the flags describe (launch.reproduce's main makes it once); ValueError for
+  bad or conflicting flags."""
   if _PAPER.value is None:
     raise ValueError(f'--paper is required: one of {list(papers.PAPER_NAMES)}')
   paper = papers.get(_PAPER.value)
   scale = scales.get_scale(_SCALE.value)
   specs = papers.tables(paper, _TABLE.value)
-  given = [n for n in _SET_BY_PROTOCOL if flags.FLAGS[n].present]
+  command_line = run_settings.settings_from_flags()
+  given = [n for n in _SET_BY_PROTOCOL if n in command_line.given]
   if given:
     raise ValueError(
         f'--{given[0]} is set by the {paper.name} protocol (launch/papers/); leave it out'
@@ -157,11 +163,14 @@ def make_plan() -> Plan:
   for spec in specs:
     for setting in spec.settings:
       settings.setdefault(setting.key, setting)
+  values = command_line.values
   directory = _REPRODUCE_DIR.value or os.path.join(
-      flags.FLAGS.root_output_dir, f'reproduce_{paper.name}_{scale.name}')
+      values['root_output_dir'], f'reproduce_{paper.name}_{scale.name}')
   return Plan(
       paper=paper, scale=scale, tables=tuple(specs), settings=tuple(settings.values()),
-      data_source=flags.FLAGS.data_source, directory=directory,
+      data_source=values['data_source'], directory=directory, given=command_line.given,
+      cache_dir=values['cache_dir'],
+      thresholds=comparison.parse_thresholds(comparison.THRESHOLDS.value),
   )
 
 
@@ -212,9 +221,9 @@ def check_data(plan: Plan) -> None:
     return
   for task in dict.fromkeys(plan.task(s) for s in plan.settings):
     if task in tasks.CENTRALIZED_TASK_NAMES:
-      tfds_source.ensure_database(task, flags.FLAGS.cache_dir)
+      tfds_source.ensure_database(task, plan.cache_dir)
     else:
-      sources.load_client_data(task, 'tff', flags.FLAGS.cache_dir)
+      sources.load_client_data(task, 'tff', plan.cache_dir)
 
 
 def planned_runs(plan: Plan) -> list[calibration.PlannedRun]:

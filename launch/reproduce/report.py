@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Optional
 
-from absl import flags
 import numpy as np
 import scipy.stats
 
@@ -294,12 +293,11 @@ def client_optimizer_section(plan: plan_lib.Plan, trained: dict) -> list[str]:
 def write_report(plan: plan_lib.Plan, best: dict, heatmaps: dict, stream=None) -> str:
   """Collects every setting's runs, writes report.md and report.json; returns the path."""
   stream = stream or sys.stdout
-  threshold_flag = [float(t) for t in flags.FLAGS.thresholds or []]
 
   def thresholds_of(setting):
     """--thresholds, or the setting's task's when they are this paper's (none else)."""
-    if threshold_flag:
-      return tuple(threshold_flag)
+    if plan.thresholds:
+      return plan.thresholds
     spec = tasks.SPECS[setting.task]
     return spec.accuracy_thresholds if spec.thresholds_from == plan.paper.name else ()
 

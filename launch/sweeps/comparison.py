@@ -8,6 +8,7 @@ paper's settings' tables with the same `report` and `collect`.
 import json
 import os
 import sys
+from typing import Optional
 
 from absl import flags
 
@@ -46,6 +47,16 @@ def run_name(task: str, algo: str, seed: int) -> str:
   return f'{task}_{algo}_seed{seed}'
 
 
+def parse_thresholds(values) -> Optional[tuple[float, ...]]:
+  """--thresholds' comma list as numbers; None when it gives none (each task's own)."""
+  if not values:
+    return None
+  try:
+    return tuple(float(t) for t in values)
+  except ValueError:
+    raise ValueError(f'--thresholds must be numbers, got {values}') from None
+
+
 def _hparam_names() -> set:
   return set().union(*(spec.defaults for spec in registry.ALGORITHMS.values()))
 
@@ -80,8 +91,10 @@ def parse_algo_hparams(text, algos) -> dict[str, dict]:
   return out
 
 
-def tuned_picks(path, task_names, algos, hparams, allow_untuned=False) -> dict:
-  """The grid searches' picks under `path` for these tasks and algorithms, by (task, algo).
+def tuned_picks(path, task_names, algos, hparams, given: frozenset[str],
+                allow_untuned=False) -> dict:
+  """The grid searches' picks under `path` for these tasks and algorithms, by (task, algo);
+  `hparams` are --algo_hparams', `given` the flags of `launch.train` the command line gave.
 
   Raises:
     ValueError: a task and algorithm without a pick (unless `allow_untuned`), a pick that
@@ -101,7 +114,7 @@ def tuned_picks(path, task_names, algos, hparams, allow_untuned=False) -> dict:
     for name in pick.hparams:
       if name not in registry.get(algo).defaults:
         raise ValueError(f'{pick.path}: {name} is not a hyperparameter of {algo}')
-      if name in hparams.get(algo, {}) or flags.FLAGS[name].present:
+      if name in hparams.get(algo, {}) or name in given:
         raise ValueError(
             f'--{name} (or --algo_hparams) would replace the value {algo} was tuned to on'
             f' {task} ({pick.path}); give one of them'
