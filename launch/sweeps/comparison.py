@@ -14,6 +14,7 @@ from absl import flags
 
 from launch.run import accounting
 from launch.run import run_identity
+from launch.run import settings as run_settings
 from launch.sweeps import runner
 import tasks
 from tff_zmg.algorithms import registry
@@ -84,10 +85,10 @@ def parse_algo_hparams(text, algos) -> dict[str, dict]:
             f'--algo_hparams: {name} does not apply to {algo}; its hyperparameters are'
             f' {sorted(registry.get(algo).defaults)}'
         )
-      try:
-        out.setdefault(algo, {})[name] = flags.FLAGS[name].parser.parse(value)
+      try:  # As launch.train's command line reads it: its flag's type and range.
+        out.setdefault(algo, {})[name] = run_settings.settings_of({name: value}).values[name]
       except ValueError as e:
-        raise ValueError(f'--algo_hparams: {item!r}: {e}') from None
+        raise ValueError(f'--algo_hparams: {algo}: {e}') from None
   return out
 
 
