@@ -24,8 +24,8 @@ class Pool:
   with `ray_address`, in the actors of that Ray cluster (`ray_workers`: `cells_per_gpu`
   a GPU, or `cpus_per_cell` CPUs each where the runs' `executor` is 'cpu', the driver
   reached at `ray_driver_ip`); each of its slots trains up to `batch_cells` runs that
-  share a build at once. The defaults are the sweep flags' (--parallel, --ray_address,
-  ...), which say what each field means."""
+  share a build at once. Each field is a flag of the sweep's programs (--parallel,
+  --ray_address, ...), whose help says more; the flags take their defaults from here."""
 
   parallel: int = 1
   batch_cells: int = 1
