@@ -81,6 +81,15 @@ def _np_local_gc_sgdm(weights, grads, lr=0.01, momentum=0.9,
   return w, v
 
 
+def _np_proximal_sgd(weights, grads, lr, proximal_strength=0.3):
+  """SGD along FedProx's `g + mu (w - w0)`, `w0` the weights of the first step."""
+  anchor = [x.astype(np.float64) for x in weights]
+  w = [x.copy() for x in anchor]
+  for g in grads:
+    w = [wi - lr * (gi + proximal_strength * (wi - ai)) for wi, gi, ai in zip(w, g, anchor)]
+  return w
+
+
 def _np_server_adam(weights, updates, lr, beta_1=0.9, beta_2=0.99,
                     epsilon=1e-3, bias_correction=False):
   w = [x.astype(np.float64) for x in weights]
@@ -297,7 +306,7 @@ def test_global_gc_default_projects_every_kernel():
   _assert_all_close(actual, _np_global_gc_sgd(weights, updates, lr=1.0))
 
 
-# Behaviour shared by all four optimizers.
+# Behaviour shared by all the optimizers.
 
 CASES = {
     'zmg_sgdm': (
@@ -321,6 +330,10 @@ CASES = {
         lambda lr: build_sgdm_coupled_decay(lr, weight_decay=0.1),
         lambda w, g, lr: _np_local_gc_sgdm(w, g, lr, weight_decay=0.1,
                                            mask=(False,) * len(SHAPES))[0],
+    ),
+    'proximal_sgd': (
+        lambda lr: optimizers.build_proximal(tff.learning.optimizers.build_sgdm(lr), 0.3),
+        _np_proximal_sgd,
     ),
 }
 

@@ -1,7 +1,8 @@
 """Plumbing shared by the optimizers in this package.
 
 Each optimizer keeps its hyperparameters as entries of its state
-`OrderedDict`; `HparamsOptimizer` reads and writes those entries, and
+`OrderedDict`; `HparamsOptimizer` reads and writes those entries,
+`WrappingOptimizer` those of an optimizer that changes the gradient `inner` steps along, and
 `checked_gradients` / `zeros_like_specs` are the common first steps of `next`
 and `initialize`.
 """
@@ -33,6 +34,32 @@ class HparamsOptimizer(tff.learning.optimizers.Optimizer):
     updated_state = collections.OrderedDict(state)
     updated_state.update(hparams)
     return updated_state
+
+
+class WrappingOptimizer(tff.learning.optimizers.Optimizer):
+  """An optimizer that hands `inner` a changed gradient: its state holds inner's under
+  'inner' and the one hyperparameter of its own, `own_key`; its hparams are inner's and that.
+
+  Subclasses call `__init__(inner, own_key)` and implement `initialize` and `next`.
+  """
+
+  def __init__(self, inner: tff.learning.optimizers.Optimizer, own_key: str):
+    self._inner = inner
+    self._own_key = own_key
+
+  def get_hparams(self, state):
+    return collections.OrderedDict(
+        self._inner.get_hparams(state['inner']), **{self._own_key: state[self._own_key]}
+    )
+
+  def set_hparams(self, state, hparams):
+    validation.check_known_keys('hparams', hparams, self.get_hparams(state))
+    hparams = collections.OrderedDict(hparams)
+    new_state = collections.OrderedDict(state)
+    if self._own_key in hparams:
+      new_state[self._own_key] = hparams.pop(self._own_key)
+    new_state['inner'] = self._inner.set_hparams(state['inner'], hparams)
+    return new_state
 
 
 def checked_gradients(weights: Any, gradients: Any) -> Any:

@@ -22,11 +22,11 @@ from tff_zmg import validation
 _WEIGHT_DECAY = 'weight_decay'
 
 
-class _CoupledWeightDecay(tff.learning.optimizers.Optimizer):
+class _CoupledWeightDecay(_base.WrappingOptimizer):
   """`inner` stepping along `g + wd * w`; state: inner's and wd."""
 
   def __init__(self, inner: tff.learning.optimizers.Optimizer, weight_decay: float):
-    self._inner = inner
+    super().__init__(inner, _WEIGHT_DECAY)
     self._weight_decay = validation.check_non_negative(_WEIGHT_DECAY, weight_decay)
 
   def initialize(self, specs):
@@ -44,20 +44,6 @@ class _CoupledWeightDecay(tff.learning.optimizers.Optimizer):
     new_state = collections.OrderedDict(state)
     new_state['inner'] = inner_state
     return new_state, weights
-
-  def get_hparams(self, state):
-    return collections.OrderedDict(
-        self._inner.get_hparams(state['inner']), **{_WEIGHT_DECAY: state[_WEIGHT_DECAY]}
-    )
-
-  def set_hparams(self, state, hparams):
-    validation.check_known_keys('hparams', hparams, self.get_hparams(state))
-    hparams = collections.OrderedDict(hparams)
-    new_state = collections.OrderedDict(state)
-    if _WEIGHT_DECAY in hparams:
-      new_state[_WEIGHT_DECAY] = hparams.pop(_WEIGHT_DECAY)
-    new_state['inner'] = self._inner.set_hparams(state['inner'], hparams)
-    return new_state
 
 
 def build_coupled_weight_decay(

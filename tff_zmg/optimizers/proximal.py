@@ -23,11 +23,11 @@ from tff_zmg import validation
 _STRENGTH = 'proximal_strength'
 
 
-class _Proximal(tff.learning.optimizers.Optimizer):
+class _Proximal(_base.WrappingOptimizer):
   """`inner` stepping along `g + mu (w - anchor)`; state: inner's, the anchor, mu."""
 
   def __init__(self, inner: tff.learning.optimizers.Optimizer, proximal_strength: float):
-    self._inner = inner
+    super().__init__(inner, _STRENGTH)
     self._strength = validation.check_non_negative(_STRENGTH, proximal_strength)
 
   def initialize(self, specs):
@@ -53,19 +53,6 @@ class _Proximal(tff.learning.optimizers.Optimizer):
     new_state = collections.OrderedDict(state)
     new_state.update(inner=inner_state, anchor=anchor, anchored=tf.constant(True))
     return new_state, weights
-
-  def get_hparams(self, state):
-    return collections.OrderedDict(
-        self._inner.get_hparams(state['inner']), **{_STRENGTH: state[_STRENGTH]}
-    )
-
-  def set_hparams(self, state, hparams):
-    hparams = collections.OrderedDict(hparams)
-    new_state = collections.OrderedDict(state)
-    if _STRENGTH in hparams:
-      new_state[_STRENGTH] = hparams.pop(_STRENGTH)
-    new_state['inner'] = self._inner.set_hparams(state['inner'], hparams)
-    return new_state
 
 
 def build_proximal(
