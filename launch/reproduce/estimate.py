@@ -7,7 +7,6 @@ import sys
 
 from launch.reproduce import plan as plan_lib
 from launch.sweeps import calibration
-from launch.sweeps import runner
 from launch.sweeps import workers as workers_lib
 import tasks
 
@@ -73,18 +72,14 @@ def dry_run(plan: plan_lib.Plan, pool: workers_lib.Pool, stream=None) -> dict:
       print(f'estimated time: none, the plan\'s data cannot be read to time its runs'
             f' ({str(e).splitlines()[0]})', file=stream, flush=True)
       return dict(counts, seconds=None, tables={}, timings={})
-  timings = calibration.calibrate([p.run for p in planned], directory, stream, pool)
-  total = calibration.estimate_seconds(planned, timings, parallel)
-  calibration.print_timings(timings, planned, parallel, stream)
-  per_table = {}
-  for table in plan.tables:
-    keys = {setting.key for setting in table.settings}
-    per_table[table.number] = calibration.estimate_seconds(
-        [p for p in planned if _setting_key(plan, p) in keys], timings, parallel)
-    print(f'table {table.number}: {runner.duration_text(per_table[table.number])}', file=stream)
-  spread = calibration.spread_seconds(planned, timings, parallel)
-  print(f'estimated time: {calibration.estimate_text(total, spread, parallel)} (runs the'
-        ' tables share counted once)', file=stream, flush=True)
-  calibration.say_if_batched(pool.batch_cells, stream)
-  return dict(counts, seconds=total, tables=per_table,
-              timings={k: dataclasses.asdict(t) for k, t in timings.items()})
+  labels = {table.number: f'table {table.number}' for table in plan.tables}
+  found = calibration.estimate(
+      planned, directory, pool, stream,
+      parts=[(labels[table.number],
+              [p for p in planned if _setting_key(plan, p) in
+               {setting.key for setting in table.settings}])
+             for table in plan.tables],
+      note=' (runs the tables share counted once)')
+  return dict(counts, seconds=found.seconds,
+              tables={number: found.parts[label] for number, label in labels.items()},
+              timings={k: dataclasses.asdict(t) for k, t in found.timings.items()})

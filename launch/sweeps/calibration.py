@@ -440,19 +440,34 @@ def say_if_batched(batch_cells: int, stream) -> None:
           ' cells")', file=stream, flush=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """What `estimate` found: the wall seconds of all the runs, of each part, and the timings
+  they came from."""
+  seconds: float
+  parts: dict
+  timings: dict[str, Timing]
+
+
 def estimate(planned: Sequence[PlannedRun], directory: str, pool: workers_lib.Pool,
-             stream) -> float:
+             stream, parts: Sequence[tuple[str, Sequence[PlannedRun]]] = (),
+             note: str = '') -> Estimate:
   """Wall seconds of `planned` at `pool.parallel` at a time, each kind timed first if
-  `directory` has no timing of it (`calibrate`); prints the timings and the estimate."""
+  `directory` has no timing of it (`calibrate`); prints the timings, a line per part
+  (label, its runs) and the estimate, followed by `note`."""
   parallel = pool.parallel
   timings = calibrate([p.run for p in planned], directory, stream, pool)
   seconds = estimate_seconds(planned, timings, parallel)
   print_timings(timings, planned, parallel, stream)
+  part_seconds = {}
+  for label, runs in parts:
+    part_seconds[label] = estimate_seconds(runs, timings, parallel)
+    print(f'{label}: {runner.duration_text(part_seconds[label])}', file=stream)
   spread = spread_seconds(planned, timings, parallel)
-  print(f'estimated time: {estimate_text(seconds, spread, parallel)}', file=stream,
+  print(f'estimated time: {estimate_text(seconds, spread, parallel)}{note}', file=stream,
         flush=True)
   say_if_batched(pool.batch_cells, stream)
-  return seconds
+  return Estimate(seconds, part_seconds, timings)
 
 
 def estimate_runs(runs: Sequence[runner.Run], directory: str, pool: workers_lib.Pool,
@@ -465,4 +480,4 @@ def estimate_runs(runs: Sequence[runner.Run], directory: str, pool: workers_lib.
   resumed = sum(rounds < p.rounds for rounds, p in zip(left, pending))
   print(f'dry run: {len(pending)} of {len(runs)} runs to train ({resumed} of them resumed),'
         f' {sum(left)} rounds', file=stream, flush=True)
-  return estimate(pending, directory, pool, stream) if pending else 0.0
+  return estimate(pending, directory, pool, stream).seconds if pending else 0.0

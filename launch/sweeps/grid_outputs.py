@@ -149,4 +149,4 @@ def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str,
   # The dry run's folder makes the grid's folder: `logs/` marks it as a grid's.
   os.makedirs(os.path.join(grid_dir, lr_grid.LOGS_DIRNAME), exist_ok=True)
   return calibration.estimate(
-      planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME), pool, sys.stdout)
+      planned, os.path.join(grid_dir, calibration.DRY_RUN_DIRNAME), pool, sys.stdout).seconds
