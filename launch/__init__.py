@@ -24,20 +24,18 @@ import made when it exits, however it exits but by SIGKILL (`remove_new_keras_co
 so that no run leaves it in the user's home. A keras.json that was there, or a
 `KERAS_HOME` of the user's, is theirs: read by Keras and left alone.
 
-A program's first seconds go to imports (TensorFlow's, TFF's), before its own stop
-handlers exist (`launch.cli.failures.run_program`): a stop signal then ended it with Python's
-default, no line and status 143 for SIGTERM. Started as `python -m launch.<program>`, the
-import of this package first makes a stop end it with its one line and status 130
-(`_stop_while_starting`); nothing has been written yet.
+A program's first seconds go to imports (TensorFlow's, TFF's). Started as `python -m
+launch.<program>`, the import of this package first makes a stop end it at once with its
+one line and status 130 (`launch.cli.stops.end_at_once_while_starting`): nothing has been
+written yet, but keras.json, which is removed first.
 """
 
 import atexit
 import contextlib
 import os
-import signal
 import sys
 
-from launch.cli import exit_status  # Imports nothing: safe before TensorFlow.
+from launch.cli import stops  # Imports only the standard library: safe before TensorFlow.
 
 # Where Keras 2.14 writes it (the end of keras/src/backend.py), looked at before the import
 # of TensorFlow below.
@@ -45,7 +43,6 @@ _KERAS_DIR = os.path.expanduser(os.environ.get('KERAS_HOME') or os.path.join('~'
 _KERAS_DIR_EXISTED = os.path.lexists(_KERAS_DIR)
 _KERAS_CONFIG_EXISTED = os.path.lexists(os.path.join(_KERAS_DIR, 'keras.json'))
 
-_STARTING_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Python sets sys.argv to ['-m'] while it finds the module `-m` names (its documented
 # behaviour): this package is then being imported on the way to running a program.
 _PROGRAM = (sys.orig_argv[sys.orig_argv.index('-m') + 1].rpartition('.')[2]
@@ -62,26 +59,8 @@ def remove_new_keras_config() -> None:
       os.rmdir(_KERAS_DIR)
 
 
-def _stop_while_starting(signum, frame) -> None:
-  """Ends the program at once, with its line and status 130.
-
-  Raising here (as the program's own handlers do later) was not reliable: a stop raised in
-  the middle of an import may be turned into `ImportError: initialization failed` by an
-  extension module's initialization (pybind11's, in TensorFlow), or swallowed by a
-  library's handler or a garbage-collector callback, leaving half-imported modules that
-  fail later (jax's `version`), or a program that goes on as if not stopped. Nothing of
-  the user's has been written yet but keras.json, which is removed first.
-  """
-  del frame
-  print(f'{_PROGRAM}: error: interrupted by {signal.Signals(signum).name} while starting;'
-        ' nothing was done', file=sys.stderr, flush=True)
-  remove_new_keras_config()
-  os._exit(exit_status.INTERRUPTED)  # pylint: disable=protected-access
-
-
 if _PROGRAM is not None:
-  for _signum in _STARTING_STOP_SIGNALS:
-    signal.signal(_signum, _stop_while_starting)
+  stops.end_at_once_while_starting(_PROGRAM, remove_new_keras_config)
   atexit.register(remove_new_keras_config)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import

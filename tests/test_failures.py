@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from launch.cli import exit_status
 from launch.cli import failures
+from launch.cli import stops
 from launch.run import errors
 from launch import train
 from tasks import synthetic
@@ -381,7 +382,7 @@ def test_a_coroutine_a_stop_signal_left_unawaited_prints_nothing():
     warnings.simplefilter('always')
     made_not_run = save()
     with pytest.raises(errors.Interrupted, match='SIGHUP'):
-      failures._raise_interrupted(signal.SIGHUP, None)  # What the handler does.
+      stops._raise_interrupted(signal.SIGHUP, None)  # What the handler does.
     del made_not_run
     gc.collect()
   assert not caught, [str(w.message) for w in caught]
@@ -389,12 +390,12 @@ def test_a_coroutine_a_stop_signal_left_unawaited_prints_nothing():
 
 @contextlib.contextmanager
 def _stop_signals_installed():
-  """The programs' stop handling (`failures.install_stop_signals`) in this process, and
+  """The programs' stop handling (`stops.install`) in this process, and
   pytest's handlers and unraisable hook back afterwards."""
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
   python_hook = sys.unraisablehook
   try:
-    failures.install_stop_signals()
+    stops.install()
     yield
   finally:
     for signum, handler in handlers.items():
@@ -434,9 +435,9 @@ def test_a_stop_while_starting_ends_the_program_even_where_exceptions_are_swallo
   1, a traceback). The start-up handler now ends the process itself: here the stop lands
   in a handler that swallows every exception, and the program still ends, 130, one line."""
   script = (
-      'import os, signal, time, launch\n'
-      'launch._PROGRAM = "train"\n'
-      'signal.signal(signal.SIGTERM, launch._stop_while_starting)\n'
+      'import os, signal, time\n'
+      'from launch.cli import stops\n'
+      'stops.end_at_once_while_starting("train", lambda: print("cleaned up"))\n'
       'try:\n'
       '  os.kill(os.getpid(), signal.SIGTERM)\n'
       '  time.sleep(5)\n'
@@ -447,7 +448,7 @@ def test_a_stop_while_starting_ends_the_program_even_where_exceptions_are_swallo
   proc = subprocess.run([sys.executable, '-c', script], cwd=_REPO, capture_output=True,
                         text=True, env=_environment(tmp_path / 'tmp'), timeout=120)
   assert proc.returncode == exit_status.INTERRUPTED, proc.stderr
-  assert proc.stdout == ''
+  assert proc.stdout == 'cleaned up\n'
   assert proc.stderr == 'train: error: interrupted by SIGTERM while starting; nothing was done\n'
 
 
@@ -486,6 +487,33 @@ def test_a_stop_signal_landing_in_asyncio_bookkeeping_is_raised_once_it_is_done(
   finally:
     sys.settrace(None)
     loop.close()
+
+
+def test_inside_a_loops_deferral_the_first_stop_waits_for_its_turn_and_a_second_is_raised():
+  with _stop_signals_installed():
+    with stops.deferred() as received:
+      os.kill(os.getpid(), signal.SIGTERM)  # Handled as this call returns: only recorded.
+      assert received == [signal.SIGTERM]
+      with pytest.raises(errors.Interrupted) as raised:
+        stops.raise_if_requested(received, 'the runs still going were stopped')
+      assert str(raised.value) == 'interrupted by SIGTERM; the runs still going were stopped'
+      with pytest.raises(errors.Interrupted, match='interrupted by SIGINT'):
+        os.kill(os.getpid(), signal.SIGINT)  # The second: raised at once.
+    stops.raise_if_requested([], 'nothing')  # No stop, no raise.
+    with pytest.raises(errors.Interrupted, match='SIGHUP'):  # Past the loop: at once.
+      os.kill(os.getpid(), signal.SIGHUP)
+
+
+def test_the_ray_driver_dies_with_the_program_and_leaves_it_ctrl_c(tmp_path):
+  """The Ray driver is started so (`ray_workers`): the terminal's Ctrl-C goes to the whole
+  process group, and the program, not the driver, handles it."""
+  script = 'import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)'
+  leaves = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          preexec_fn=stops.die_with_parent_and_leave_it_interrupts,
+                          timeout=60)
+  handles = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                           preexec_fn=stops.die_with_parent, timeout=60)
+  assert (leaves.stdout, handles.stdout) == ('True\n', 'False\n')
 
 
 def test_a_closed_worker_is_never_started_again():

@@ -17,8 +17,9 @@ program exits with
   130  interrupted by Ctrl-C (SIGINT), SIGTERM or SIGHUP (training says after which round
        and resumes when re-run).
 
-The stop signals raise `Interrupted` (a `KeyboardInterrupt`), so cleanup code (`finally`,
-context managers) runs and no TFF worker outlives the program; TFF's default context is
+A stop signal raises `Interrupted` (a `KeyboardInterrupt`; `launch.cli.stops` says where
+and when), so cleanup code (`finally`, context managers) runs and no TFF worker outlives
+the program; TFF's default context is
 made a managed worker (`install_managed_tff_context`), since importing `tff_zmg` leaves
 TFF's own in place. Besides, each program gets a temporary directory of its own for
 TensorFlow's autograph files and TFF's worker logs (`TMPDIR` and `tempfile.tempdir`),
@@ -29,25 +30,21 @@ TensorFlow's C++ start-up lines stay hidden: importing this module imports `laun
 which sets `TF_CPP_MIN_LOG_LEVEL` before anything imports TensorFlow.
 """
 
-import _weakrefset
-import asyncio
 import contextlib
 import functools
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import traceback
-import warnings
 from typing import Callable, Optional
 
 from absl import app
 from absl import flags
 
 from launch.cli import exit_status
+from launch.cli import stops
 from launch.run import errors
 import tasks
 from tff_zmg.runtime import cpp_worker
@@ -57,12 +54,7 @@ VERBOSE = flags.DEFINE_bool(
     'verbose', False, 'On failure, print the traceback before the one-line error.'
 )
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TMP_PREFIX = 'tff_zmg-tmp-'
-_SIGNAL_AGAIN_AFTER_S = 0.01
-# Code that a stop must not cut short (`_raise_interrupted`): asyncio's and the weak set
-# its tasks register in.
-_ASYNCIO_BOOKKEEPING = (os.path.dirname(asyncio.__file__) + os.sep, _weakrefset.__file__)
 
 
 def _one_line(text: str) -> str:
@@ -111,65 +103,6 @@ def classify(error: BaseException) -> tuple[int, str]:
       f'unexpected {type(error).__name__}: {_one_line(error)} (a bug: --verbose shows the'
       ' traceback)'
   )
-
-
-def _raise_interrupted(signum, frame) -> None:
-  """The stop signals' handler: raises `Interrupted` where the signal landed, unless that is
-  inside asyncio's bookkeeping, where it is signalled again a moment later.
-
-  A stop raised there leaves the loop half updated: CI saw one land while a checkpoint's
-  `save` task was being registered, so that no cancel could find the task and asyncio
-  printed "Task was destroyed but it is pending!" at exit beside the one line. (asyncio's
-  own `asyncio.run` cancels its main task on Ctrl-C rather than raise, for the same reason.)
-  A loop that waits raises it from `selectors`, outside these files.
-  """
-  if frame is not None and frame.f_code.co_filename.startswith(_ASYNCIO_BOOKKEEPING):
-    _signal_again(signum)
-    return
-  # A signal landing between a coroutine's creation and its first step (TFF's training
-  # loop makes `state_manager.save(...)` and then runs it) leaves that coroutine never
-  # awaited: nothing of it ran, so Python's warning about it would only be noise beside
-  # the one line.
-  warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
-                          category=RuntimeWarning)
-  stop = errors.Interrupted(f'interrupted by {signal.Signals(signum).name}')
-  stop.signum = signum
-  raise stop
-
-
-def _signal_again(signum: int) -> None:
-  """Sends `signum` to this process again in a moment, from another thread: sent from
-  here, it would be handled before the caller returns."""
-  again = threading.Timer(_SIGNAL_AGAIN_AFTER_S, os.kill, (os.getpid(), signum))
-  again.daemon = True
-  again.start()
-
-
-def _signal_swallowed_stops_again(unraisable) -> None:
-  """`sys.unraisablehook`: a stop raised where Python cannot pass an exception on (the
-  signal landed in a weakref callback or a finalizer, which only print it) is signalled
-  again, to be raised in the code that runs after; without this the run went on to exit 0.
-  """
-  signum = getattr(unraisable.exc_value, 'signum', None)
-  if isinstance(unraisable.exc_value, errors.Interrupted) and signum is not None:
-    _signal_again(signum)
-    return
-  _python_unraisablehook(unraisable)
-
-
-_python_unraisablehook = sys.unraisablehook
-
-
-def install_stop_signals() -> None:
-  """Ctrl-C, SIGTERM and SIGHUP raise `Interrupted` in the main thread, also when they
-  land where Python swallows exceptions (`_signal_swallowed_stops_again`) or inside
-  asyncio's bookkeeping (`_raise_interrupted`).
-
-  SIGINT too, as a shell that starts a program in the background makes it ignore SIGINT.
-  """
-  for signum in _STOP_SIGNALS:
-    signal.signal(signum, _raise_interrupted)
-  sys.unraisablehook = _signal_swallowed_stops_again
 
 
 @contextlib.contextmanager
@@ -310,7 +243,7 @@ def run_program(
   TFF 0.87 does), even after a flag error (False for a program that runs no TFF
   computation itself).
   """
-  install_stop_signals()
+  stops.install()
   if tff_context:
     install_managed_tff_context()
 

@@ -11,7 +11,6 @@ period).
 """
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -21,19 +20,13 @@ import sys
 import time
 from typing import Optional
 
+from launch.cli import stops
 from launch.sweeps import workers
 
-_PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 30.0
 _POLL_S = 0.5
 # The package's root: the worker imports `launch` from here, as the program did.
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def die_with_parent() -> None:
-  """Runs in the child: Linux sends it SIGTERM (it stops cleanly) if this process dies."""
-  with contextlib.suppress(OSError, AttributeError):
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def child_environment() -> dict:
@@ -60,7 +53,7 @@ class _Worker:
       self.process = subprocess.Popen(
           [sys.executable, '-m', 'launch.sweeps.warm_worker'], stdin=subprocess.PIPE,
           stdout=subprocess.PIPE, stderr=log, env=child_environment(),
-          preexec_fn=die_with_parent,
+          preexec_fn=stops.die_with_parent,
       )
     os.set_blocking(self.process.stdout.fileno(), False)
     self._pending = b''

@@ -21,13 +21,13 @@ Requests (stdin) and answers (stdout):
 Any request may be answered {"error": line} (bad input: an address where no cluster
 answers, a cluster without a place for the runs) or {"lost": why} (the cluster stopped
 answering); the program then ends. The driver ignores Ctrl-C (the program's to handle: it
-closes the driver) and dies with the program (Linux).
+closes the driver) and dies with the program (Linux): `ray_workers` starts it so
+(`launch.cli.stops.die_with_parent_and_leave_it_interrupts`).
 """
 
 import contextlib
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -254,7 +254,6 @@ def serve(requests, answers) -> None:
 
 
 def main() -> None:
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the program's: it closes us.
   # The answers go to the stdout the program reads; whatever Ray prints, to the log.
   answers = os.fdopen(os.dup(1), 'w')
   os.dup2(2, 1)

@@ -34,6 +34,7 @@ from typing import Optional
 
 from absl import flags
 
+from launch.cli import stops
 from launch.cli import unused_flags
 from launch.run import errors
 from launch.sweeps import local_workers
@@ -95,7 +96,7 @@ class RayWorkers(workers.Workers):
       self._driver = subprocess.Popen(
           [sys.executable, '-P', _DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
           stderr=log, env=local_workers.child_environment(),
-          preexec_fn=local_workers.die_with_parent)
+          preexec_fn=stops.die_with_parent_and_leave_it_interrupts)
     self._pending = b''
     try:
       ready = self._ask({'init': dict(

@@ -20,18 +20,16 @@ rounds trained so far, about how long they take (and the whole they make with la
 such as a grid search's later rungs).
 """
 
-import contextlib
 import dataclasses
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
 from launch.cli import exit_status
+from launch.cli import stops
 from launch.cli import unused_flags
 from launch.run import builds
 from launch.run import errors
@@ -285,10 +283,12 @@ def run_all(
   running = {}  # name -> (index, run, log path, start time)
   said = set()  # Why batched runs trained alone, said once each.
   progress = Progress([run for _, run in pending], workers.size * pool.batch_cells, later)
-  with _deferred_stop_signals() as stop_requested:
+  with stops.deferred() as stop_requested:
     try:
       while pending or running:
-        _check_stop(stop_requested)
+        stops.raise_if_requested(
+            stop_requested, 'the runs still going were stopped; re-run the same command to'
+            ' resume')
         for slot in workers.idle():
           if not pending:
             break
@@ -345,37 +345,3 @@ def _outcome(run: Run, outcome: workers_lib.Outcome, log_path: str, seconds: flo
       f' {outcome.error or "no error line"} (its log: {log_path})',
       returncode if returncode in exit_status.DOCUMENTED else exit_status.UNEXPECTED,
   )
-
-
-@contextlib.contextmanager
-def _deferred_stop_signals():
-  """SIGTERM and SIGINT only set a flag while runs are scheduled; the loop acts on it.
-
-  A handler that raises can lose its exception: Python runs pending handlers inside the
-  fork callbacks of `subprocess.Popen` (with a preexec_fn), where exceptions are printed
-  and dropped, and the program would carry on as if never told to stop.
-  """
-  received = []
-  if threading.current_thread() is not threading.main_thread():
-    yield received
-    return
-  previous = {
-      s: signal.signal(s, lambda signum, frame: received.append(signum))
-      for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-  }
-  try:
-    yield received
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
-
-
-def _check_stop(stop_requested) -> None:
-  """Leaves as the program's own handlers would (launch/cli/failures.py): `errors.Interrupted`."""
-  if stop_requested:
-    raise errors.Interrupted(
-        f'interrupted by {signal.Signals(stop_requested[0]).name}; the runs still going'
-        ' were stopped; re-run the same command to resume'
-    )
-
-

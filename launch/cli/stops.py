@@ -1,0 +1,197 @@
+"""The stop signals of every program, from its first import to its exit: the one module
+that handles Ctrl-C (SIGINT), SIGTERM and SIGHUP. Code elsewhere asks it for a stop
+(`deferred`, `raise_if_requested`) and never installs a handler of its own. (TFF's C++
+workers keep their own life cycle, `tff_zmg/runtime/cpp_worker.py`: they die with the
+program that started them.)
+
+A program passes through three ways of stopping:
+
+- **Starting** (`end_at_once_while_starting`, armed by `import launch`): the imports of
+  TensorFlow and TFF. A stop ends the process at once, with its one line and status 130.
+- **Running** (`install`, by `launch.cli.failures.run_program`): a stop raises
+  `errors.Interrupted` (a `KeyboardInterrupt`) where it lands, so `finally` blocks and
+  context managers clean up (no TFF worker outlives the program) and training says after
+  which round it stopped.
+- **At a loop's safe points** (`deferred`): while a sweep schedules its runs, the first stop
+  is only recorded, and the loop raises it at its next turn (`raise_if_requested`). A second
+  stop is raised at once, as when running.
+
+Its children: a sweep's worker processes die with the program (`die_with_parent`), and
+the Ray driver also leaves Ctrl-C to the program, which closes it
+(`die_with_parent_and_leave_it_interrupts`).
+
+This module imports only the standard library and `launch.run.errors`, which does too:
+`import launch` uses it before TensorFlow is imported.
+"""
+
+import _weakrefset
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import warnings
+from typing import Callable
+
+from launch.cli import exit_status
+from launch.run import errors
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+_SIG_IGN = 1  # <signal.h>'s SIG_IGN, as libc's `signal` takes it.
+_SIGNAL_AGAIN_AFTER_S = 0.01
+# Code that a stop must not cut short (`_raise_interrupted`): asyncio's and the weak set
+# its tasks register in.
+_ASYNCIO_BOOKKEEPING = (os.path.dirname(asyncio.__file__) + os.sep, _weakrefset.__file__)
+
+
+# Starting.
+
+
+def end_at_once_while_starting(program: str, cleanup: Callable[[], None]) -> None:
+  """Until `install`, a stop prints `<program>: error: interrupted by <SIGNAL> while
+  starting; nothing was done`, calls `cleanup` and ends the process with status 130.
+
+  Raising here (as `install`'s handler does later) was not reliable: a stop raised in the
+  middle of an import may be turned into `ImportError: initialization failed` by an
+  extension module's initialization (pybind11's, in TensorFlow), or swallowed by a
+  library's handler or a garbage-collector callback, leaving half-imported modules that
+  fail later (jax's `version`), or a program that goes on as if not stopped. Nothing of
+  the user's has been written yet; `cleanup` removes what the imports made.
+  """
+
+  def end(signum, frame) -> None:
+    del frame
+    print(f'{program}: error: interrupted by {signal.Signals(signum).name} while starting;'
+          ' nothing was done', file=sys.stderr, flush=True)
+    cleanup()
+    os._exit(exit_status.INTERRUPTED)  # pylint: disable=protected-access
+
+  for signum in STOP_SIGNALS:
+    signal.signal(signum, end)
+
+
+# Running.
+
+
+def _raise_interrupted(signum, frame) -> None:
+  """Raises `Interrupted` where the signal landed, unless that is inside asyncio's
+  bookkeeping, where it is signalled again a moment later.
+
+  A stop raised there leaves the loop half updated: CI saw one land while a checkpoint's
+  `save` task was being registered, so that no cancel could find the task and asyncio
+  printed "Task was destroyed but it is pending!" at exit beside the one line. (asyncio's
+  own `asyncio.run` cancels its main task on Ctrl-C rather than raise, for the same reason.)
+  A loop that waits raises it from `selectors`, outside these files.
+  """
+  if frame is not None and frame.f_code.co_filename.startswith(_ASYNCIO_BOOKKEEPING):
+    _signal_again(signum)
+    return
+  # A signal landing between a coroutine's creation and its first step (TFF's training
+  # loop makes `state_manager.save(...)` and then runs it) leaves that coroutine never
+  # awaited: nothing of it ran, so Python's warning about it would only be noise beside
+  # the one line.
+  warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
+                          category=RuntimeWarning)
+  stop = errors.Interrupted(f'interrupted by {signal.Signals(signum).name}')
+  stop.signum = signum
+  raise stop
+
+
+def _signal_again(signum: int) -> None:
+  """Sends `signum` to this process again in a moment, from another thread: sent from
+  here, it would be handled before the caller returns."""
+  again = threading.Timer(_SIGNAL_AGAIN_AFTER_S, os.kill, (os.getpid(), signum))
+  again.daemon = True
+  again.start()
+
+
+def _signal_swallowed_stops_again(unraisable) -> None:
+  """`sys.unraisablehook`: a stop raised where Python cannot pass an exception on (the
+  signal landed in a weakref callback or a finalizer, which only print it) is signalled
+  again, to be raised in the code that runs after; without this the run went on to exit 0.
+  """
+  signum = getattr(unraisable.exc_value, 'signum', None)
+  if isinstance(unraisable.exc_value, errors.Interrupted) and signum is not None:
+    _signal_again(signum)
+    return
+  _python_unraisablehook(unraisable)
+
+
+_python_unraisablehook = sys.unraisablehook
+
+
+def install() -> None:
+  """Ctrl-C, SIGTERM and SIGHUP raise `Interrupted` in the main thread, also when they
+  land where Python swallows exceptions (`_signal_swallowed_stops_again`) or inside
+  asyncio's bookkeeping (`_raise_interrupted`).
+
+  SIGINT too, as a shell that starts a program in the background makes it ignore SIGINT.
+  """
+  for signum in STOP_SIGNALS:
+    signal.signal(signum, _raise_interrupted)
+  sys.unraisablehook = _signal_swallowed_stops_again
+
+
+# At a loop's safe points.
+
+
+@contextlib.contextmanager
+def deferred():
+  """Yields the list of stops received inside: the first is only recorded there, and the
+  loop acts on it at its next turn (`raise_if_requested`); a second is raised at once.
+
+  A handler that raises can lose its exception: Python runs pending handlers inside the
+  fork callbacks of `subprocess.Popen` (with a preexec_fn), where exceptions are printed
+  and dropped, and the program would carry on as if never told to stop. A second stop
+  raised there and lost is still recorded, and the loop acts on it. Outside the main
+  thread, where no handler can be set, the list stays empty.
+  """
+  received = []
+  if threading.current_thread() is not threading.main_thread():
+    yield received
+    return
+
+  def record(signum, frame) -> None:
+    received.append(signum)
+    if len(received) > 1:
+      _raise_interrupted(signum, frame)
+
+  previous = {s: signal.signal(s, record) for s in STOP_SIGNALS}
+  try:
+    yield received
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def raise_if_requested(received: list, what_was_done: str) -> None:
+  """Raises `errors.Interrupted` (`interrupted by <SIGNAL>; <what_was_done>`) if `deferred`
+  received a stop."""
+  if received:
+    raise errors.Interrupted(
+        f'interrupted by {signal.Signals(received[0]).name}; {what_was_done}')
+
+
+# Children.
+
+
+def die_with_parent() -> None:
+  """A `preexec_fn`, run in the child: Linux sends it SIGTERM (it stops cleanly) if this
+  process dies."""
+  with contextlib.suppress(OSError, AttributeError):
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def die_with_parent_and_leave_it_interrupts() -> None:
+  """`die_with_parent`, and the child ignores Ctrl-C, which the terminal sends the whole
+  process group: the program handles it, and closes the child. (Python keeps a SIGINT
+  ignored at its start ignored; libc's `signal`, as Python's refuses outside the main
+  thread of the program that forked.)"""
+  die_with_parent()
+  with contextlib.suppress(OSError, AttributeError):
+    libc = ctypes.CDLL('libc.so.6', use_errno=True)
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signal.SIGINT, _SIG_IGN)
