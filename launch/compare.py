@@ -108,14 +108,13 @@ def _parse_settings():
   return task_names, algos, seeds, hparams, thresholds
 
 
-def _tuned(task_names, algos, hparams) -> dict:
+def _tuned(base: run_settings.Settings, task_names, algos, hparams) -> dict:
   """--tuned_from's picks by (task, algo), each said in a line ({} without the flag)."""
   if _ALLOW_UNTUNED.value and not _TUNED_FROM.value:
     raise ValueError('--allow_untuned applies only with --tuned_from')
   if not _TUNED_FROM.value:
     return {}
-  tuned = comparison.tuned_picks(_TUNED_FROM.value, task_names, algos, hparams,
-                                 run_settings.settings_from_flags().given,
+  tuned = comparison.tuned_picks(_TUNED_FROM.value, task_names, algos, hparams, base.given,
                                  _ALLOW_UNTUNED.value)
   for (task, algo), pick in tuned.items():
     print(f'compare: {algo} on {task} at its tuned {pick.describe()}', flush=True)
@@ -162,9 +161,10 @@ def main(argv) -> int:
     unused_flags.refuse(
         ('dry_run', 'overwrite', 'parallel', 'ray_address'),
         'does not apply with --collect_only, which trains nothing')
-  tuned = _tuned(task_names, algos, hparams)
+  base = run_settings.settings_from_flags()
+  tuned = _tuned(base, task_names, algos, hparams)
   runs = [
-      runner.train_run(comparison.run_name(t, a, s), {
+      runner.train_run(base, comparison.run_name(t, a, s), {
           'task': t, 'algo': a, 'seed': s, 'experiment_name': comparison.run_name(t, a, s),
           **hparams.get(a, {}), **(tuned[t, a].hparams if (t, a) in tuned else {}),
       })

@@ -220,7 +220,7 @@ def _check_flags() -> None:
     )
 
 
-def _grids(search: lr_grid.Search,
+def _grids(base: run_settings.Settings, search: lr_grid.Search,
            pool: workers.Pool) -> tuple[str, Optional[str], list[lr_grid.Grid]]:
   """The grid folder, the third axis' name (None without one) and a grid per value of it,
   each checked by making its first cell's run (bad settings are refused before any run);
@@ -235,7 +235,7 @@ def _grids(search: lr_grid.Search,
   if axis is not None and flags.FLAGS[axis].present:
     raise ValueError(f'the grid sets --{axis}; give its values with --hparam_grid')
   grids = [
-      lr_grid.Grid(directory=grid_outputs.axis_dir(grid_dir, axis, value),
+      lr_grid.Grid(directory=grid_outputs.axis_dir(grid_dir, axis, value), base=base,
                    client_lrs=client_lrs, server_lrs=server_lrs,
                    score_rounds=search.score_rounds,
                    **({} if axis is None else dict(
@@ -277,7 +277,7 @@ def main(argv) -> int:
   _check_flags()
   pool = runner.pool_from_flags(batches=True)
   search = search_from_flags()
-  grid_dir, axis, grids = _grids(search, pool)
+  grid_dir, axis, grids = _grids(run_settings.settings_from_flags(), search, pool)
   if calibration.DRY_RUN.value:
     grid_outputs.dry_run(grids, search, grid_dir, pool)
     return 0

@@ -186,13 +186,14 @@ def test_grid_search_and_compare_pass_the_aggregator_flags_to_each_run():
   try:
     flags.FLAGS(['compare', '--task=emnist', '--aggregator=dp_fixed', '--noise_multiplier=2',
                  '--clip=0.5'])
-    run = runner.train_run('r', {'algo': 'fedzmg', 'seed': 1})
+    run = runner.train_run(run_settings.settings_from_flags(), 'r', {'algo': 'fedzmg', 'seed': 1})
     assert {'--aggregator=dp_fixed', '--noise_multiplier=2.0', '--clip=0.5'} <= set(run.args)
     assert run.config.aggregator == {'kind': 'dp_fixed', 'noise_multiplier': 2.0, 'clip': 0.5}
     assert run.config.recorded()['aggregator'] == {
         'kind': 'dp_fixed', 'noise_multiplier': 2.0, 'clip': 0.5, 'target_delta': 1e-5}
     with pytest.raises(ValueError, match='--algo=scaffold refuses --aggregator=dp_fixed'):
-      runner.train_run('r', {'algo': 'scaffold', 'seed': 1}).config.recorded()
+      runner.train_run(run_settings.settings_from_flags(), 'r',
+                       {'algo': 'scaffold', 'seed': 1}).config.recorded()
   finally:
     flags.FLAGS.unparse_flags()
 

@@ -201,10 +201,12 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['train', '--task=cifar10', '--algo=fedavg', '--protocol=fedrkmgc'])
-    run = runner.train_run('cell', {'algo': 'gcfed', 'client_learning_rate': 0.05})
+    run = runner.train_run(run_settings.settings_from_flags(), 'cell',
+                           {'algo': 'gcfed', 'client_learning_rate': 0.05})
     assert flags.FLAGS.client_momentum is None and flags.FLAGS.num_clients == 100
     assert flags.FLAGS.partition is None  # The program's own flags are left as given.
-    other = runner.train_run('cell', {'algo': 'gcfed', 'overwrite': True, 'workers': []})
+    other = runner.train_run(run_settings.settings_from_flags(), 'cell',
+                             {'algo': 'gcfed', 'overwrite': True, 'workers': []})
     # The run's command line, parsed as launch.train parses it, is the same run.
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', *other.args])
@@ -212,7 +214,7 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
     assert '--overwrite' in other.args
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', '--task=cifar10', '--algo=fedavg', '--protocol=fedrkmgc'])
-    other = runner.train_run('cell', {'algo': 'fedrkmgc'})
+    other = runner.train_run(run_settings.settings_from_flags(), 'cell', {'algo': 'fedrkmgc'})
   finally:
     flags.FLAGS.unparse_flags()
   assert run.config.hparams == {'client_learning_rate': 0.05, 'client_momentum': 0.8,

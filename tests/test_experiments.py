@@ -17,6 +17,7 @@ import scipy.stats
 from launch import compare
 from launch import data_stats
 from launch import grid_search
+from launch.run import settings as run_settings
 from launch.sweeps import calibration
 from launch.sweeps import comparison
 from launch.sweeps import lr_grid
@@ -56,7 +57,7 @@ def _write_cells(args, cells, rounds):
     directory = os.path.join(
         flags.FLAGS.root_output_dir,
         flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}')
-    grid = lr_grid.Grid(directory=directory,
+    grid = lr_grid.Grid(directory=directory, base=run_settings.settings_from_flags(),
                             client_lrs=tuple(dict.fromkeys(c for c, _ in cells)),
                             server_lrs=tuple(dict.fromkeys(s for _, s in cells)))
     for cell, accuracies in cells.items():
@@ -268,7 +269,8 @@ def test_progress_gives_the_runs_to_go_and_their_time_at_the_pace_so_far(tmp_pat
   try:
     flags.FLAGS(['compare', '--task=emnist', '--algo=fedavg', f'--root_output_dir={tmp_path}',
                  '--total_rounds=10'])
-    a, b, c = (runner.train_run(name, {'experiment_name': name}) for name in 'abc')
+    base = run_settings.settings_from_flags()
+    a, b, c = (runner.train_run(base, name, {'experiment_name': name}) for name in 'abc')
   finally:
     flags.FLAGS.unparse_flags()
   _record_rounds(b, 4)
@@ -387,8 +389,9 @@ def test_compare_builds_one_training_run_per_algorithm_and_seed(tmp_path):
                  '--algo_hparams=fedzmg:client_learning_rate=0.03,weight_decay=0.001'])
     _, algos, seeds, hparams, _ = compare._parse_settings()  # pylint: disable=protected-access
     assert hparams == {'fedzmg': {'client_learning_rate': 0.03, 'weight_decay': 0.001}}
+    base = run_settings.settings_from_flags()
     runs = {
-        (a, s): runner.train_run(comparison.run_name('emnist', a, s), {
+        (a, s): runner.train_run(base, comparison.run_name('emnist', a, s), {
             'algo': a, 'seed': s, 'experiment_name': comparison.run_name('emnist', a, s),
             **hparams.get(a, {})})
         for a in algos for s in seeds
@@ -432,7 +435,8 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['grid_search', *grid_args])
-    cell = lr_grid.Grid(directory=str(grid), client_lrs=(0.1,), server_lrs=(1.0,))
+    cell = lr_grid.Grid(directory=str(grid), base=run_settings.settings_from_flags(),
+                        client_lrs=(0.1,), server_lrs=(1.0,))
     kind = calibration.kind_of(cell.run((0.1, 1.0), 1).config)
   finally:
     flags.FLAGS.unparse_flags()
@@ -468,7 +472,8 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['compare', *compare_args])
-    made = {seed: runner.train_run(comparison.run_name('emnist', 'fedavg', seed), dict(
+    base = run_settings.settings_from_flags()
+    made = {seed: runner.train_run(base, comparison.run_name('emnist', 'fedavg', seed), dict(
         task='emnist', algo='fedavg', seed=seed,
         experiment_name=comparison.run_name('emnist', 'fedavg', seed))) for seed in (0, 1)}
   finally:

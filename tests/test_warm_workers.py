@@ -55,7 +55,7 @@ def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['grid_search', '--task=emnist', '--data_source=synthetic', '--seed=5'])
-    run = runner.train_run('cell', overrides)
+    run = runner.train_run(run_settings.settings_from_flags(), 'cell', overrides)
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', *run.args])
     from_command = run_settings.config_from_flags()

@@ -56,18 +56,30 @@ _SET_BY_PROTOCOL = (
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """What one command runs: a paper, its chosen tables and settings, at a scale, with
-  `launch.train`'s flags as the command line gave them (`given`: the protocol and the
-  scale leave those alone) and the accuracy thresholds it gave (None: each task's)."""
+  `launch.train`'s flags as the command line gave them (`command_line`; the protocol and
+  the scale leave alone those it gave) and the accuracy thresholds it gave (None: each
+  task's)."""
 
   paper: papers.base.Paper
   scale: scales.Scale
   tables: tuple[papers.base.TableSpec, ...]
   settings: tuple[papers.base.Setting, ...]
-  data_source: str
   directory: str
-  given: frozenset[str]
-  cache_dir: Optional[str]
+  command_line: run_settings.Settings
   thresholds: Optional[tuple[float, ...]]
+
+  @property
+  def given(self) -> frozenset[str]:
+    """The names of the flags of `launch.train` the command line gave."""
+    return self.command_line.given
+
+  @property
+  def data_source(self) -> str:
+    return self.command_line.values['data_source']
+
+  @property
+  def cache_dir(self) -> Optional[str]:
+    return self.command_line.values['cache_dir']
 
   @property
   def seeds(self) -> tuple[int, ...]:
@@ -168,8 +180,7 @@ def make_plan() -> Plan:
       values['root_output_dir'], f'reproduce_{paper.name}_{scale.name}')
   return Plan(
       paper=paper, scale=scale, tables=tuple(specs), settings=tuple(settings.values()),
-      data_source=values['data_source'], directory=directory, given=command_line.given,
-      cache_dir=values['cache_dir'],
+      directory=directory, command_line=command_line,
       thresholds=comparison.parse_thresholds(comparison.THRESHOLDS.value),
   )
 
@@ -187,6 +198,7 @@ def grid_groups(plan: Plan) -> dict[tuple[str, str], lr_grid.Grid]:
   return {
       (setting.key, algo): lr_grid.Grid(
           directory=os.path.join(plan.directory, 'grid', setting.key, algo),
+          base=plan.command_line,
           client_lrs=client_lrs, server_lrs=server_lrs,
           overrides={**plan.overrides(setting), 'algo': algo, 'clients_per_round': cohort},
           group=(setting.key, algo), prefix=f'grid-{setting.key}-{algo}-',
@@ -207,7 +219,7 @@ def comparison_runs(plan: Plan, best: Optional[dict] = None) -> list[runner.Run]
                  for k in ('client_learning_rate', 'server_learning_rate')}
       for seed in plan.seeds:
         name = comparison.run_name(task, algo, seed)
-        runs.append(_rename(runner.train_run(name, {
+        runs.append(_rename(runner.train_run(plan.command_line, name, {
             **plan.overrides(setting), 'algo': algo, 'seed': seed, **rates,
             'total_rounds': plan.total_rounds, 'experiment_name': name,
             'root_output_dir': os.path.join(plan.directory, 'runs', setting.key),

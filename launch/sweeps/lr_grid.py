@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Hashable, Mapping, Optional, Sequence
 
+from launch.run import settings as run_settings
 from launch.sweeps import calibration
 from launch.sweeps import halving
 from launch.sweeps import runner
@@ -91,6 +92,8 @@ class Grid:
   Attributes:
     directory: Its cells go to `<directory>/<cell>/`, its stability re-runs to
       `<directory>/stability/`, its grid.csv, grid.md and heatmap beside them.
+    base: The settings its cells start from: `launch.train`'s flags as the program's
+      command line gave them (`run.settings.settings_from_flags`, read at its door).
     client_lrs, server_lrs: The axes.
     overrides: `launch.train` flags of every cell (e.g. task, algo, a third axis' value).
     group: Grids of one group are one search (their cells compete); each group gets a
@@ -102,6 +105,7 @@ class Grid:
   """
 
   directory: str
+  base: run_settings.Settings
   client_lrs: tuple[float, ...]
   server_lrs: tuple[float, ...]
   overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
@@ -134,7 +138,8 @@ class Grid:
     if seed is not None:
       name = f'{name}_seed{seed}'
       values.update(seed=seed, experiment_name=f'{STABILITY_DIRNAME}/{name}')
-    return dataclasses.replace(runner.train_run(name, values), name=self.prefix + name)
+    return dataclasses.replace(runner.train_run(self.base, name, values),
+                               name=self.prefix + name)
 
   def stability_seed(self) -> int:
     """Another seed than the cells': theirs + 1."""

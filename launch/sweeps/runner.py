@@ -86,15 +86,15 @@ class Run:
     return self.settings.command_line()
 
 
-def train_run(name: str, overrides: Mapping[str, object]) -> Run:
-  """The run `launch.train` would make of this program's flags with `overrides` set
-  (`Settings.replace`). This program's global flags are left as they are.
+def train_run(base: run_settings.Settings, name: str, overrides: Mapping[str, object]) -> Run:
+  """The run `launch.train` would make of `base` (a program's command line, read once at
+  its door: `settings_from_flags`) with `overrides` set (`Settings.replace`).
 
   Raises:
     ValueError: If an override is not a flag of `launch.train`, or the run's settings
       are invalid (here, early, on settings `launch.train` would refuse).
   """
-  return Run(name=name, settings=run_settings.settings_from_flags().replace(overrides))
+  return Run(name=name, settings=base.replace(overrides))
 
 
 def status(run: Run) -> str:
