@@ -199,7 +199,7 @@ for name, args in cells.items():
   flags.FLAGS.unparse_flags()
   flags.FLAGS(['train', *args])
   runs.append(runner.Run(name=name, settings=settings.settings_from_flags()))
-pool = workers.Pool(ray_address=address, ray_driver_ip=driver_ip)
+pool = workers.Pool(executor='cpu', ray_address=address, ray_driver_ip=driver_ip)
 print(runner.run_all(runs, pool=pool, log_dir=log_dir))
 """
 

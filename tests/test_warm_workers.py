@@ -87,7 +87,7 @@ def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(row, tmp_path):
           _run(small_runs.matrix_args(row, warm, 'b'), 'b')]
   stream = io.StringIO()
   with local_workers.LocalWorkers(1, str(tmp_path / 'logs')) as workers:
-    states = runner.run_all(runs, pool=workers_lib.Pool(batch_cells=2),
+    states = runner.run_all(runs, pool=workers_lib.Pool(executor='cpu', batch_cells=2),
                             log_dir=str(tmp_path / 'logs'), workers=workers, stream=stream)
   assert states == {'a': runner.FINISHED, 'b': runner.FINISHED}
   alone = f'batched cells: {algo} cells train one after another: its clients keep state'

@@ -25,15 +25,16 @@ class Pool:
   a GPU, or `cpus_per_cell` CPUs each where the runs' `executor` is 'cpu', the driver
   reached at `ray_driver_ip`); each of its slots trains up to `batch_cells` runs that
   share a build at once. Each field is a flag of the sweep's programs (--parallel,
-  --ray_address, ...), whose help says more; the flags take their defaults from here."""
+  --ray_address, ...), whose help says more; the flags take their defaults from here, but
+  `executor`, launch.train's --executor, which the runs train on."""
 
+  executor: str
   parallel: int = 1
   batch_cells: int = 1
   ray_address: Optional[str] = None
   ray_driver_ip: Optional[str] = None
   cells_per_gpu: int = 1
   cpus_per_cell: int = 2
-  executor: str = 'cpu'  # launch.train's --executor, which the runs train on.
 
   def __post_init__(self):
     for name in ('parallel', 'batch_cells', 'cells_per_gpu', 'cpus_per_cell'):
