@@ -46,11 +46,9 @@ class _CellActor:
 
   def __init__(self):
     # pylint: disable=g-import-not-at-top
-    from absl import flags as absl_flags
     from launch.cli import failures
     from launch.cli import quiet
     from launch.run import builds as builds_lib
-    absl_flags.FLAGS(['ray_worker'])
     failures.install_managed_tff_context()
     quiet.quiet_libraries()
     self._builds = builds_lib.Builds()
