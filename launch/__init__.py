@@ -9,7 +9,8 @@ module imports a program. Their machinery, by job:
                  resumption, its rounds, who runs them, what it spends, its errors
   sweeps/        many runs: running them some at a time, learning-rate grids and their
                  halving search, comparisons over seeds, the dry run's estimates
-  cli/           how every program starts and ends: exit statuses, one-line failures
+  cli/           how every program starts and ends: stop signals, exit statuses,
+                 one-line failures
   benchmarking/  what the benchmarks time and measure
   papers/        one file per paper: its protocol, tables and published numbers
 

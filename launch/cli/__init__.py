@@ -1,2 +1,2 @@
-"""How every program starts and ends: libraries quieted, exit statuses, failures turned
-into one line."""
+"""How every program starts and ends: libraries quieted, stop signals (`stops`), exit
+statuses, failures turned into one line."""
