@@ -25,8 +25,9 @@ On several machines, each running `python -m launch.worker --port=8000`:
 
   python -m launch.train --task=emnist --algo=fedzmg --workers=hostA:8000,hostB:8000
 
-Ctrl-C, SIGTERM or SIGHUP stops a run after saying which round's checkpoint it resumes
-from: `train: error: interrupted after round K; re-run the same command to resume`.
+Ctrl-C, SIGTERM or SIGHUP stops a run as its next round starts (a second one at once),
+after saying which round's checkpoint it resumes from: `train: error: interrupted after
+round K; re-run the same command to resume`.
 
 Exit status: as every program's (docs/operations.md, "Exit statuses").
 """
@@ -35,6 +36,7 @@ from absl import flags
 
 from launch.cli import failures
 from launch.cli import quiet
+from launch.cli import stops
 from launch.run import settings as run_settings
 from launch.run import training
 
@@ -45,7 +47,7 @@ flags.adopt_module_key_flags(run_settings)
 def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
-  training.train(run_settings.settings_from_flags())
+  training.train(run_settings.settings_from_flags(), between_rounds=stops.between_rounds)
   return 0
 
 

@@ -29,6 +29,7 @@ from launch.cli import stops
 from launch.run import errors
 from launch import train
 from tasks import synthetic
+from tff_zmg import analysis
 from tff_zmg.runtime import cpp_worker
 import small_runs
 
@@ -179,7 +180,7 @@ def run_train(small_data, tmp_path, capsys):
 @pytest.mark.parametrize(
     'algo, signum, after, resume',
     [
-        ('fedavg', signal.SIGINT, 'round 1/', True),
+        ('fedavg', signal.SIGINT, 'round 0/', True),
         # FedRKMGC, where a second worker once started during the shutdown; the same
         # handler for the others: stopped early and not resumed, to keep the suite short
         # (tests/test_train.py resumes a killed FedRKMGC run).
@@ -192,8 +193,9 @@ def run_train(small_data, tmp_path, capsys):
 def test_a_stop_signal_mid_run_says_which_round_resumes_and_it_does(
     small_data, tmp_path, run_train, algo, signum, after, resume
 ):
-  """The line names the newest checkpoint on disk, whatever moment the signal lands in:
-  after a round's progress line its checkpoint may or may not be saved yet."""
+  """The stop waits for the next round's start (`stops.between_rounds`), so no round is
+  trained and lost: the line names the newest checkpoint on disk, that of the last round
+  in metrics.csv, whichever round the signal landed in."""
   cache_dir, _ = small_data
   args = ['--task=emnist', f'--algo={algo}', '--total_rounds=2']
   # --verbosity=0 logs each worker start: exactly one, none during the shutdown (in TFF's
@@ -220,6 +222,8 @@ def test_a_stop_signal_mid_run_says_which_round_resumes_and_it_does(
   if kept[-1] is None:
     expected = ('train: error: interrupted before the first checkpoint; re-run the same'
                 ' command to start')
+  if kept[-1] is not None:
+    assert analysis.runs.completed_rounds(str(run_dir)) == kept[-1]
   if in_worker:
     assert 'Traceback' not in err and err.count('Started TFF worker') == 1, err
     # (TFF logs at INFO that the closed worker no longer answers its value disposals.)

@@ -20,7 +20,7 @@ import collections
 import contextlib
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional
 import warnings
 
 import numpy as np
@@ -45,13 +45,17 @@ from tff_zmg.templates import stateful_clients
 
 
 def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds] = None,
-        cell=None) -> dict:
+        cell=None, between_rounds: Callable[[], ContextManager[Optional[Callable[[], None]]]]
+        = contextlib.nullcontext) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
   With `builds` (a warm worker's), the task, process and evaluation an earlier run built
   with the same arguments are used again, and what this run builds is kept for the next.
   With `cell` (its place in a group of runs trained as batched cells,
   `launch.sweeps.batched_cells.Member`), its rounds are trained with the group's.
+  `between_rounds` is entered around the rounds (a program's `launch.cli.stops.between_rounds`)
+  and yields what to call as each round starts (None: nothing): a stop signal it defers
+  is raised there.
 
   Raises:
     errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
@@ -104,7 +108,8 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
                                              evaluate.held_out, progress.trained_rounds)
 
       session = _train(config, process, store, select, evaluate, progress, record_session,
-                       resumed_from, builds_lib.starting_state(process, start_rates), cell)
+                       resumed_from, builds_lib.starting_state(process, start_rates), cell,
+                       between_rounds)
   summary = _summary(config, time.monotonic() - start, session, evaluate.held_out)
   summary.update(accounting.summary(config, epsilon, summary['rounds_completed'],
                                     client_bytes))
@@ -288,6 +293,8 @@ def _train(
     evaluate: rounds.Evaluation,
     progress: rounds.RoundReleaseManager, record_session: Callable[[], Optional[dict]],
     resumed_from: Optional[int], initial_state=None, cell=None,
+    between_rounds: Callable[[], ContextManager[Optional[Callable[[], None]]]]
+    = contextlib.nullcontext,
 ) -> Optional[dict]:
   """TFF's training loop over the rounds after `resumed_from`, each judged and released
   by `progress`, evaluated where `rounds.evaluation_due` asks or where metrics.csv
@@ -295,7 +302,8 @@ def _train(
   session (`record_session`), recorded even if the loop stops, and a divergence's reason
   in the run's diverged.txt (`run_directory.record_divergence`). A run without a
   checkpoint starts from `initial_state` (None: `process.initialize()`); a run with a
-  `cell` trains its rounds with its group's (`run`)."""
+  `cell` trains its rounds with its group's, and `between_rounds` is entered around the
+  rounds (`run`)."""
   # A client-state store commits the files a checkpoint needs once it is written, so a
   # run with one saves in the round's time.
   checkpoints = rounds.FiniteStateManager(config, keep_total=3, in_background=store is None)
@@ -321,18 +329,19 @@ def _train(
   evaluated_before = resumption.evaluated_after(config, resumed_from)
   event_loop.thread_event_loop()  # run_training_process asks for it.
   try:
-    tff.simulation.run_training_process(
-        training_process=training_process,
-        training_selection_fn=select,
-        total_rounds=config.total_rounds,
-        evaluation_fn=evaluate,
-        evaluation_selection_fn=lambda round_num: (rounds.evaluation_due(config, round_num)
-                                                   or round_num in evaluated_before),
-        rounds_per_evaluation=1,  # Asks every round; `rounds.evaluation_due` decides.
-        program_state_manager=state_manager,
-        rounds_per_saving_program_state=config.rounds_per_checkpoint,
-        metrics_managers=[progress],
-    )
+    with between_rounds() as round_starts:
+      tff.simulation.run_training_process(
+          training_process=training_process,
+          training_selection_fn=_calling_first(round_starts, select),
+          total_rounds=config.total_rounds,
+          evaluation_fn=evaluate,
+          evaluation_selection_fn=lambda round_num: (rounds.evaluation_due(config, round_num)
+                                                     or round_num in evaluated_before),
+          rounds_per_evaluation=1,  # Asks every round; `rounds.evaluation_due` decides.
+          program_state_manager=state_manager,
+          rounds_per_saving_program_state=config.rounds_per_checkpoint,
+          metrics_managers=[progress],
+      )
   except BaseException as e:
     # The error that stopped the run is the news; the checkpoint being written is kept.
     with contextlib.suppress(Exception):
@@ -345,6 +354,19 @@ def _train(
   checkpoints.close()
   evaluate.close()
   return record_session()
+
+
+def _calling_first(first: Optional[Callable[[], None]], select: Callable) -> Callable:
+  """`select`, called after `first`: TFF's training loop selects a round's clients before
+  anything else of the round, after the round before was released and its save begun."""
+  if first is None:
+    return select
+
+  def select_after(round_num):
+    first()
+    return select(round_num)
+
+  return select_after
 
 
 class _StartingFrom:

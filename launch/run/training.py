@@ -1,8 +1,9 @@
 """One run from its settings, as `launch.train` runs it: the protocol's line, the run, the
 summary line. A warm worker (`launch.sweeps.warm_worker`) trains each cell by the same call."""
 
+import contextlib
 import json
-from typing import Optional
+from typing import Callable, ContextManager, Optional
 
 from launch.run import builds as builds_lib
 from launch.run import experiment
@@ -10,12 +11,15 @@ from launch.run import settings as run_settings
 
 
 def train(settings: run_settings.Settings,
-          builds: Optional[builds_lib.Builds] = None, cell=None) -> dict:
+          builds: Optional[builds_lib.Builds] = None, cell=None,
+          between_rounds: Callable[[], ContextManager[Callable[[], None]]]
+          = contextlib.nullcontext) -> dict:
   """Runs (or resumes) the run `settings` describe; returns its summary (printed too).
-  `builds` and `cell`: `experiment.run`'s."""
+  `builds`, `cell` and `between_rounds`: `experiment.run`'s."""
   settings, applied = run_settings.apply_protocol(settings)
   if applied:
     print(f'protocol {settings.values["protocol"]}: {json.dumps(applied)}', flush=True)
-  summary = experiment.run(run_settings.experiment_config(settings), builds, cell)
+  summary = experiment.run(run_settings.experiment_config(settings), builds, cell,
+                           between_rounds)
   print('summary: ' + json.dumps(summary), flush=True)
   return summary

@@ -36,6 +36,7 @@ from typing import Mapping, Optional
 from launch.cli import exit_status
 from launch.cli import failures
 from launch.cli import quiet
+from launch.cli import stops
 from launch.run import builds as builds_lib
 from launch.run import settings as run_settings
 from launch.run import training
@@ -92,7 +93,7 @@ def run_cell(request: Mapping, builds: builds_lib.Builds) -> dict:
       settings = run_settings.settings_of(request['settings'])
       print(start_line(settings), flush=True)
       print(f'--- {where()}', flush=True)
-      training.train(settings, builds)
+      training.train(settings, builds, between_rounds=stops.between_rounds)
       return _outcome(request, exit_status.OK)
     except BaseException as e:  # pylint: disable=broad-except
       return _outcome(request, *failures.report(_RUN_PROGRAM, e))
