@@ -12,11 +12,12 @@ A program passes through three ways of stopping:
   `errors.Interrupted` (a `KeyboardInterrupt`) where it lands, so `finally` blocks and
   context managers clean up (no TFF worker outlives the program) and training says after
   which round it stopped.
-- **At a loop's safe points** (`deferred`): while a run trains its rounds
-  (`between_rounds`) and while a sweep schedules its runs, the first stop is only recorded,
-  and the loop raises it at its next turn (`raise_if_requested`): the next round's start,
-  once the round before is released and its checkpoint under way; the scheduler's next
-  turn. A second stop is raised at once, as when running.
+- **At a loop's safe points** (`deferred`): while `launch.train` trains its rounds
+  (`between_rounds`; not yet a sweep's warm worker) and while a sweep schedules its runs,
+  the first stop is only recorded, and the loop raises it at its next turn
+  (`raise_if_requested`): the next round's start, once the round before is released and
+  its checkpoint under way; the scheduler's next turn. A second stop is raised at once, as
+  when running.
 
 Its children: a sweep's worker processes die with the program (`die_with_parent`), and
 the Ray driver also leaves Ctrl-C to the program, which closes it
@@ -171,10 +172,10 @@ def deferred():
 
 @contextlib.contextmanager
 def between_rounds():
-  """`deferred` around a run's rounds: yields the check training calls as each round
-  starts, which raises the stop received since (training then says which checkpoint it
-  keeps, the one of the round before, written whole). A stop received in the last round
-  stops nothing: the run ends as done."""
+  """`deferred` around a run's rounds (`launch.train`'s): yields the check training
+  calls as each round starts, which raises the stop received since (training then says
+  which checkpoint it keeps, the one of the round before, written whole). A stop
+  received in the last round stops nothing: the run ends as done."""
   with deferred() as received:
     yield lambda: raise_if_requested(received, 'stopped between rounds')
 

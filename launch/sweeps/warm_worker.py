@@ -36,7 +36,6 @@ from typing import Mapping, Optional
 from launch.cli import exit_status
 from launch.cli import failures
 from launch.cli import quiet
-from launch.cli import stops
 from launch.run import builds as builds_lib
 from launch.run import settings as run_settings
 from launch.run import training
@@ -93,7 +92,10 @@ def run_cell(request: Mapping, builds: builds_lib.Builds) -> dict:
       settings = run_settings.settings_of(request['settings'])
       print(start_line(settings), flush=True)
       print(f'--- {where()}', flush=True)
-      training.train(settings, builds, between_rounds=stops.between_rounds)
+      # A stop lands where it lands here, not between rounds (`stops.between_rounds`, as
+      # launch.train): in a Ray actor that let a cell held after round 1 train to its end
+      # (test_ray_workers' lost cluster), which is not understood yet.
+      training.train(settings, builds)
       return _outcome(request, exit_status.OK)
     except BaseException as e:  # pylint: disable=broad-except
       return _outcome(request, *failures.report(_RUN_PROGRAM, e))
