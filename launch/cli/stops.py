@@ -1,6 +1,6 @@
 """The stop signals of every program, from its first import to its exit: the one module
 that handles Ctrl-C (SIGINT), SIGTERM and SIGHUP. Code elsewhere asks it for a stop
-(`deferred`, `raise_if_requested`) and never installs a handler of its own. (TFF's C++
+(the check `deferred` yields) and never installs a handler of its own. (TFF's C++
 workers keep their own life cycle, `tff_zmg/runtime/cpp_worker.py`: they die with the
 program that started them.)
 
@@ -14,10 +14,10 @@ A program passes through three ways of stopping:
   which round it stopped.
 - **At a loop's safe points** (`deferred`): while `launch.train` trains its rounds
   (`between_rounds`; not yet a sweep's warm worker) and while a sweep schedules its runs,
-  the first stop is only recorded, and the loop raises it at its next turn
-  (`raise_if_requested`): the next round's start, once the round before is released and
-  its checkpoint under way; the scheduler's next turn. A second stop is raised at once, as
-  when running.
+  the first stop is only recorded, and the loop raises it at its next safe point: the next
+  round's start (or the last round's end), once the round before is released and its
+  checkpoint under way; the scheduler's next turn. A second stop is raised at once, with
+  the same line.
 
 Its children: a sweep's worker processes die with the program (`die_with_parent`), and
 the Ray driver also leaves Ctrl-C to the program, which closes it
@@ -79,9 +79,10 @@ def end_at_once_while_starting(program: str, cleanup: Callable[[], None]) -> Non
 # Running.
 
 
-def _raise_interrupted(signum, frame) -> None:
-  """Raises `Interrupted` where the signal landed, unless that is inside asyncio's
-  bookkeeping, where it is signalled again a moment later.
+def _raise_interrupted(signum, frame, what_was_done: str = '') -> None:
+  """Raises `Interrupted` (`interrupted by <SIGNAL>[; <what_was_done>]`) where the signal
+  landed, unless that is inside asyncio's bookkeeping, where it is signalled again a moment
+  later.
 
   A stop raised there leaves the loop half updated: CI saw one land while a checkpoint's
   `save` task was being registered, so that no cancel could find the task and asyncio
@@ -98,9 +99,14 @@ def _raise_interrupted(signum, frame) -> None:
   # the one line.
   warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
                           category=RuntimeWarning)
-  stop = errors.Interrupted(f'interrupted by {signal.Signals(signum).name}')
+  stop = errors.Interrupted(_stop_line(signum, what_was_done))
   stop.signum = signum
   raise stop
+
+
+def _stop_line(signum: int, what_was_done: str) -> str:
+  return '; '.join(filter(None, [f'interrupted by {signal.Signals(signum).name}',
+                                 what_was_done]))
 
 
 def _signal_again(signum: int) -> None:
@@ -142,50 +148,46 @@ def install() -> None:
 
 
 @contextlib.contextmanager
-def deferred():
-  """Yields the list of stops received inside: the first is only recorded there, and the
-  loop acts on it at its next turn (`raise_if_requested`); a second is raised at once.
+def deferred(what_was_done: str):
+  """Around a loop: yields the check the loop calls at each of its safe points, which
+  raises `Interrupted` (`interrupted by <SIGNAL>; <what_was_done>`) if a stop was received
+  inside. The first stop is only recorded; a second is raised at once, with the same line.
 
   A handler that raises can lose its exception: Python runs pending handlers inside the
   fork callbacks of `subprocess.Popen` (with a preexec_fn), where exceptions are printed
   and dropped, and the program would carry on as if never told to stop. A second stop
   raised there and lost is still recorded, and the loop acts on it. Outside the main
-  thread, where no handler can be set, the list stays empty.
+  thread, where no handler can be set, the check never raises.
   """
   received = []
+
+  def stop_if_received() -> None:
+    if received:
+      raise errors.Interrupted(_stop_line(received[0], what_was_done))
+
   if threading.current_thread() is not threading.main_thread():
-    yield received
+    yield stop_if_received
     return
 
   def record(signum, frame) -> None:
     received.append(signum)
     if len(received) > 1:
-      _raise_interrupted(signum, frame)
+      _raise_interrupted(signum, frame, what_was_done)
 
   previous = {s: signal.signal(s, record) for s in STOP_SIGNALS}
   try:
-    yield received
+    yield stop_if_received
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
 
 
-@contextlib.contextmanager
 def between_rounds():
-  """`deferred` around a run's rounds (`launch.train`'s): yields the check training
-  calls as each round starts, which raises the stop received since (training then says
-  which checkpoint it keeps, the one of the round before, written whole). A stop
-  received in the last round stops nothing: the run ends as done."""
-  with deferred() as received:
-    yield lambda: raise_if_requested(received, 'stopped between rounds')
-
-
-def raise_if_requested(received: list, what_was_done: str) -> None:
-  """Raises `errors.Interrupted` (`interrupted by <SIGNAL>; <what_was_done>`) if `deferred`
-  received a stop."""
-  if received:
-    raise errors.Interrupted(
-        f'interrupted by {signal.Signals(received[0]).name}; {what_was_done}')
+  """`deferred` around a run's rounds (`launch.train`'s): training calls its check as each
+  round starts and once after the last, so a stop is raised once the round it landed in
+  is released and its checkpoint under way (training then says which checkpoint it keeps:
+  that round's, written whole)."""
+  return deferred('stopped between rounds')
 
 
 # Children.

@@ -54,8 +54,8 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
   With `cell` (its place in a group of runs trained as batched cells,
   `launch.sweeps.batched_cells.Member`), its rounds are trained with the group's.
   `between_rounds` is entered around the rounds (a program's `launch.cli.stops.between_rounds`)
-  and yields what to call as each round starts (None: nothing): a stop signal it defers
-  is raised there.
+  and yields what to call as each round starts and after the last (None: nothing): a stop
+  signal it defers is raised there.
 
   Raises:
     errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
@@ -329,10 +329,10 @@ def _train(
   evaluated_before = resumption.evaluated_after(config, resumed_from)
   event_loop.thread_event_loop()  # run_training_process asks for it.
   try:
-    with between_rounds() as round_starts:
+    with between_rounds() as stop_if_received:
       tff.simulation.run_training_process(
           training_process=training_process,
-          training_selection_fn=_calling_first(round_starts, select),
+          training_selection_fn=_calling_first(stop_if_received, select),
           total_rounds=config.total_rounds,
           evaluation_fn=evaluate,
           evaluation_selection_fn=lambda round_num: (rounds.evaluation_due(config, round_num)
@@ -342,6 +342,8 @@ def _train(
           rounds_per_saving_program_state=config.rounds_per_checkpoint,
           metrics_managers=[progress],
       )
+      if stop_if_received is not None:
+        stop_if_received()  # A stop received in the last round.
   except BaseException as e:
     # The error that stopped the run is the news; the checkpoint being written is kept.
     with contextlib.suppress(Exception):

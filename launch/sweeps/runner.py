@@ -283,12 +283,11 @@ def run_all(
   running = {}  # name -> (index, run, log path, start time)
   said = set()  # Why batched runs trained alone, said once each.
   progress = Progress([run for _, run in pending], workers.size * pool.batch_cells, later)
-  with stops.deferred() as stop_requested:
+  with stops.deferred('the runs still going were stopped; re-run the same command to'
+                     ' resume') as stop_if_received:
     try:
       while pending or running:
-        stops.raise_if_requested(
-            stop_requested, 'the runs still going were stopped; re-run the same command to'
-            ' resume')
+        stop_if_received()
         for slot in workers.idle():
           if not pending:
             break
