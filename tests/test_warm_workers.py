@@ -26,6 +26,7 @@ from launch.sweeps import lr_grid
 from launch.sweeps import runner
 from launch.sweeps import workers as workers_lib
 from tff_zmg.algorithms import registry
+from tff_zmg.analysis import runs as run_folders
 
 _rows = small_runs.metric_rows
 
@@ -196,9 +197,11 @@ def test_a_worker_killed_mid_cell_costs_one_retry_and_the_same_best(
 
 def test_ctrl_c_mid_search_then_the_same_command_gives_the_same_results(
     whole_grid, synthetic_cache_dir, tmp_path):
+  """The cell under way stops between rounds, as launch.train: its log ends in the line
+  that names the last round in its metrics.csv (or it ended first)."""
   command = _grid_command(synthetic_cache_dir, tmp_path)
   with small_runs.running(command) as proc:
-    _when_training(tmp_path, proc.pid)
+    log = _when_training(tmp_path, proc.pid)
     workers = small_runs.warm_workers(proc.pid)
     assert workers
     proc.send_signal(signal.SIGINT)
@@ -207,6 +210,14 @@ def test_ctrl_c_mid_search_then_the_same_command_gives_the_same_results(
   assert err.strip().splitlines()[-1].startswith('grid_search: error: interrupted'), err
   for worker in workers:
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+  cell = os.path.join(tmp_path, 'grid_emnist_fedavg', os.path.basename(log)[:-len('.log')])
+  ended = re.findall(r'^train: error: .*$', open(log).read(), re.M)
+  if ended:
+    kept = run_folders.completed_rounds(cell)
+    assert ended == [f'train: error: interrupted after round {kept}; re-run the same command'
+                     ' to resume'], ended
+  else:
+    assert 'summary: {' in open(log).read()
   again = subprocess.run(command, cwd=small_runs.REPO, capture_output=True, text=True,
                          timeout=900)
   assert again.returncode == 0, again.stderr

@@ -12,14 +12,17 @@ A program passes through three ways of stopping:
   `errors.Interrupted` (a `KeyboardInterrupt`) where it lands, so `finally` blocks and
   context managers clean up (no TFF worker outlives the program) and training says after
   which round it stopped.
-- **At a loop's safe points** (`deferred`): while `launch.train` trains its rounds
-  (`between_rounds`; not yet a sweep's warm worker) and while a sweep schedules its runs,
+- **At a loop's safe points** (`deferred`): while `launch.train` or a sweep's warm worker
+  on this machine trains a run's rounds (`between_rounds`; a Ray actor is Ray's to end,
+  by SIGTERM, and batched cells stop where the stop lands) and while a sweep schedules its
+  runs,
   the first stop is only recorded, and the loop raises it at its next safe point: the next
   round's start (or the last round's end), once the round before is released and its
   checkpoint under way; the scheduler's next turn. A second stop is raised at once, with
   the same line.
 
-Its children: a sweep's worker processes die with the program (`die_with_parent`), and
+Its children: a sweep's worker processes die with the program (`die_with_parent`) and
+have sessions of their own (one SIGTERM from the program stops them, between rounds), and
 the Ray driver also leaves Ctrl-C to the program, which closes it
 (`die_with_parent_and_leave_it_interrupts`).
 

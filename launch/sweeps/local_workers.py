@@ -6,8 +6,10 @@ A worker that dies while training a run (SIGSEGV, the kernel's OOM killer) costs
 run: it is started again once in a fresh worker, from its last checkpoint, and reported as
 lost, with both logs named, if that worker dies too (the same command resumes it). No
 worker outlives the program: each gets SIGTERM when the program's process dies (Linux),
-and `close` ends them (SIGTERM, which stops a run cleanly, then SIGKILL after a grace
-period).
+and `close` ends them (SIGTERM, which stops a run once its round under way is trained and
+checkpointed, then SIGKILL after a grace period). A worker has a session of its own, so a
+terminal's Ctrl-C reaches the program only: a second signal from `close` would have cut
+the round short.
 """
 
 import contextlib
@@ -53,7 +55,7 @@ class _Worker:
       self.process = subprocess.Popen(
           [sys.executable, '-m', 'launch.sweeps.warm_worker'], stdin=subprocess.PIPE,
           stdout=subprocess.PIPE, stderr=log, env=child_environment(),
-          preexec_fn=stops.die_with_parent,
+          preexec_fn=stops.die_with_parent, start_new_session=True,
       )
     os.set_blocking(self.process.stdout.fileno(), False)
     self._pending = b''
@@ -168,8 +170,8 @@ class LocalWorkers(workers.Workers):
     return ended
 
   def close(self) -> None:
-    """Ends every worker: a run still training stops as on Ctrl-C (it resumes next time);
-    after the grace period, SIGKILL."""
+    """Ends every worker: a run still training stops as on Ctrl-C, after its round
+    under way (it resumes next time); after the grace period, SIGKILL."""
     live = [w for w in self._workers if w is not None and w.dead() is None]
     for worker in live:
       with contextlib.suppress(OSError):

@@ -59,7 +59,9 @@ class _CellActor:
 
   def run(self, request: dict) -> dict:
     from launch.sweeps import warm_worker  # pylint: disable=g-import-not-at-top
-    return warm_worker.answer(request, self._builds)
+    # Ray ends its workers by SIGTERM (`ray stop`, a lost node): a stop deferred to the
+    # next round kept an actor whose cluster was gone training to its run's end.
+    return warm_worker.answer(request, self._builds, contextlib.nullcontext)
 
 
 class BadAddress(Exception):

@@ -17,11 +17,12 @@ While a run trains, the worker's standard output and error (file descriptors 1 a
 TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.train`'s
 output would, under the command that trains it alone and ending in the same one line on
 failure; between runs they go to the worker's own log (its stderr). A stop signal ends
-the run it trains, which says what is kept as `launch.train` would, and then the worker;
-end of input ends it too. absl's flags are not read for a run.
+the run it trains between rounds, as `launch.train` (`launch.cli.stops.between_rounds`),
+saying what is kept, and then the worker; end of input ends it too. absl's flags are not
+read for a run.
 
 A Ray actor (`launch.sweeps.ray_driver`) answers the same requests, one per call
-(`answer`).
+(`answer`); there a stop lands where it lands (Ray ends its workers by SIGTERM).
 """
 
 import contextlib
@@ -31,11 +32,12 @@ import socket
 import sys
 import threading
 import time
-from typing import Mapping, Optional
+from typing import Callable, ContextManager, Mapping, Optional
 
 from launch.cli import exit_status
 from launch.cli import failures
 from launch.cli import quiet
+from launch.cli import stops
 from launch.run import builds as builds_lib
 from launch.run import settings as run_settings
 from launch.run import training
@@ -43,6 +45,9 @@ from launch.sweeps import batched_cells
 
 # The program name a run's error line starts with: the runs are `launch.train`'s.
 _RUN_PROGRAM = 'train'
+
+# What a run's rounds are entered in (`launch.run.training.train`'s `between_rounds`).
+BetweenRounds = Callable[[], ContextManager[Optional[Callable[[], None]]]]
 
 
 @contextlib.contextmanager
@@ -85,17 +90,16 @@ def start_line(settings: run_settings.Settings) -> str:
   return f'=== start {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(command)}'
 
 
-def run_cell(request: Mapping, builds: builds_lib.Builds) -> dict:
-  """Trains the run of `request` (its `settings` and `log`); returns its outcome."""
+def run_cell(request: Mapping, builds: builds_lib.Builds,
+             between_rounds: BetweenRounds) -> dict:
+  """Trains the run of `request` (its `settings` and `log`), its rounds entered in
+  `between_rounds`; returns its outcome."""
   with output_to(request['log']):
     try:
       settings = run_settings.settings_of(request['settings'])
       print(start_line(settings), flush=True)
       print(f'--- {where()}', flush=True)
-      # A stop lands where it lands here, not between rounds (`stops.between_rounds`, as
-      # launch.train): in a Ray actor that let a cell held after round 1 train to its end
-      # (test_ray_workers' lost cluster), which is not understood yet.
-      training.train(settings, builds)
+      training.train(settings, builds, between_rounds=between_rounds)
       return _outcome(request, exit_status.OK)
     except BaseException as e:  # pylint: disable=broad-except
       return _outcome(request, *failures.report(_RUN_PROGRAM, e))
@@ -168,13 +172,15 @@ def _wait_for(events: list[threading.Event], through_stops: bool = False) -> Non
           raise
 
 
-def answer(request: Mapping, builds: builds_lib.Builds) -> dict:
-  """The answer to one request: its run's outcome, or its batched runs' outcomes."""
+def answer(request: Mapping, builds: builds_lib.Builds,
+           between_rounds: BetweenRounds) -> dict:
+  """The answer to one request: its run's outcome (its rounds entered in
+  `between_rounds`), or its batched runs' outcomes (a stop ends them where it lands)."""
   start = time.monotonic()
   if 'runs' in request:
     result = {'name': request['name'], 'runs': run_cells(request, builds)}
   else:
-    result = run_cell(request, builds)
+    result = run_cell(request, builds, between_rounds)
   return {**result, 'seconds': time.monotonic() - start}
 
 
@@ -195,7 +201,7 @@ def serve(requests, results, builds: builds_lib.Builds) -> int:
   is interrupted (then this worker stops too)."""
   for line in requests:
     request = json.loads(line)
-    result = answer(request, builds)
+    result = answer(request, builds, stops.between_rounds)
     results.write(json.dumps(result) + '\n')
     results.flush()
     print(f'{request["name"]}: exit status {statuses(result)}; built so far: {builds.built}',
