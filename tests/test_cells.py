@@ -14,10 +14,16 @@ from tff_zmg.runtime import in_process
 from tff_zmg.templates import cells
 from tff_zmg.templates import state_hparams
 
-# Trained batched and alone: one algorithm per client rule and per server optimizer
-# (FedZMG's Adam, Yogi and prox variants pair a rule and an optimizer trained here).
-BATCHABLE = ('fedavg', 'fedadam', 'fedzmg', 'fedyogi', 'fedadagrad', 'fedprox', 'local_gc',
-             'global_gc', 'gcfed')
+# Trained batched and alone: one algorithm per family of client rule and server step. The
+# batched process vectorizes the clients' work over the cells and runs each cell's server
+# step (finalizer) alone, on that cell's state, as its process does: FedAdam's server
+# stands for Yogi's and Adagrad's, GC-Fed's (LocalGC on the feature layers, GlobalGC on the
+# classifier) for LocalGC's and GlobalGC's, which are built batched untrained
+# (`test_the_untrained_families_build_batched_cells`). FedZMG's Adam, Yogi and prox variants
+# pair a rule and an optimizer trained here.
+TRAINED = ('fedavg', 'fedadam', 'fedzmg', 'fedprox', 'gcfed')
+BUILT = ('fedyogi', 'fedadagrad', 'local_gc', 'global_gc')
+BATCHABLE = (*TRAINED, *BUILT, 'fedzmg_adam', 'fedzmg_yogi', 'fedzmg_prox')
 # The last cell's server rate takes its weights near float32's largest after round 1:
 # its round 2 overflows.
 _CLIENT_RATES = (0.01, 0.05, 0.2, 0.1)
@@ -75,7 +81,7 @@ def _run_alone_and_batched(process):
   return alone, batched
 
 
-@pytest.mark.parametrize('algo', BATCHABLE)
+@pytest.mark.parametrize('algo', TRAINED)
 def test_four_batched_cells_equal_four_runs_alone_one_diverging_in_round_two(algo):
   model_fn = tiny_models.softmax_regression_model_fn(_FEATURES, _CLASSES)
   with in_process.in_process_context():
@@ -106,8 +112,24 @@ def test_processes_whose_clients_keep_state_are_not_batched():
   assert 'keep state' in cells.unbatchable_reason(process)
   with pytest.raises(ValueError, match='cannot train cells batched: its clients keep state'):
     cells.build_cells_process(process, 2)
-  for algo in (*BATCHABLE, 'fedzmg_adam', 'fedzmg_yogi', 'fedzmg_prox'):
+  for algo in BATCHABLE:
     assert cells.unbatchable_reason(registry.build(algo, model_fn, num_clients=3)) is None, algo
+
+
+def test_the_untrained_families_build_batched_cells():
+  """Untrained: the batched process's state is the cells' states, each its process's, and
+  its `next` takes and returns that state and the process's client data."""
+  model_fn = tiny_models.softmax_regression_model_fn(_FEATURES, _CLASSES)
+  for algo in BUILT:
+    process = registry.build(algo, model_fn, num_clients=3)
+    batched = cells.build_cells_process(process, 2)
+    state = process.initialize.type_signature.result
+    states = batched.initialize.type_signature.result
+    assert states.placement == state.placement, algo
+    assert [states.member[k] for k in range(2)] == [state.member] * 2, algo
+    parameter, result = batched.next.type_signature.parameter, batched.next.type_signature.result
+    assert parameter[0] == states and result[0] == states, algo
+    assert parameter[1] == process.next.type_signature.parameter[1], algo
 
 
 def test_each_cell_has_its_own_aggregator_state():
