@@ -1,13 +1,14 @@
 """A grid search on a Ray cluster gives what it gives on this machine, and ends in one
-line of its own when no cluster answers or the cluster is lost; a Ray cell of each row of
-the guarantees' matrix (`small_runs.MATRIX`) ends as its `launch.train` run.
+line of its own when no cluster answers or the cluster is lost; a Ray cell of each distinct
+row of the guarantees' matrix (`small_runs.DISTINCT_ROWS`) ends as its `launch.train` run.
 
 The cluster is two Ray nodes on this machine, on loopback addresses (127.0.0.2 and
 127.0.0.3: Ray rewrites 127.0.0.1 to the machine's outward address), each with one
 logical GPU (`--num-gpus=1`; nothing here runs on a GPU, Ray only hands out its id), and
-two cells per GPU. Ray's home folder is the test's own, with the file that stops its
+two cells per GPU, started once for the module. Ray's home folder is the test's own, with the file that stops its
 start-up from asking a cloud's metadata address where it runs, and its usage reports off:
-no traffic leaves loopback. Every Ray process is stopped after the test, and checked gone.
+no traffic leaves loopback. Every Ray process is stopped after the module, and checked
+gone.
 """
 
 import contextlib
@@ -86,8 +87,9 @@ def _two_node_cluster():
     assert _ray_processes() == []
 
 
-@pytest.fixture
+@pytest.fixture(scope='module')
 def ray_cluster():
+  """One cluster for the module's tests, started once (its last test loses it)."""
   with _two_node_cluster() as cluster:
     yield cluster
 
@@ -128,6 +130,63 @@ def _results(root):
   return best, {n: test_warm_workers._rows(os.path.join(grid, n)) for n in cells}  # pylint: disable=protected-access
 
 
+def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program, tmp_path):
+  """Ray itself would retry for minutes, printing its C++ warnings."""
+  start = time.monotonic()
+  code, _, err = run_program(grid_search, '--task=emnist', '--algo=fedavg',
+                             '--data_source=synthetic', '--client_learning_rates=0.1',
+                             '--server_learning_rates=1', '--total_rounds=1',
+                             f'--root_output_dir={tmp_path}', '--ray_address=127.0.0.1:1')
+  assert code == exit_status.BAD_INPUT, err
+  (line,) = err.strip().splitlines()
+  assert line.startswith('grid_search: error: --ray_address=127.0.0.1:1: no Ray cluster'
+                         ' answers there (Connection refused'), err
+  assert time.monotonic() - start < 30
+
+
+# A sweep's driver (`runner.run_all` in the pool of a Ray cluster, as launch.grid_search
+# runs its cells with --ray_address) of the runs given as {name: launch.train's arguments}.
+_RAY_CELLS = """
+import json, sys
+from absl import flags
+from launch.run import settings
+from launch.sweeps import runner, workers
+address, driver_ip, log_dir, cells = json.loads(sys.argv[1])
+runs = []
+for name, args in cells.items():
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['train', *args])
+  runs.append(runner.Run(name=name, settings=settings.settings_from_flags()))
+pool = workers.Pool(executor='cpu', ray_address=address, ray_driver_ip=driver_ip)
+print(runner.run_all(runs, pool=pool, log_dir=log_dir))
+"""
+
+
+@pytest.fixture(scope='module')
+def matrix_on_ray(ray_cluster, tmp_path_factory):
+  """The folder of each row's run (`small_runs.DISTINCT_ROWS`) trained as a cell on the
+  cluster (one actor a node, the rows two at a time), by the row's name; the logs under
+  `logs`."""
+  address, env, _ = ray_cluster
+  root = tmp_path_factory.mktemp('matrix_on_ray')
+  cells = {row: small_runs.matrix_args(row, root, row) for row in small_runs.DISTINCT_ROWS}
+  proc = subprocess.run(
+      [sys.executable, '-c', _RAY_CELLS,
+       json.dumps([address, _HEAD, str(root / 'logs'), cells])],
+      cwd=small_runs.REPO, env=env, capture_output=True, text=True, timeout=1800)
+  assert proc.returncode == 0, proc.stderr
+  assert 'ray: 2 workers on 2 nodes' in proc.stdout, proc.stdout
+  return root
+
+
+@pytest.mark.parametrize('row', small_runs.DISTINCT_ROWS)
+def test_a_ray_cell_equals_its_launch_train_run_bit_for_bit(row, matrix_on_ray):
+  small_runs.assert_same_run(matrix_on_ray / row, small_runs.reference_run(row))
+  log = open(matrix_on_ray / 'logs' / f'{row}.log').read()
+  assert re.search(r'^--- warm worker \d+ on .*, Ray node ', log, re.M), log
+
+
+# Last: it loses the module's cluster.
 def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid_and_resumes_when_it_is_lost(
     ray_cluster, run_program, synthetic_cache_dir, tmp_path):
   address, env, stop_cluster = ray_cluster
@@ -170,58 +229,3 @@ def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid_and_resumes_when
   assert line.endswith('the runs resume from their checkpoints: re-run the same command'), err
   _local_grid(run_program, synthetic_cache_dir, tmp_path / 'lost', cells=_ONE_CELL)
   assert _results(tmp_path / 'lost')[1] == {'clr0.1_slr1': local[1]['clr0.1_slr1']}
-
-
-def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program, tmp_path):
-  """Ray itself would retry for minutes, printing its C++ warnings."""
-  start = time.monotonic()
-  code, _, err = run_program(grid_search, '--task=emnist', '--algo=fedavg',
-                             '--data_source=synthetic', '--client_learning_rates=0.1',
-                             '--server_learning_rates=1', '--total_rounds=1',
-                             f'--root_output_dir={tmp_path}', '--ray_address=127.0.0.1:1')
-  assert code == exit_status.BAD_INPUT, err
-  (line,) = err.strip().splitlines()
-  assert line.startswith('grid_search: error: --ray_address=127.0.0.1:1: no Ray cluster'
-                         ' answers there (Connection refused'), err
-  assert time.monotonic() - start < 30
-
-
-# A sweep's driver (`runner.run_all` in the pool of a Ray cluster, as launch.grid_search
-# runs its cells with --ray_address) of the runs given as {name: launch.train's arguments}.
-_RAY_CELLS = """
-import json, sys
-from absl import flags
-from launch.run import settings
-from launch.sweeps import runner, workers
-address, driver_ip, log_dir, cells = json.loads(sys.argv[1])
-runs = []
-for name, args in cells.items():
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(['train', *args])
-  runs.append(runner.Run(name=name, settings=settings.settings_from_flags()))
-pool = workers.Pool(executor='cpu', ray_address=address, ray_driver_ip=driver_ip)
-print(runner.run_all(runs, pool=pool, log_dir=log_dir))
-"""
-
-
-@pytest.fixture(scope='module')
-def matrix_on_ray(tmp_path_factory):
-  """The folder of each row's run trained as a cell on a cluster of its own (one actor a
-  node, the rows two at a time), by the row's name; the logs under `logs`."""
-  root = tmp_path_factory.mktemp('matrix_on_ray')
-  cells = {row: small_runs.matrix_args(row, root, row) for row in small_runs.MATRIX}
-  with _two_node_cluster() as (address, env, _):
-    proc = subprocess.run(
-        [sys.executable, '-c', _RAY_CELLS,
-         json.dumps([address, _HEAD, str(root / 'logs'), cells])],
-        cwd=small_runs.REPO, env=env, capture_output=True, text=True, timeout=1800)
-  assert proc.returncode == 0, proc.stderr
-  assert 'ray: 2 workers on 2 nodes' in proc.stdout, proc.stdout
-  return root
-
-
-@pytest.mark.parametrize('row', small_runs.MATRIX)
-def test_a_ray_cell_equals_its_launch_train_run_bit_for_bit(row, matrix_on_ray):
-  small_runs.assert_same_run(matrix_on_ray / row, small_runs.reference_run(row))
-  log = open(matrix_on_ray / 'logs' / f'{row}.log').read()
-  assert re.search(r'^--- warm worker \d+ on .*, Ray node ', log, re.M), log

@@ -292,15 +292,11 @@ _RERUNS = {
     'worker': ('--runtime=tff_worker',),
 }
 # TFF's worker on the rows that hold what it could run otherwise than the in-process
-# runtime: a stateless algorithm's plain round (the EMNIST CNN's FedZMG), dropout masks
-# drawn in every step (the CIFAR-100 CNN's FedGPS), clients' states read and written
-# around the round (SCAFFOLD), a recurrent model on text with an adaptive server (the
-# Shakespeare GRU's FedAdam). ResNet-18-GN's GC-Fed is a stateless round of a deterministic
-# model, as the first row's, at 11M parameters (its worker run was this file's slowest);
-# GC-Fed itself is compared with the worker in tests/test_in_process.py, as every
-# stateless algorithm is.
-_WORKER_ROWS = ('emnist_cnn-fedzmg', 'cifar100_cnn-fedgps', 'cifar_cnn-scaffold',
-                'shakespeare_gru-fedadam')
+# runtime (`small_runs.DISTINCT_ROWS`: a stateless algorithm's plain round, dropout masks
+# drawn in every step, clients' states read and written around the round, a recurrent
+# model with an adaptive server); GC-Fed itself is compared with the worker in
+# tests/test_in_process.py, as every stateless algorithm is.
+_WORKER_ROWS = small_runs.DISTINCT_ROWS
 
 
 def _reruns_of(row) -> dict:
