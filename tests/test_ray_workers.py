@@ -2,13 +2,13 @@
 line of its own when no cluster answers or the cluster is lost; a Ray cell of each distinct
 row of the guarantees' matrix (`small_runs.DISTINCT_ROWS`) ends as its `launch.train` run.
 
-The cluster is two Ray nodes on this machine, on loopback addresses (127.0.0.2 and
-127.0.0.3: Ray rewrites 127.0.0.1 to the machine's outward address), each with one
-logical GPU (`--num-gpus=1`; nothing here runs on a GPU, Ray only hands out its id), and
-two cells per GPU, started once for the module. Ray's home folder is the test's own, with the file that stops its
-start-up from asking a cloud's metadata address where it runs, and its usage reports off:
-no traffic leaves loopback. Every Ray process is stopped after the module, and checked
-gone.
+The cluster is two Ray nodes on this machine, started once for the module, on loopback
+addresses (127.0.0.2 and 127.0.0.3: Ray rewrites 127.0.0.1 to the machine's outward
+address), each with one logical GPU (`--num-gpus=1`; nothing here runs on a GPU, Ray only
+hands out its id), and two cells per GPU. Ray's home folder is the test's own, with the
+file that stops its start-up from asking a cloud's metadata address where it runs, and
+its usage reports off: no traffic leaves loopback. Every Ray process is stopped after the
+module, and checked gone.
 """
 
 import contextlib

@@ -283,7 +283,8 @@ def test_killed_runs_resume_to_the_uninterrupted_result(
 # algorithm), each row's uninterrupted `launch.train` run their reference
 # (`small_runs.reference_run`, trained once in the session). Here: the same command twice,
 # a killed run resumed, one client at a time, TFF's worker. A warm, a batched and a Ray
-# cell: tests/test_warm_workers.py and tests/test_ray_workers.py.
+# cell of each distinct row (`small_runs.DISTINCT_ROWS`): tests/test_warm_workers.py and
+# tests/test_ray_workers.py.
 _ROWS = list(small_runs.MATRIX)
 _RERUNS = {
     'same': (),  # The reference's command.
