@@ -51,7 +51,7 @@ def _reproduce(args):
   """Runs the protocol the flags describe in-process; (plan, report path, progress output)."""
   _parse(*args)
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
     out = io.StringIO()
     path = reproduce.reproduce(plan, _pool(), stream=out)
   finally:
@@ -174,7 +174,7 @@ def designed(tmp_path_factory, synthetic_cache_dir):
   root = str(tmp_path_factory.mktemp('designed'))
   _parse(*_designed_args(root, synthetic_cache_dir))
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
     rng = np.random.default_rng(0)
     best = {}
     rounds = plan.search().final_rounds
@@ -331,7 +331,7 @@ def _dry_run(root, *args, timing=None, paper='fedzmg'):
   runs is timed at it beforehand (so nothing trains)."""
   _parse(f'--paper={paper}', '--dry_run', f'--root_output_dir={root}', *args)
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
     if timing is not None:
       directory = os.path.join(plan.directory, 'dry_run')
       os.makedirs(directory, exist_ok=True)
@@ -397,7 +397,7 @@ def test_runs_at_a_time_are_timed_at_a_time(designed):
   # Kept timings of one run alone are not taken for two at once: those are timed.
   _parse('--paper=fedzmg', '--table=5', f'--root_output_dir={designed[0]}')
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
   finally:
     flags.FLAGS.unparse_flags()
   runs = [p.run for p in reproduce.planned_runs(plan)]
@@ -461,7 +461,7 @@ def test_a_dry_runs_estimate_holds_for_a_plan_of_two_kinds(
          f'--cache_dir={synthetic_cache_dir}', f'--root_output_dir={tmp_path}',
          '--parallel=1')
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
     plan = dataclasses.replace(
         plan, paper=dataclasses.replace(plan.paper, algos=('fedavg', 'fedzmg'), grid=None),
         scale=dataclasses.replace(plan.scale, max_seeds=1))
@@ -511,7 +511,7 @@ def test_small_scale_dry_run_of_every_table(designed, paper):
   assert '  grid-emnist-fedzmg-clr10_slr10: emnist fedzmg clr=10 slr=10 rounds=10 cohort=10' in out
   _parse('--paper=fedzmg', '--scale=small', f'--root_output_dir={designed[0]}')
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
   finally:
     flags.FLAGS.unparse_flags()
   assert plan.tuning_caveat() is None
@@ -526,7 +526,7 @@ def test_a_timing_run_records_the_settings_its_command_trains_with(designed, pap
   _parse(f'--paper={paper}', '--scale=small', '--data_source=synthetic',
          f'--root_output_dir={designed[0]}')
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
   finally:
     flags.FLAGS.unparse_flags()
   first_of_kind = {}
@@ -563,7 +563,7 @@ def test_bad_flags_are_refused_with_what_is_allowed(args, message, tmp_path):
   _parse(f'--root_output_dir={tmp_path}', *args)
   try:
     with pytest.raises(ValueError) as error:
-      reproduce.make_plan()
+      reproduce.plan_from_flags()
     assert message in str(error.value)
   finally:
     flags.FLAGS.unparse_flags()
@@ -587,7 +587,7 @@ def test_every_algorithm_of_a_paper_trains_with_the_papers_client_optimizer(pape
   """Each comparison run of each paper's tables records its paper's client optimizer."""
   _parse(f'--paper={paper}', f'--root_output_dir={tmp_path}')
   try:
-    runs = reproduce.comparison_runs(reproduce.make_plan())
+    runs = reproduce.comparison_runs(reproduce.plan_from_flags())
   finally:
     flags.FLAGS.unparse_flags()
   assert {run.config.algo for run in runs} == set(_PAPER_SGD[paper])
@@ -605,7 +605,7 @@ def test_tfds_papers_need_their_data_but_not_for_a_dry_run(designed, tmp_path):
   _parse('--paper=gcfed', '--table=5', f'--cache_dir={tmp_path}',
          f'--root_output_dir={designed[0]}')
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
     with pytest.raises(sources.MissingDataError, match='cifar10 data is not on this machine'):
       reproduce.check_data(plan)
     counts = reproduce.dry_run(plan, _pool(), stream=io.StringIO())
@@ -634,7 +634,7 @@ def test_each_papers_tables_at_the_ci_scale_fill_from_their_runs(paper, tmp_path
   _parse(f'--paper={paper}', '--scale=ci', '--data_source=synthetic',
          f'--root_output_dir={tmp_path}')
   try:
-    plan = reproduce.make_plan()
+    plan = reproduce.plan_from_flags()
     rng = np.random.default_rng(0)
     best, accuracy = {}, {}
     search = plan.search()

@@ -14,7 +14,7 @@ from launch.reproduce.plan import Plan
 from launch.reproduce.plan import check_data
 from launch.reproduce.plan import comparison_runs
 from launch.reproduce.plan import grid_groups
-from launch.reproduce.plan import make_plan
+from launch.reproduce.plan import plan_from_flags
 from launch.reproduce.plan import planned_runs
 from launch.reproduce.report import write_report
 from launch.reproduce.run import main

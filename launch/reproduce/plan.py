@@ -157,9 +157,10 @@ class Plan:
     return values
 
 
-def make_plan() -> Plan:
-  """The plan the flags describe (launch.reproduce's main makes it once); ValueError for
-  bad or conflicting flags."""
+def plan_from_flags() -> Plan:
+  """The plan this program's flags describe (--paper, --table, --scale, --reproduce_dir,
+  --thresholds and launch.train's), built once by launch.reproduce's `main`, which passes
+  it down; ValueError for bad or conflicting flags."""
   if _PAPER.value is None:
     raise ValueError(f'--paper is required: one of {list(papers.PAPER_NAMES)}')
   paper = papers.get(_PAPER.value)

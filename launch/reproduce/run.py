@@ -73,7 +73,7 @@ def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
   pool = runner.pool_from_flags(batches=True)
-  plan = plan_lib.make_plan()
+  plan = plan_lib.plan_from_flags()
   if calibration.DRY_RUN.value:
     estimate.dry_run(plan, pool)
     return 0
