@@ -43,10 +43,13 @@ from tff_zmg import client_states
 from tff_zmg import run_files
 from tff_zmg.templates import stateful_clients
 
+# What a run's rounds are entered in: a context manager that yields the check to call as
+# each round starts and after the last (None: none), such as `launch.cli.stops.between_rounds`.
+BetweenRounds = Callable[[], ContextManager[Optional[Callable[[], None]]]]
+
 
 def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds] = None,
-        cell=None, between_rounds: Callable[[], ContextManager[Optional[Callable[[], None]]]]
-        = contextlib.nullcontext) -> dict:
+        cell=None, between_rounds: BetweenRounds = contextlib.nullcontext) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
   With `builds` (a warm worker's), the task, process and evaluation an earlier run built
@@ -293,8 +296,7 @@ def _train(
     evaluate: rounds.Evaluation,
     progress: rounds.RoundReleaseManager, record_session: Callable[[], Optional[dict]],
     resumed_from: Optional[int], initial_state=None, cell=None,
-    between_rounds: Callable[[], ContextManager[Optional[Callable[[], None]]]]
-    = contextlib.nullcontext,
+    between_rounds: BetweenRounds = contextlib.nullcontext,
 ) -> Optional[dict]:
   """TFF's training loop over the rounds after `resumed_from`, each judged and released
   by `progress`, evaluated where `rounds.evaluation_due` asks or where metrics.csv

@@ -3,7 +3,7 @@ summary line. A warm worker (`launch.sweeps.warm_worker`) trains each cell by th
 
 import contextlib
 import json
-from typing import Callable, ContextManager, Optional
+from typing import Optional
 
 from launch.run import builds as builds_lib
 from launch.run import experiment
@@ -12,8 +12,7 @@ from launch.run import settings as run_settings
 
 def train(settings: run_settings.Settings,
           builds: Optional[builds_lib.Builds] = None, cell=None,
-          between_rounds: Callable[[], ContextManager[Callable[[], None]]]
-          = contextlib.nullcontext) -> dict:
+          between_rounds: experiment.BetweenRounds = contextlib.nullcontext) -> dict:
   """Runs (or resumes) the run `settings` describe; returns its summary (printed too).
   `builds`, `cell` and `between_rounds`: `experiment.run`'s."""
   settings, applied = run_settings.apply_protocol(settings)

@@ -32,22 +32,20 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, ContextManager, Mapping, Optional
+from typing import Mapping, Optional
 
 from launch.cli import exit_status
 from launch.cli import failures
 from launch.cli import quiet
 from launch.cli import stops
 from launch.run import builds as builds_lib
+from launch.run import experiment
 from launch.run import settings as run_settings
 from launch.run import training
 from launch.sweeps import batched_cells
 
 # The program name a run's error line starts with: the runs are `launch.train`'s.
 _RUN_PROGRAM = 'train'
-
-# What a run's rounds are entered in (`launch.run.training.train`'s `between_rounds`).
-BetweenRounds = Callable[[], ContextManager[Optional[Callable[[], None]]]]
 
 
 @contextlib.contextmanager
@@ -91,7 +89,7 @@ def start_line(settings: run_settings.Settings) -> str:
 
 
 def run_cell(request: Mapping, builds: builds_lib.Builds,
-             between_rounds: BetweenRounds) -> dict:
+             between_rounds: experiment.BetweenRounds) -> dict:
   """Trains the run of `request` (its `settings` and `log`), its rounds entered in
   `between_rounds`; returns its outcome."""
   with output_to(request['log']):
@@ -173,7 +171,7 @@ def _wait_for(events: list[threading.Event], through_stops: bool = False) -> Non
 
 
 def answer(request: Mapping, builds: builds_lib.Builds,
-           between_rounds: BetweenRounds) -> dict:
+           between_rounds: experiment.BetweenRounds) -> dict:
   """The answer to one request: its run's outcome (its rounds entered in
   `between_rounds`), or its batched runs' outcomes (a stop ends them where it lands)."""
   start = time.monotonic()
