@@ -47,7 +47,7 @@ flags.adopt_module_key_flags(run_settings)
 def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
-  training.train(run_settings.settings_from_flags(), between_rounds=stops.between_rounds)
+  training.train(run_settings.settings_from_flags(), stops.between_rounds)
   return 0
 
 

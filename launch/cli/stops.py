@@ -15,11 +15,10 @@ A program passes through three ways of stopping:
 - **At a loop's safe points** (`deferred`): while `launch.train` or a sweep's warm worker
   on this machine trains a run's rounds (`between_rounds`; a Ray actor is Ray's to end,
   by SIGTERM, and batched cells stop where the stop lands) and while a sweep schedules its
-  runs,
-  the first stop is only recorded, and the loop raises it at its next safe point: the next
-  round's start (or the last round's end), once the round before is released and its
-  checkpoint under way; the scheduler's next turn. A second stop is raised at once, with
-  the same line.
+  runs, the first stop is only recorded, and the loop raises it at its next safe point:
+  the next round's start (or the last round's end), once the round before is released and
+  its checkpoint under way; the scheduler's next turn. A second stop is raised at once,
+  with the same line.
 
 Its children: a sweep's worker processes die with the program (`die_with_parent`) and
 have sessions of their own (one SIGTERM from the program stops them, between rounds), and

@@ -44,12 +44,19 @@ from tff_zmg import run_files
 from tff_zmg.templates import stateful_clients
 
 # What a run's rounds are entered in: a context manager that yields the check to call as
-# each round starts and after the last (None: none), such as `launch.cli.stops.between_rounds`.
-BetweenRounds = Callable[[], ContextManager[Optional[Callable[[], None]]]]
+# each round starts and after the last, such as `launch.cli.stops.between_rounds`.
+BetweenRounds = Callable[[], ContextManager[Callable[[], None]]]
+
+
+@contextlib.contextmanager
+def stops_where_they_land():
+  """`BetweenRounds` with no safe point: its check never raises, and a stop raises where it
+  lands (a run's default; batched cells; a Ray actor, which Ray ends by SIGTERM)."""
+  yield lambda: None
 
 
 def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds] = None,
-        cell=None, between_rounds: BetweenRounds = contextlib.nullcontext) -> dict:
+        cell=None, between_rounds: BetweenRounds = stops_where_they_land) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
   With `builds` (a warm worker's), the task, process and evaluation an earlier run built
@@ -57,8 +64,8 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
   With `cell` (its place in a group of runs trained as batched cells,
   `launch.sweeps.batched_cells.Member`), its rounds are trained with the group's.
   `between_rounds` is entered around the rounds (a program's `launch.cli.stops.between_rounds`)
-  and yields what to call as each round starts and after the last (None: nothing): a stop
-  signal it defers is raised there.
+  and yields what to call as each round starts and after the last: a stop signal it defers
+  is raised there.
 
   Raises:
     errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
@@ -111,8 +118,8 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
                                              evaluate.held_out, progress.trained_rounds)
 
       session = _train(config, process, store, select, evaluate, progress, record_session,
-                       resumed_from, builds_lib.starting_state(process, start_rates), cell,
-                       between_rounds)
+                       resumed_from, between_rounds,
+                       builds_lib.starting_state(process, start_rates), cell)
   summary = _summary(config, time.monotonic() - start, session, evaluate.held_out)
   summary.update(accounting.summary(config, epsilon, summary['rounds_completed'],
                                     client_bytes))
@@ -295,8 +302,8 @@ def _train(
     config: run_config.ExperimentConfig, process, store, select: Callable,
     evaluate: rounds.Evaluation,
     progress: rounds.RoundReleaseManager, record_session: Callable[[], Optional[dict]],
-    resumed_from: Optional[int], initial_state=None, cell=None,
-    between_rounds: BetweenRounds = contextlib.nullcontext,
+    resumed_from: Optional[int], between_rounds: BetweenRounds, initial_state=None,
+    cell=None,
 ) -> Optional[dict]:
   """TFF's training loop over the rounds after `resumed_from`, each judged and released
   by `progress`, evaluated where `rounds.evaluation_due` asks or where metrics.csv
@@ -344,8 +351,7 @@ def _train(
           rounds_per_saving_program_state=config.rounds_per_checkpoint,
           metrics_managers=[progress],
       )
-      if stop_if_received is not None:
-        stop_if_received()  # A stop received in the last round.
+      stop_if_received()  # A stop received in the last round.
   except BaseException as e:
     # The error that stopped the run is the news; the checkpoint being written is kept.
     with contextlib.suppress(Exception):
@@ -360,11 +366,9 @@ def _train(
   return record_session()
 
 
-def _calling_first(first: Optional[Callable[[], None]], select: Callable) -> Callable:
+def _calling_first(first: Callable[[], None], select: Callable) -> Callable:
   """`select`, called after `first`: TFF's training loop selects a round's clients before
   anything else of the round, after the round before was released and its save begun."""
-  if first is None:
-    return select
 
   def select_after(round_num):
     first()

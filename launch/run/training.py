@@ -1,7 +1,6 @@
 """One run from its settings, as `launch.train` runs it: the protocol's line, the run, the
 summary line. A warm worker (`launch.sweeps.warm_worker`) trains each cell by the same call."""
 
-import contextlib
 import json
 from typing import Optional
 
@@ -10,11 +9,10 @@ from launch.run import experiment
 from launch.run import settings as run_settings
 
 
-def train(settings: run_settings.Settings,
-          builds: Optional[builds_lib.Builds] = None, cell=None,
-          between_rounds: experiment.BetweenRounds = contextlib.nullcontext) -> dict:
+def train(settings: run_settings.Settings, between_rounds: experiment.BetweenRounds,
+          builds: Optional[builds_lib.Builds] = None, cell=None) -> dict:
   """Runs (or resumes) the run `settings` describe; returns its summary (printed too).
-  `builds`, `cell` and `between_rounds`: `experiment.run`'s."""
+  `between_rounds`, `builds` and `cell`: `experiment.run`'s."""
   settings, applied = run_settings.apply_protocol(settings)
   if applied:
     print(f'protocol {settings.values["protocol"]}: {json.dumps(applied)}', flush=True)

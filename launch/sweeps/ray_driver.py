@@ -58,10 +58,12 @@ class _CellActor:
     return warm_worker.where()
 
   def run(self, request: dict) -> dict:
-    from launch.sweeps import warm_worker  # pylint: disable=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
+    from launch.run import experiment
+    from launch.sweeps import warm_worker
     # Ray ends its workers by SIGTERM (`ray stop`, a lost node): a stop deferred to the
     # next round kept an actor whose cluster was gone training to its run's end.
-    return warm_worker.answer(request, self._builds, contextlib.nullcontext)
+    return warm_worker.answer(request, self._builds, experiment.stops_where_they_land)
 
 
 class BadAddress(Exception):

@@ -97,7 +97,7 @@ def run_cell(request: Mapping, builds: builds_lib.Builds,
       settings = run_settings.settings_of(request['settings'])
       print(start_line(settings), flush=True)
       print(f'--- {where()}', flush=True)
-      training.train(settings, builds, between_rounds=between_rounds)
+      training.train(settings, between_rounds, builds)
       return _outcome(request, exit_status.OK)
     except BaseException as e:  # pylint: disable=broad-except
       return _outcome(request, *failures.report(_RUN_PROGRAM, e))
@@ -128,7 +128,7 @@ def run_cells(request: Mapping, builds: builds_lib.Builds) -> list[dict]:
           settings = run_settings.settings_of(runs[member]['settings'])
           print(start_line(settings), flush=True)
           print(f'--- {where()}, one of {len(runs)} batched cells', flush=True)
-          training.train(settings, builds, cell)
+          training.train(settings, experiment.stops_where_they_land, builds, cell)
           ended_as[name] = (exit_status.OK,)
         except BaseException as e:  # pylint: disable=broad-except
           ended_as[name] = failures.report(_RUN_PROGRAM, e)
