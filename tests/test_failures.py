@@ -520,11 +520,21 @@ def test_the_ray_driver_dies_with_the_program_and_leaves_it_ctrl_c(tmp_path):
   """The Ray driver is started so (`ray_workers`): the terminal's Ctrl-C goes to the whole
   process group, and the program, not the driver, handles it."""
   script = 'import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)'
-  leaves = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                          preexec_fn=stops.die_with_parent_and_leave_it_interrupts,
-                          timeout=60)
-  handles = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                           preexec_fn=stops.die_with_parent, timeout=60)
+
+  def from_default_sigint(preexec):
+    # A suite started as a background job of a shell inherits SIGINT ignored; each child
+    # starts from the default, as under a terminal, so only the preexec decides.
+    def run():
+      signal.signal(signal.SIGINT, signal.SIG_DFL)
+      preexec()
+    return run
+
+  leaves = subprocess.run(
+      [sys.executable, '-c', script], capture_output=True, text=True, timeout=60,
+      preexec_fn=from_default_sigint(stops.die_with_parent_and_leave_it_interrupts))
+  handles = subprocess.run(
+      [sys.executable, '-c', script], capture_output=True, text=True, timeout=60,
+      preexec_fn=from_default_sigint(stops.die_with_parent))
   assert (leaves.stdout, handles.stdout) == ('True\n', 'False\n')
 
 
