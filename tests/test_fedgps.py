@@ -342,7 +342,7 @@ def _run(name, runtime='tff_worker'):
       state = output.state
       weights = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
       states = {c: trainer.client_state(f'client{c}') for c in range(3)}
-      history.append((weights, state['shared'], states, output.metrics))
+      history.append((weights, state['shared'], states, output.metrics, state))
   return w0, history
 
 
@@ -364,7 +364,7 @@ def test_two_rounds_match_numpy(tff_context, name, exclude_own_update, runtime):
     for a, b in zip(tf.nest.flatten(history), tf.nest.flatten(_run(name)[1])):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
   expected = _np_run(w0, exclude_own_update)
-  for t, ((weights, shared, states, metrics), exp) in enumerate(zip(history, expected)):
+  for t, ((weights, shared, states, metrics, _), exp) in enumerate(zip(history, expected)):
     w, mean_update, protos, proto_counts, own, last_round = exp
     _assert_close(weights, w, f'round {t} weights')
     _assert_close(shared['last_update'], mean_update, f'round {t} Dbar')
@@ -383,6 +383,18 @@ def test_two_rounds_match_numpy(tff_context, name, exclude_own_update, runtime):
   # The two variants differ only in client 1's direction in round 1, visibly so.
   other = _np_run(w0, not exclude_own_update)
   assert max(np.abs(a - b).max() for a, b in zip(expected[1][0], other[1][0])) > 1e-3
+
+
+@pytest.mark.parametrize('name', ['fedgps', 'fedgps_cf'])
+def test_a_rounds_state_has_the_initial_states_containers(tff_context, name):
+  """A checkpoint is read into `initialize()`'s structure, containers included (TFF's
+  `FileProgramStateManager.load`): the mean update was a list after a round and a tuple
+  at the start, so no checkpoint after round 0 could be read, and a stopped run resumed
+  from round 0."""
+  initial = _process(name).initialize()
+  for runtime in ('tff_worker', 'in_process'):
+    for *_, state in _run(name, runtime)[1]:
+      tf.nest.assert_same_structure(initial, state, check_types=True)
 
 
 def test_the_local_update_is_one_clients_round_in_plain_tf(tff_context):

@@ -518,8 +518,9 @@ def _shared_state(initial, upload_type, aggregated_type):
         sums['weighted_sums'], sums['counts'], shared['prototypes'],
         shared['prototype_counts'],
     )
+    # A tuple, as `initial`'s: a checkpoint is read into the initial state's containers.
     return collections.OrderedDict(
-        last_update=tf.nest.map_structure(tf.negative, aggregated),
+        last_update=tuple(tf.negative(t) for t in aggregated),
         num_clients=sums['clients'],
         prototypes=merged,
         prototype_counts=counts,
