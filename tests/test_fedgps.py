@@ -402,7 +402,7 @@ def test_the_local_update_is_one_clients_round_in_plain_tf(tff_context):
   bound): client 1 in round 1, after taking part in round 0, against NumPy."""
   del tff_context
   w0, history = _run('fedgps')
-  weights, shared, states, _ = history[0]
+  weights, shared, states, *_ = history[0]
   process = _process('fedgps')
   result, new_state, upload, _ = process.build_local_update()(
       tff.learning.models.ModelWeights(trainable=list(weights), non_trainable=[]),
@@ -429,7 +429,7 @@ def test_a_client_with_a_non_finite_update_is_dropped_as_every_stateful_client(t
   prototypes, keeps its state, and its metrics are reset."""
   del tff_context
   w0, history = _run('fedgps')
-  weights, shared, states, _ = history[0]
+  weights, shared, states, *_ = history[0]
   process = _process('fedgps')
   x, y = CLIENT_DATA[1]
   poisoned = tf.data.Dataset.from_tensor_slices(
