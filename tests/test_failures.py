@@ -194,8 +194,8 @@ def run_train(small_data, tmp_path, capsys):
 def test_a_stop_signal_mid_run_says_which_round_resumes_and_it_does(
     small_data, tmp_path, run_train, algo, signum, after, resume
 ):
-  """The stop waits for the next round's start or the last round's end
-  (`stops.between_rounds`), so no round is trained and lost: the line names the newest
+  """The stop waits for a safe point (`stops.between_rounds`: a round's next client, the
+  next round's start or the last round's end), so that the line names the newest
   checkpoint on disk, that of the last round in metrics.csv, whichever round the signal
   landed in."""
   cache_dir, _ = small_data
@@ -244,6 +244,57 @@ def test_a_stop_signal_mid_run_says_which_round_resumes_and_it_does(
       assert f'round {kept[-1] + 1}/2' in out and f'round {kept[-1]}/2' not in out
     assert 'round 2/2' in out
   assert _checkpoints(run_dir)[-1] == 2
+
+
+def test_a_stop_between_a_rounds_clients_drops_that_round_and_the_rerun_is_uninterrupted(
+    tmp_path, run_program, monkeypatch):
+  """A Ctrl-C between round 2's two clients (CIFAR-100's CNN with FedGPS: dropout and
+  client states) ends the run before the second client: the line names round 1, the
+  newest checkpoint and the last round in metrics.csv. The same command then trains
+  round 2 again, to the numbers and client states of the run never stopped (here too: this
+  process runs TF's ops at its own threads).
+
+  The run sends itself the signal at that point: from the check `stops.between_rounds`
+  yields, on its second call from the in-process runtime's clients
+  (`client_slots.between_clients`) after round 2's start (the check's second call from
+  training's selection of clients)."""
+  row = 'cifar100_cnn-fedgps'
+  rc, _, err = run_program(train, *small_runs.matrix_args(row, tmp_path, 'uninterrupted'))
+  assert rc == 0, err
+  args = small_runs.matrix_args(row, tmp_path)
+  between_rounds = stops.between_rounds
+  sent = []
+
+  @contextlib.contextmanager
+  def ctrl_c_between_round_2s_clients():
+    calls = {'client_slots.py': 0, 'experiment.py': 0}
+    with between_rounds() as stop_if_received:
+
+      def check():
+        caller = os.path.basename(sys._getframe(1).f_code.co_filename)  # pylint: disable=protected-access
+        calls[caller] += 1
+        if (caller, calls['experiment.py'], calls[caller]) == ('client_slots.py', 2, 2):
+          sent.append(signal.SIGINT)
+          signal.raise_signal(signal.SIGINT)
+        elif caller == 'experiment.py':
+          calls['client_slots.py'] = 0
+        stop_if_received()
+
+      yield check
+
+  monkeypatch.setattr(stops, 'between_rounds', ctrl_c_between_round_2s_clients)
+  rc, _, err = run_program(train, *args)
+  assert (rc, sent) == (exit_status.INTERRUPTED, [signal.SIGINT]), err
+  assert err.strip().splitlines()[-1] == (  # (After the synthetic data's writing bars.)
+      'train: error: interrupted after round 1; re-run the same command to resume')
+  run_dir = tmp_path / 'run'
+  assert _checkpoints(run_dir)[-1] == 1
+  assert analysis.runs.completed_rounds(str(run_dir)) == 1
+  monkeypatch.setattr(stops, 'between_rounds', between_rounds)
+  rc, out, err = run_program(train, *args)
+  assert rc == 0, err
+  assert 'round 2/2' in out and 'round 1/2' not in out
+  small_runs.assert_same_run(run_dir, tmp_path / 'uninterrupted')
 
 
 @pytest.mark.skipif(shutil.which('unshare') is None, reason='needs unshare (util-linux)')

@@ -14,6 +14,7 @@ import collections
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_zmg.algorithms import registry
+from tff_zmg.runtime import client_slots
 from tff_zmg.runtime import in_process
 from tff_zmg.runtime import tf_computation
 import tiny_models
@@ -129,6 +131,66 @@ def test_tff_fed_avg_and_evaluation_in_process_equal_tff_worker(tff_context):
     actual = run()
   assert_all_close(actual, expected)
   assert actual[1]['client_work']['eval']['current_round_metrics']['num_examples'] == 12
+
+
+class _Stopped(Exception):
+  pass
+
+
+def _raising_on_call(n: int, before_raising=lambda: None):
+  """A check between clients that raises `_Stopped` on its n-th call; its calls in `calls`."""
+  calls = []
+
+  def check():
+    calls.append(threading.current_thread())
+    if len(calls) == n:
+      before_raising()
+      raise _Stopped()
+
+  return check, calls
+
+
+@pytest.mark.parametrize('slots', [1, 2])
+def test_a_check_between_clients_abandons_the_call_and_starts_no_other_client(slots):
+  """The check runs in the caller's thread before each result is taken. Raising on its
+  third call abandons the call: clients 0 and 1 were taken; with two slots, clients 2 and 3
+  may be running and end; no other starts, although each has been free to since the
+  check raised (without the check, all ten run)."""
+  stopped = threading.Event()
+  started = []
+
+  def work(i):
+    started.append(i)
+    if i >= 2:
+      stopped.wait(timeout=60)
+    return i
+
+  check, calls = _raising_on_call(3, stopped.set)
+  slots_of_cpu = client_slots.ClientSlots(['/device:CPU:0'], slots)
+  with client_slots.between_clients(check):
+    with pytest.raises(_Stopped):
+      list(slots_of_cpu.imap(work, range(10)))
+  assert calls == [threading.current_thread()] * 3
+  assert sorted(started)[:2] == [0, 1] and max(started) < 2 + slots
+  # Outside, no check: every client runs.
+  assert slots_of_cpu.map(lambda i: i * i, range(10)) == [i * i for i in range(10)]
+
+
+def test_a_round_abandoned_between_clients_leaves_the_state_as_it_was():
+  """A real FedAvg round in process, abandoned before its fourth client: the same round
+  then run again gives the weights and metrics of one never stopped."""
+  process = registry.build('fedavg', tiny_model_fn, keras_model_fn=tiny_keras_model, **HPARAMS)
+  data = [client_dataset(c) for c in range(6)]
+  with in_process.in_process_context(clients_per_device=2):
+    state = process.initialize()
+    expected = process.next(state, data)
+    check, calls = _raising_on_call(4)
+    with client_slots.between_clients(check):
+      with pytest.raises(_Stopped):
+        process.next(state, data)
+    assert len(calls) == 4
+    actual = process.next(state, data)
+  assert_all_close((actual.state, actual.metrics), (expected.state, expected.metrics))
 
 
 @tff.tensorflow.computation(np.int64, np.int64)

@@ -16,9 +16,11 @@ A program passes through three ways of stopping:
   on this machine trains a run's rounds (`between_rounds`; a Ray actor is Ray's to end,
   by SIGTERM, and batched cells stop where the stop lands) and while a sweep schedules its
   runs, the first stop is only recorded, and the loop raises it at its next safe point:
-  the next round's start (or the last round's end), once the round before is released and
-  its checkpoint under way; the scheduler's next turn. A second stop is raised at once,
-  with the same line.
+  before a round's next client (in the in-process runtime; TFF's worker runs a round as one
+  call), which drops the round under way, so that the re-run trains it again from the
+  checkpoint before it; the next round's start (or the last round's end), once the round
+  before is released and its checkpoint under way; the scheduler's next turn. A second
+  stop is raised at once, with the same line.
 
 Its children: a sweep's worker processes die with the program (`die_with_parent`) and
 have sessions of their own (one SIGTERM from the program stops them, between rounds), and
@@ -186,9 +188,11 @@ def deferred(what_was_done: str):
 
 def between_rounds():
   """`deferred` around a run's rounds (`launch.train`'s): training calls its check as each
-  round starts and once after the last, so a stop is raised once the round it landed in
-  is released and its checkpoint under way (training then says which checkpoint it keeps:
-  that round's, written whole)."""
+  round starts, before each of a round's clients in the in-process runtime
+  (`tff_zmg.runtime.client_slots.between_clients`) and once after the last. A stop is
+  raised within one client's time, and the round it landed in is dropped; or, landing
+  after the round's last client or in TFF's worker, once that round is released and its
+  checkpoint under way. Training then says which checkpoint it keeps, written whole."""
   return deferred('stopped between rounds')
 
 

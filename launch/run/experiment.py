@@ -40,11 +40,13 @@ import tasks
 from tff_zmg import analysis
 from tff_zmg.algorithms import registry
 from tff_zmg import client_states
+from tff_zmg.runtime import client_slots
 from tff_zmg import run_files
 from tff_zmg.templates import stateful_clients
 
 # What a run's rounds are entered in: a context manager that yields the check to call as
-# each round starts and after the last, such as `launch.cli.stops.between_rounds`.
+# each round starts, before each of a round's clients (`client_slots.between_clients`)
+# and after the last, such as `launch.cli.stops.between_rounds`.
 BetweenRounds = Callable[[], ContextManager[Callable[[], None]]]
 
 
@@ -64,8 +66,9 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
   With `cell` (its place in a group of runs trained as batched cells,
   `launch.sweeps.batched_cells.Member`), its rounds are trained with the group's.
   `between_rounds` is entered around the rounds (a program's `launch.cli.stops.between_rounds`)
-  and yields what to call as each round starts and after the last: a stop signal it defers
-  is raised there.
+  and yields what to call as each round starts, before each of a round's clients and after
+  the last: a stop signal it defers is raised there (between clients, the round under way
+  is dropped; nothing of it was released or saved).
 
   Raises:
     errors.ExperimentError: bad settings, an existing run with other settings, an unreadable
@@ -338,7 +341,8 @@ def _train(
   evaluated_before = resumption.evaluated_after(config, resumed_from)
   event_loop.thread_event_loop()  # run_training_process asks for it.
   try:
-    with between_rounds() as stop_if_received:
+    with (between_rounds() as stop_if_received,
+          client_slots.between_clients(stop_if_received)):
       tff.simulation.run_training_process(
           training_process=training_process,
           training_selection_fn=_calling_first(stop_if_received, select),

@@ -17,7 +17,8 @@ While a run trains, the worker's standard output and error (file descriptors 1 a
 TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.train`'s
 output would, under the command that trains it alone and ending in the same one line on
 failure; between runs they go to the worker's own log (its stderr). A stop signal ends
-the run it trains between rounds, as `launch.train` (`launch.cli.stops.between_rounds`),
+the run it trains at its next safe point, between rounds or a round's clients, as
+`launch.train` (`launch.cli.stops.between_rounds`),
 saying what is kept, and then the worker; end of input ends it too. absl's flags are not
 read for a run.
 

@@ -7,12 +7,33 @@ share (clients' sizes vary tenfold in the papers' federations). Results come bac
 order whichever slot ran a client, so what is computed from them does not depend on timing.
 A thread running a client knows its slot and device (`current`), so that each slot uses its
 own import of a graph (two threads must not share one's variables).
+
+A caller may ask for a check between clients (`between_clients`): a run's stop, honoured
+before the next client's result is taken. If it raises, the clients not yet started are
+dropped, those running end, and the caller gets the exception: the round is abandoned,
+and nothing of it was returned.
 """
 
 import collections
 import concurrent.futures
+import contextlib
+import contextvars
 import threading
 from typing import Any, Callable, Iterator, Sequence
+
+# The check `between_clients` installs for the calls made inside it (None: no check).
+_CHECK = contextvars.ContextVar('tff_zmg_between_clients', default=None)
+
+
+@contextlib.contextmanager
+def between_clients(check: Callable[[], None]):
+  """Inside, every `ClientSlots.imap` (and `map`) calls `check` in the calling thread
+  before each client's result is taken; what it raises abandons the call."""
+  token = _CHECK.set(check)
+  try:
+    yield
+  finally:
+    _CHECK.reset(token)
 
 
 class ClientSlots:
@@ -36,10 +57,12 @@ class ClientSlots:
     """fn(m) for each member, yielded in client order as soon as each is ready."""
     num_devices = len(self.devices)
     slots = min(self.slots, len(members))
+    check = _CHECK.get() or (lambda: None)
     if slots <= 1:
       self._local.slot, self._local.device = 0, self.devices[0]
       try:
         for member in members:
+          check()
           yield fn(member)
       finally:
         del self._local.slot, self._local.device
@@ -67,7 +90,10 @@ class ClientSlots:
       thread.start()
     try:
       for future in futures:
+        check()
         yield future.result()
     finally:
+      for queue in waiting:  # An abandoned call starts no other client.
+        queue.clear()
       for thread in threads:
         thread.join()
