@@ -217,3 +217,33 @@ def test_the_identity_beside_the_checkpoints_guards_a_copied_run_that_resumes_pa
           ' checkpoints of round 2 are written again') in out
   assert 'round 2/2' in out and 'round 1/2' not in out
   assert _keys(run / 'metrics.csv') == [0, 1, 2]
+
+
+def test_a_checkpoint_with_a_list_where_the_state_has_a_tuple_is_read_into_the_tuple(tmp_path):
+  """FedGPS wrote its mean update as a list until 2026-11-29, and the state holds a tuple:
+  such a checkpoint is read into the state's containers, its values kept; one whose
+  nesting differs is still unreadable."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import collections  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from launch.run import rounds  # pylint: disable=g-import-not-at-top
+
+  saved = collections.OrderedDict(
+      last_update=[np.arange(2, dtype=np.float32), np.ones(3, np.float32)],
+      round_num=np.int32(1))
+  asyncio.run(tff.program.FileProgramStateManager(str(tmp_path)).save(saved, 1))
+  state = collections.OrderedDict(
+      last_update=(np.zeros(2, np.float32), np.zeros(3, np.float32)), round_num=np.int32(0))
+  reader = rounds.CheckpointReader(str(tmp_path))
+  with pytest.raises(TypeError):  # TFF's own load refuses it.
+    asyncio.run(tff.program.FileProgramStateManager(str(tmp_path)).load(1, state))
+  loaded = asyncio.run(reader.load(1, state))
+  assert type(loaded) is collections.OrderedDict and type(loaded['last_update']) is tuple
+  np.testing.assert_array_equal(loaded['last_update'][0], [0, 1])
+  np.testing.assert_array_equal(loaded['last_update'][1], [1, 1, 1])
+  assert loaded['round_num'] == 1
+  three = collections.OrderedDict(last_update=(np.zeros(2), np.zeros(3), np.zeros(1)),
+                                  round_num=np.int32(0))
+  with pytest.raises((TypeError, ValueError)):
+    asyncio.run(reader.load(1, three))

@@ -22,8 +22,6 @@ import os
 import shutil
 from typing import Optional
 
-import tensorflow_federated as tff
-
 from launch.run import errors
 from launch.run import event_loop
 from launch.run import rounds
@@ -338,7 +336,7 @@ def check_checkpoint(
   """
   if not os.path.isdir(config.checkpoint_dir):
     return None
-  manager = tff.program.FileProgramStateManager(config.checkpoint_dir)
+  manager = rounds.CheckpointReader(config.checkpoint_dir)
   structure = process.initialize()
   loop = event_loop.thread_event_loop()
 

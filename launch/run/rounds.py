@@ -19,6 +19,7 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 import tree
 
@@ -105,7 +106,24 @@ def diverged_error(
   )
 
 
-class FiniteStateManager(tff.program.FileProgramStateManager):
+class CheckpointReader(tff.program.FileProgramStateManager):
+  """TFF's file manager, whose `load` also reads a checkpoint whose sequences differ from
+  the state's only in kind (a list where the state has a tuple: FedGPS's mean update in
+  checkpoints written before 2026-11-29) into the state's containers, rather than refuse
+  it as unreadable and resume from round 0."""
+
+  async def load(self, version: int, structure):
+    try:
+      return await super().load(version, structure)
+    except TypeError:
+      path = self._get_path_for_version(version)
+      saved = await asyncio.get_running_loop().run_in_executor(
+          None, lambda: tf.saved_model.load(path)())
+      tree.assert_same_structure(structure, saved, check_types=False)  # Else: unreadable.
+      return tree.unflatten_as(structure, [np.asarray(v) for v in tree.flatten(saved)])
+
+
+class FiniteStateManager(CheckpointReader):
   """Saves a program state only if every float in it is finite, with `in_background`
   while the next round trains.
 
