@@ -61,12 +61,14 @@ def client_dataset(client: int) -> tf.data.Dataset:
 
 
 def three_rounds(process):
-  """Weights and metrics after the rounds of PARTICIPATION."""
-  state = process.initialize()
+  """Weights and metrics after the rounds of PARTICIPATION; each round's state has the
+  initial state's structure, containers included, as a checkpoint is read into it."""
+  state = initial = process.initialize()
   metrics = []
   for clients in PARTICIPATION:
     output = process.next(state, [client_dataset(c) for c in clients])
     state = output.state
+    tf.nest.assert_same_structure(initial, state, check_types=True)
     metrics.append(output.metrics)
   return dict(weights=process.get_model_weights(state), metrics=metrics)
 
