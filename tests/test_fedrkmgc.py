@@ -147,7 +147,8 @@ def _run(
     name, rho=None, km_clock='global', state_directory=None, runtime='tff_worker',
     states_in_call=False,
 ):
-  """Three rounds through the package's trainer and in-memory store.
+  """Three rounds through the package's trainer and in-memory store, each round's state
+of the initial state's structure, containers included (what a checkpoint is read into).
 
   Building a process and its first round cost ~25 s, so the ablations that differ
   from a built one only in `rho` run it with the relaxation set in its state. With a
@@ -164,7 +165,7 @@ def _run(
   with contextlib.ExitStack() as stack:
     if runtime == 'in_process':
       stack.enter_context(tff.framework.get_context_stack().install(IN_PROCESS))
-    state = trainer.initialize()
+    state = initial = trainer.initialize()
     if rho is not None:
       state = _with_rho(state, rho)
     w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
@@ -174,6 +175,7 @@ def _run(
           t, [f'client{c}' for c in clients], [_dataset(c) for c in clients]
       )
       state = trainer.next(state, selection).state
+      tf.nest.assert_same_structure(initial, state, check_types=True)
       weights = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
       states = {c: trainer.client_state(f'client{c}') for c in range(3)}
       history.append((weights, states))

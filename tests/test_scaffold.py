@@ -97,7 +97,9 @@ def _run(name, hp, rounds, runtime):
 
 
 def _rounds(trainer, rounds):
-  state = trainer.initialize()
+  """Each round's state has the initial state's structure, containers included (what a
+  checkpoint is read into)."""
+  state = initial = trainer.initialize()
   w0 = [np.asarray(a) for a in trainer.get_model_weights(state).trainable]
   history = []
   for t, clients in enumerate(PARTICIPATION[:rounds]):
@@ -105,6 +107,7 @@ def _rounds(trainer, rounds):
         t, [f'client{i}' for i in clients], [_dataset(i) for i in clients]
     )
     state = trainer.next(state, selection).state
+    tf.nest.assert_same_structure(initial, state, check_types=True)
     history.append((
         [np.asarray(a) for a in trainer.get_model_weights(state).trainable],
         {i: trainer.client_state(f'client{i}')['control'] for i in range(NUM_CLIENTS)},
