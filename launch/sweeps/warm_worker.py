@@ -18,9 +18,8 @@ TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.tra
 output would, under the command that trains it alone and ending in the same one line on
 failure; between runs they go to the worker's own log (its stderr). A stop signal ends
 the run it trains at its next safe point, between rounds or a round's clients, as
-`launch.train` (`launch.cli.stops.between_rounds`),
-saying what is kept, and then the worker; end of input ends it too. absl's flags are not
-read for a run.
+`launch.train` (`launch.cli.stops.between_rounds`), saying what is kept, and then the
+worker; end of input ends it too. absl's flags are not read for a run.
 
 A Ray actor (`launch.sweeps.ray_driver`) answers the same requests, one per call
 (`answer`); there a stop lands where it lands (Ray ends its workers by SIGTERM).
