@@ -1,6 +1,7 @@
 """The floor plan: `launch/` shows its programs, their machinery lives in folders named for
 its job, no module imports a program or closes an import cycle, each name of a run folder's
-files is typed once, and every program keeps the flags and defaults it had.
+files is typed once, every program keeps the flags and defaults it had, and the docs name
+only flags that exist.
 
 The import graph is read from the source (`ast`), so these tests import nothing of the
 package but the flags test, which imports each program in one child interpreter.
@@ -12,6 +13,8 @@ import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ('launch.train', 'launch.grid_search', 'launch.compare', 'launch.data_stats',
@@ -158,21 +161,72 @@ print(json.dumps(out))
 '''
 
 
-def test_every_program_keeps_its_flags_and_their_defaults():
-  """The list in tests/data/program_flags.json was taken from each program before launch/
-  was laid out in folders (a program may have gained flags since); `launch.reproduce` has since stopped accepting the flags of
-  `launch.compare` and `launch.grid_search` it ignored (--algos, --tuned_from, --search,
-  ...), which it imported with their modules."""
-  with open(os.path.join(_REPO, 'tests', 'data', 'program_flags.json')) as f:
-    expected = json.load(f)
+@pytest.fixture(scope='module')
+def program_flags() -> dict[str, dict[str, str]]:
+  """Each program's flags (those our packages define) and their defaults, as the program
+  itself defines them (each imported in turn in one child interpreter)."""
   proc = subprocess.run([sys.executable, '-c', _LIST_FLAGS, *[
       p + '.run' if p == 'launch.reproduce' else p for p in PROGRAMS]],
       cwd=_REPO, capture_output=True, text=True, timeout=300, check=True)
   listed = json.loads(proc.stdout.strip().splitlines()[-1])
   listed['launch.reproduce'] = listed.pop('launch.reproduce.run')
+  return listed
+
+
+def test_every_program_keeps_its_flags_and_their_defaults(program_flags):
+  """The list in tests/data/program_flags.json was taken from each program before launch/
+  was laid out in folders (a program may have gained flags since); `launch.reproduce` has
+  since stopped accepting the flags of `launch.compare` and `launch.grid_search` it
+  ignored (--algos, --tuned_from, --search, ...), which it imported with their modules."""
+  with open(os.path.join(_REPO, 'tests', 'data', 'program_flags.json')) as f:
+    expected = json.load(f)
   for program in PROGRAMS:
-    kept = {name: listed[program].get(name, 'gone') for name in expected[program]}
+    kept = {name: program_flags[program].get(name, 'gone') for name in expected[program]}
     assert kept == expected[program], program
+
+
+# An absl-style flag as the docs write one (`--name`, `--name=...`; not pip's `--no-deps`).
+_FLAG = re.compile(r'(?<![\w-])--([a-z][a-z0-9_]*)(?![\w-])')
+# The flags the docs quote of other tools: absl's own, scripts/bootstrap.sh's, Ray's CLI's
+# (`ray start`), ipykernel's and Docker's.
+_OTHER_TOOLS_FLAGS = {'help', 'helpfull', 'gpu', 'head', 'address', 'port', 'user', 'name',
+                      'gpus'}
+
+
+def _doc_commands(text: str):
+  """Each command line of a doc (joined across its continuation backslashes) or sentence
+  line, and the program it runs (`launch.x` of `-m launch.x`, or None)."""
+  for line in text.replace('\\\n', ' ').splitlines():
+    program = re.search(r'-m (launch\.\w+)', line)
+    yield line, program.group(1) if program else None
+
+
+def test_the_docs_name_only_flags_that_exist(program_flags):
+  """Every flag README.md and docs/ name is one of a program's or a script's (or another
+  tool's the docs quote), and a flag on a `python -m launch.x` command line is that
+  program's, so that no doc teaches a flag that was renamed, removed or never built."""
+  def flag_names(flags_: set[str]) -> set[str]:
+    return flags_ | {'no' + name for name in flags_}
+
+  ours = set().union(*map(set, program_flags.values()))
+  for script in os.listdir(os.path.join(_REPO, 'scripts')):
+    if script.endswith('.py'):
+      ours |= set(re.findall(r"add_argument\('--(\w+)'",
+                             open(os.path.join(_REPO, 'scripts', script)).read()))
+  docs = ['README.md'] + [os.path.join('docs', n)
+                          for n in sorted(os.listdir(os.path.join(_REPO, 'docs')))]
+  unknown, elsewhere = [], []
+  for doc in docs:
+    for line, program in _doc_commands(open(os.path.join(_REPO, doc)).read()):
+      for name in _FLAG.findall(line):
+        if name.endswith('_') and any(flag.startswith(name) for flag in ours):
+          continue  # A family of flags: `--synthetic_*`.
+        if name not in flag_names(ours | _OTHER_TOOLS_FLAGS):
+          unknown.append(f'{doc}: --{name}')
+        elif program in program_flags and name not in flag_names(
+            set(program_flags[program]) | {'help', 'helpfull'}):
+          elsewhere.append(f'{doc}: {program} --{name}')
+  assert unknown == [] and elsewhere == [], (unknown, elsewhere)
 
 
 def test_reproduce_refuses_the_comparison_flags_it_would_ignore():
