@@ -203,14 +203,15 @@ def search_from_flags() -> lr_grid.Search:
                 stability_check=_STABILITY_CHECK.value)
 
 
-def _check_flags() -> None:
-  for name in ('task', 'algo'):
-    if flags.FLAGS[name].value is None:
-      raise ValueError(f'--{name} is required')
+def _check_flags(base: run_settings.Settings) -> None:
+  if base.values['task'] is None:
+    raise ValueError('--task is required')
+  if base.values['algo'] is None:
+    raise ValueError('--algo is required (or --client_rule with --server_rule)')
   for name in ('client_learning_rate', 'server_learning_rate'):
-    if flags.FLAGS[name].present:
+    if name in base.given:
       raise ValueError(f'the grid sets --{name}; give the values with --{name}s')
-  algo = flags.FLAGS.algo
+  algo = base.values['algo']
   # Said here, in the grid's terms: each cell would refuse the server rate it is given.
   if 'server_learning_rate' not in registry.get(algo).hparams_class.names():
     raise ValueError(
@@ -227,12 +228,13 @@ def _grids(base: run_settings.Settings, search: lr_grid.Search,
   says in one line what the search is."""
   client_lrs = parse_learning_rates('client_learning_rates', _CLIENT_LRS.value)
   server_lrs = parse_learning_rates('server_learning_rates', _SERVER_LRS.value)
+  task, algo = base.values['task'], base.values['algo']
   grid_dir = grid_outputs.grid_directory(
-      flags.FLAGS.root_output_dir,
-      flags.FLAGS.experiment_name or f'grid_{flags.FLAGS.task}_{flags.FLAGS.algo}',
+      base.values['root_output_dir'],
+      base.values['experiment_name'] or f'grid_{task}_{algo}',
   )
-  axis, values = parse_hparam_grid(_HPARAM_GRID.value, flags.FLAGS.algo)
-  if axis is not None and flags.FLAGS[axis].present:
+  axis, values = parse_hparam_grid(_HPARAM_GRID.value, algo)
+  if axis is not None and axis in base.given:
     raise ValueError(f'the grid sets --{axis}; give its values with --hparam_grid')
   grids = [
       lr_grid.Grid(directory=grid_outputs.axis_dir(grid_dir, axis, value), base=base,
@@ -249,7 +251,7 @@ def _grids(base: run_settings.Settings, search: lr_grid.Search,
   third = '' if axis is None else f' x {len(values)} {axis} values'
   cells = len(client_lrs) * len(server_lrs) * len(values)
   print(
-      f'grid search: {flags.FLAGS.algo} on {flags.FLAGS.task}, {len(client_lrs)} client x'
+      f'grid search: {algo} on {task}, {len(client_lrs)} client x'
       f' {len(server_lrs)} server learning rates{third}, {search.describe(cells)},'
       f' {pool.parallel} at a time, in {grid_dir}', flush=True,
   )
@@ -274,10 +276,11 @@ def _write_pick(grid_dir: str, axis: Optional[str], best: dict) -> None:
 def main(argv) -> int:
   del argv
   quiet.quiet_libraries()
-  _check_flags()
+  base = run_settings.settings_from_flags()
+  _check_flags(base)
   pool = runner.pool_from_flags(batches=True)
   search = search_from_flags()
-  grid_dir, axis, grids = _grids(run_settings.settings_from_flags(), search, pool)
+  grid_dir, axis, grids = _grids(base, search, pool)
   if calibration.DRY_RUN.value:
     grid_outputs.dry_run(grids, search, grid_dir, pool)
     return 0

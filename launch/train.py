@@ -1,5 +1,11 @@
 r"""Trains one federated algorithm on one task: `python -m launch.train --task=... --algo=...`.
 
+Any client rule with any server rule instead of a named algorithm (docs/algorithms.md,
+"Composing rules"), recorded as algorithm `zmg_sgdm+adam`:
+
+  python -m launch.train --task=emnist --client_rule=zmg_sgdm --server_rule=adam \
+      --data_source=synthetic
+
 Offline, on synthetic data in TFF's format (a few rounds, seconds per round on a CPU):
 
   python -m launch.train --task=emnist --algo=fedzmg --data_source=synthetic --total_rounds=5
@@ -25,8 +31,9 @@ On several machines, each running `python -m launch.worker --port=8000`:
 
   python -m launch.train --task=emnist --algo=fedzmg --workers=hostA:8000,hostB:8000
 
-Ctrl-C, SIGTERM or SIGHUP stops a run as its next round starts (a second one at once),
-after saying which round's checkpoint it resumes from: `train: error: interrupted after
+Ctrl-C, SIGTERM or SIGHUP stops a run as its next round starts, or in process before a
+round's next client (that round is trained again on resuming); a second one at once. It
+says which round's checkpoint it resumes from: `train: error: interrupted after
 round K; re-run the same command to resume`.
 
 Exit status: as every program's (docs/operations.md, "Exit statuses").
@@ -53,5 +60,10 @@ def main(argv) -> int:
 
 if __name__ == '__main__':
   # Required only here: the programs that start many runs set --algo per run, or take --algos.
-  flags.mark_flags_as_required(['task', 'algo'])
+  # A rule pair (--client_rule with --server_rule) stands for --algo.
+  flags.mark_flags_as_required(['task'])
+  flags.register_multi_flags_validator(
+      ['algo', 'client_rule', 'server_rule'],
+      lambda given: (given['algo'] is None) != (given['client_rule'] is None),
+      message='give --algo, or --client_rule with --server_rule')
   failures.run_program('train', main)

@@ -641,6 +641,45 @@ def test_build_process_rejects_hyperparameters_neither_rule_takes():
         weight_decay=1e-4)
 
 
+def test_a_rule_pair_is_an_algorithm_with_each_rules_hyperparameters():
+  """'<client rule>+<server rule>' names the pair as an algorithm (what --client_rule and
+  --server_rule train): the client rule's learning rate and hyperparameters at its
+  family's defaults, the server rule's at its, a shared one the client rule's (as
+  `build_process`), examples weighting."""
+  for client_rule, client in rules.CLIENT_RULES.items():
+    for server_rule, server in rules.SERVER_RULES.items():
+      spec = registry.get(registry.pair_name(client_rule, server_rule))
+      assert (spec.name, spec.client_rule, spec.server_rule, spec.client_weighting) == (
+          f'{client_rule}+{server_rule}', client_rule, server_rule, EXAMPLES)
+      client_defaults = client.hparams_class().as_dict()
+      server_defaults = server.hparams_class().as_dict()
+      assert dict(spec.defaults) == {
+          'client_learning_rate': client_defaults['client_learning_rate'],
+          'server_learning_rate': server_defaults['server_learning_rate'],
+          **server.hparams, **client.hparams}
+      assert (spec.hparams_class.DECOUPLED_WEIGHT_DECAY
+              == client.hparams_class.DECOUPLED_WEIGHT_DECAY)
+  assert registry.get('zmg_sgdm+adam').defaults['server_learning_rate'] == 0.01  # FedAdam's.
+  with pytest.raises(ValueError, match='client_momentum must be in'):
+    registry.get('sgd+adam').hparams(client_momentum=1.5)
+  with pytest.raises(ValueError, match="server_rule must be one of .*got 'zmg_sgdm'"):
+    registry.get('sgd+zmg_sgdm')
+
+
+def test_a_rule_pair_trains_as_the_named_algorithm_of_its_rules(
+    tff_context, emnist_process, emnist_data):
+  """`zmg_sgdm+sgd` is FedZMG's pairing (specification.md section 4): two rounds give
+  FedZMG's weights bit for bit."""
+  del tff_context
+  pair, named = emnist_process('zmg_sgdm+sgd'), emnist_process('fedzmg')
+  pair_state, named_state = pair.initialize(), named.initialize()
+  for _ in range(2):
+    pair_state = pair.next(pair_state, emnist_data).state
+    named_state = named.next(named_state, emnist_data).state
+  for a, b in zip(_weights(pair, pair_state), _weights(named, named_state), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_every_rule_pair_validates_with_its_own_hyperparameters():
   """Any client rule composes with any server rule (checked up to the model)."""
   for client_rule, client in rules.CLIENT_RULES.items():

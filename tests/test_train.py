@@ -534,6 +534,15 @@ def test_divergence_is_judged_on_everything_a_round_reports():
          'client_learning_rate must be at most 3.40282e+38 in magnitude (a float32)'),
         (['--task=emnist', '--algo=fedavg', '--synthetic_dirichlet_alpha=1e300',
           '--data_source=synthetic'], 'dirichlet_alpha must be at most 3.40282e+38'),
+        # A rule pair stands for --algo: both rules, and no --algo.
+        (['--task=emnist', '--client_rule=zmg_sgdm'],
+         'give --algo, or --client_rule with --server_rule; got --client_rule'),
+        (['--task=emnist', '--algo=fedavg', '--server_rule=adam'],
+         'give --algo, or --client_rule with --server_rule; got --algo and --server_rule'),
+        (['--task=emnist', '--client_rule=sgd', '--server_rule=adam', '--proximal_strength=0.1'],
+         '--proximal_strength does not apply to --algo=sgd+adam'),
+        (['--task=emnist', '--client_rule=prox_sgd', '--server_rule=yogi', '--yogi_epsilon=0'],
+         'yogi_epsilon must be > 0'),
     ],
 )
 def test_bad_values_end_with_one_line_and_write_nothing(run_main, tmp_path, args, message):
@@ -575,6 +584,32 @@ def test_missing_real_data_offline_is_one_clear_line(run_main, tmp_path):
                 f'--cache_dir={tmp_path / "empty"}']
   rc, _, err = run_main(*flags_args)
   assert rc == 2 and 'emnist_all.sqlite' in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_client_rule_with_a_server_rule_trains_as_the_algorithm_they_name(
+    run_main, tmp_path):
+  """--client_rule with --server_rule instead of --algo (specification.md section 4): the
+  run is algorithm 'zmg_sgdm+adam', recorded with both rules' hyperparameters at their
+  families' defaults, resumed by the same command, and its numbers are those of the named
+  algorithm of the same rules and weighting (FedZMG-Adam) at the same rates."""
+  pair = ('--task=emnist', '--client_rule=zmg_sgdm', '--server_rule=adam')
+  rc, out, err = run_main(*pair, '--total_rounds=1')
+  assert rc == 0, err
+  run_dir = tmp_path / 'emnist_zmg_sgdm+adam_seed0'
+  record = json.loads((run_dir / 'flags.json').read_text())
+  assert record['algo'] == 'zmg_sgdm+adam'
+  assert record['hparams'] == dict(registry.get('zmg_sgdm+adam').defaults)
+  rc, out, err = run_main(*pair, '--total_rounds=2')
+  assert rc == 0, err
+  assert 'round 2/2' in out and 'round 1/2' not in out, out  # Resumed.
+  named = dict(registry.get('zmg_sgdm+adam').defaults)
+  rc, _, err = run_main('--task=emnist', '--algo=fedzmg_adam', '--total_rounds=2',
+                        *[f'--{n}={named[n]}' for n in ('client_learning_rate',
+                                                        'server_learning_rate')])
+  assert rc == 0, err
+  ours = _without_times(_rows(run_dir / 'metrics.csv'))
+  assert ours == _without_times(_rows(tmp_path / 'emnist_fedzmg_adam_seed0' / 'metrics.csv'))
+  assert len(ours) == 3
 
 
 def test_an_older_record_reads_with_the_hyperparameters_it_trained_with():

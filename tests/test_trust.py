@@ -544,6 +544,7 @@ def test_bad_flags_are_refused_before_any_work_and_help_exits_0(tmp_path):
       (('memory_benchmark', '--task=nope'), "--task must be one of ['emnist',"),
       # Planned 81 cells before it refused; reproduce's dry run took 0 as 1.
       (('grid_search', '--algo=fedavg', '--parallel=0'), '--parallel=0: 0 is not a positive'),
+      (('train', '--task=emnist'), 'give --algo, or --client_rule with --server_rule'),
   ]
   results = _run_side_by_side([command for command, _ in cases], tmp_path)
   for (command, message), (code, out, err) in zip(cases, results):

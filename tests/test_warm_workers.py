@@ -49,6 +49,8 @@ def _run(args, name) -> runner.Run:
      'divergence_factor': float('inf'), 'eval_last_rounds': 2},
     {'algo': 'fedavg', 'aggregator': 'dp_fixed', 'noise_multiplier': 2, 'clip': 0.5,
      'partition': 'dirichlet', 'num_clients': 7},
+    # A rule pair: --client_rule and --server_rule on the command line.
+    {'algo': 'local_gc+adam', 'adam_beta_1': 0.8, 'gc_lambda': 0.5},
 ])
 def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
   """The settings a warm worker receives (JSON of the flags a cell gives) make the config

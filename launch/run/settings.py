@@ -25,6 +25,7 @@ from tasks import evaluation
 from tasks import synthetic
 from tff_zmg import aggregation
 from tff_zmg.algorithms import registry
+from tff_zmg.algorithms import rules
 from tff_zmg.runtime import cpp_worker
 from tff_zmg.templates import hparams as hparams_lib
 
@@ -35,6 +36,18 @@ _ALGO = flags.DEFINE_enum(
     'The algorithm (docs/algorithms.md) and how the server weights client updates: '
     + ' '.join(f'{name} ({accounting.WEIGHTS[spec.client_weighting]}): {spec.description}'
                for name, spec in registry.ALGORITHMS.items()),
+)
+# Instead of --algo: any client rule with any server rule (specification.md section 4),
+# the algorithm `registry.pair_name` names.
+_CLIENT_RULE = flags.DEFINE_enum(
+    'client_rule', None, sorted(rules.CLIENT_RULES),
+    'With --server_rule, instead of --algo: the client step of the process (docs/algorithms.md,'
+    ' "Composing rules"); the run is named and recorded as algorithm'
+    ' <client_rule>+<server_rule>, its clients weighted by their examples.',
+)
+_SERVER_RULE = flags.DEFINE_enum(
+    'server_rule', None, sorted(rules.SERVER_RULES),
+    'With --client_rule, instead of --algo: the server step of the process.',
 )
 _DATA_SOURCE = flags.DEFINE_enum(
     'data_source', 'tff', ['tff', 'synthetic'],
@@ -287,7 +300,8 @@ class Settings:
   run's config is computed by one code path wherever it is computed.
 
   Attributes:
-    values: Every flag of this program -> its value (None: unset).
+    values: Every flag of this program -> its value (None: unset); 'algo' is the rule
+      pair's name (`registry.pair_name`) when --client_rule and --server_rule are given.
     given: The flags set on the command line or by a program; the ones a run's
       command line passes on, and that `--protocol` leaves alone.
   """
@@ -295,9 +309,13 @@ class Settings:
   values: Mapping[str, Any]
   given: frozenset[str]
 
+  def __post_init__(self):
+    object.__setattr__(self, 'values', _with_rule_pair(self.values, self.given))
+
   def replace(self, values: Mapping[str, Any]) -> 'Settings':
     """These settings with `values` set and given; a value None unsets its flag (its
-    default, not given: a command line cannot give None).
+    default, not given: a command line cannot give None). An algorithm set as 'algo' is
+    given by the flags that give it (`algorithm_flags`: a rule pair's by its rules).
 
     Raises:
       ValueError: If a name is not a flag of `launch.train`.
@@ -305,6 +323,8 @@ class Settings:
     unknown = sorted(set(values) - set(self.values))
     if unknown:
       raise ValueError(f'not flags of launch.train: {unknown}')
+    if values.get('algo') is not None:
+      values = {**values, **algorithm_flags(values['algo'])}
     unset = {n for n, v in values.items() if v is None}
     return Settings(
         {**self.values, **{n: flags.FLAGS[n].default if n in unset else v
@@ -321,6 +341,34 @@ class Settings:
   def command_line(self) -> tuple[str, ...]:
     """The `launch.train` arguments that describe this run: its given flags."""
     return tuple(flag_argument(name, value) for name, value in self.given_values().items())
+
+
+def algorithm_flags(algo: str) -> dict[str, Any]:
+  """The flags that give algorithm `algo`: --algo for a registered one, --client_rule and
+  --server_rule for a rule pair (`registry.pair_name`), the others unset.
+
+  Raises:
+    ValueError: `algo` is neither.
+  """
+  spec = registry.get(algo)
+  if algo in registry.ALGORITHMS:
+    return {'algo': algo, 'client_rule': None, 'server_rule': None}
+  return {'algo': None, 'client_rule': spec.client_rule, 'server_rule': spec.server_rule}
+
+
+def _with_rule_pair(values: Mapping[str, Any], given: frozenset[str]) -> Mapping[str, Any]:
+  """`values`, with --algo the pair --client_rule and --server_rule give when given.
+
+  Raises:
+    ValueError: (one line) One rule is given without the other, or with --algo.
+  """
+  pair = [name for name in ('client_rule', 'server_rule') if name in given]
+  if not pair:
+    return values
+  if len(pair) == 1 or 'algo' in given:
+    raise ValueError('give --algo, or --client_rule with --server_rule; got '
+                     + ' and '.join(f'--{n}' for n in ('algo', *pair) if n in given))
+  return {**values, 'algo': registry.pair_name(values['client_rule'], values['server_rule'])}
 
 
 def flag_argument(name: str, value) -> str:

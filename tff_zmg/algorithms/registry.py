@@ -8,6 +8,11 @@ FedRKMGC ablations, the defaults the name overrides:
     process = registry.build('fedzmg', task.model_fn, client_learning_rate=0.03)
     registry.resolve('fedzmg', {'client_learning_rate': 0.03})  # Every value it uses.
 
+Any client rule with any server rule of `rules` is an algorithm too, named by both
+(`pair_name`; what `launch.train --client_rule=zmg_sgdm --server_rule=adam` trains):
+
+    process = registry.build('zmg_sgdm+adam', task.model_fn)
+
 Every algorithm builds with any aggregator of `tff_zmg.aggregation` (DP, compression,
 robust) or refuses in one line naming what its clients upload besides the update:
 
@@ -33,6 +38,7 @@ from tff_zmg.algorithms import fedrkmgc
 from tff_zmg.algorithms import fedzmg
 from tff_zmg.algorithms import gcfed
 from tff_zmg.algorithms import mime_lite
+from tff_zmg.algorithms import rules
 from tff_zmg.algorithms import scaffold
 from tff_zmg.templates import compose
 from tff_zmg.templates import hparams as hp
@@ -328,16 +334,44 @@ ALGORITHMS: Mapping[str, AlgorithmSpec] = types.MappingProxyType({
 NAMES = tuple(ALGORITHMS)
 
 
+def pair_name(client_rule: str, server_rule: str) -> str:
+  """The algorithm name of a client rule composed with a server rule (`rules`)."""
+  return f'{client_rule}+{server_rule}'
+
+
+@functools.cache
+def _pair(name: str) -> AlgorithmSpec:
+  """The algorithm `pair_name` names: `rules.build_process` of its two rules, their
+  hyperparameters `rules.pair_hparams`, the clients' updates weighted by their examples
+  (TFF's default)."""
+  client_rule, server_rule = name.split('+')
+  hparams_class = rules.pair_hparams(client_rule, server_rule)
+
+  def build_pair(model_fn, hparams, *, loop_implementation, model_aggregator=None):
+    return rules.build_process(
+        model_fn, client_rule, server_rule, client_weighting=_EXAMPLES,
+        loop_implementation=loop_implementation, model_aggregator=model_aggregator,
+        **hparams.as_dict())
+
+  return AlgorithmSpec(
+      name=name, builder=build_pair, hparams_class=hparams_class, client_rule=client_rule,
+      server_rule=server_rule, client_weighting=_EXAMPLES,
+      description=f'client rule {client_rule}, server rule {server_rule}.')
+
+
 def get(name: str) -> AlgorithmSpec:
-  """The `AlgorithmSpec` named `name`.
+  """The `AlgorithmSpec` named `name`: a registered algorithm, or a client rule composed
+  with a server rule (`pair_name`: 'zmg_sgdm+adam').
 
   Raises:
-    ValueError: If `name` is not a registered algorithm; the message lists the
-      valid names.
+    ValueError: If `name` is neither; the message lists the valid names (or rules).
   """
+  if isinstance(name, str) and name.count('+') == 1:
+    return _pair(name)
   if not isinstance(name, str) or name not in ALGORITHMS:
     raise ValueError(
-        f'Unknown algorithm {name!r}; valid names are {list(NAMES)}'
+        f'Unknown algorithm {name!r}; valid names are {list(NAMES)}, or'
+        f" '<client rule>+<server rule>' (rules.CLIENT_RULES, rules.SERVER_RULES)"
     )
   return ALGORITHMS[name]
 
@@ -365,7 +399,7 @@ def build(
   """Builds algorithm `name` with its defaults overridden by `hyperparameters`.
 
   Args:
-    name: A key of `ALGORITHMS`.
+    name: A key of `ALGORITHMS`, or a rule pair (`pair_name`).
     model_fn: A no-arg function returning a new
       `tff.learning.models.VariableModel`.
     keras_model_fn: A no-arg function returning the same model as a bare Keras

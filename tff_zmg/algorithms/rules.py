@@ -15,7 +15,9 @@ class of the algorithm it comes from (FedZMG's client rule takes FedZMG's defaul
 
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
+import functools
 import types
+import typing
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -110,6 +112,35 @@ def _get_rule(kind: str, rules: Mapping[str, Rule], name: Any) -> Rule:
   if not isinstance(name, str) or name not in rules:
     raise ValueError(f'{kind} must be one of {sorted(rules)}, got {name!r}')
   return rules[name]
+
+
+@functools.cache
+def pair_hparams(client_rule: str, server_rule: str) -> type[hp.Hparams]:
+  """The hyperparameters of `client_rule` x `server_rule` as one `Hparams` dataclass:
+  the client rule's learning rate and hyperparameters, then the server rule's, each
+  field (default, range, help) its rule's family's; a name both rules take is the client
+  rule's, as in `build_process`. The client's weight decay says how the papers'
+  protocols set it (`Hparams.DECOUPLED_WEIGHT_DECAY`).
+
+  Raises:
+    ValueError: If a rule name is not one of `CLIENT_RULES` or `SERVER_RULES`.
+  """
+  client = _get_rule('client_rule', CLIENT_RULES, client_rule)
+  server = _get_rule('server_rule', SERVER_RULES, server_rule)
+  fields = {}
+  for rule, names in ((client, ('client_learning_rate', *client.names)),
+                      (server, ('server_learning_rate', *server.names))):
+    hints = typing.get_type_hints(rule.hparams_class)
+    source = {f.name: f for f in dataclasses.fields(rule.hparams_class)}
+    for name in names:
+      fields.setdefault(name, (name, hints[name], dataclasses.field(
+          default=source[name].default, metadata=source[name].metadata)))
+  return dataclasses.make_dataclass(
+      f'Hparams[{client_rule}+{server_rule}]', list(fields.values()), bases=(hp.Hparams,),
+      frozen=True, namespace={
+          'DECOUPLED_WEIGHT_DECAY': client.hparams_class.DECOUPLED_WEIGHT_DECAY,
+          'WEIGHT_DECAY_NAME': client.hparams_class.WEIGHT_DECAY_NAME,
+      })
 
 
 def build_process(
