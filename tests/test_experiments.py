@@ -215,8 +215,19 @@ def test_grid_axes_default_to_half_decades_and_reject_bad_lists(run_program, tmp
       (['--search=halving', '--rung_rounds=10,5'], 'positive and increasing'),
       (['--search=halving', '--rung_rounds=a'], 'comma list of integers'),
       (['--search=halving', '--rung_rounds=5,10', '--total_rounds=20'], 'give one of them'),
+      (['--algo=fedrkmgc'], '--algo=fedrkmgc has no server learning rate'),
   ]:
     rc, _, err = run_program(grid_search, *base, *args)
+    assert rc == 2 and err.startswith('grid_search: error:') and message in err, err
+  # Without --algo: a rule pair stands for it.
+  for args, message in [
+      ([], '--algo is required (or --client_rule with --server_rule)'),
+      (['--client_rule=sgd'], 'give --algo, or --client_rule with --server_rule'),
+      (['--client_rule=sgd', '--server_rule=adam', '--proximal_strength=0.1'],
+       '--proximal_strength does not apply to --algo=sgd+adam'),
+  ]:
+    rc, _, err = run_program(grid_search, '--task=emnist', f'--root_output_dir={tmp_path}',
+                             *args)
     assert rc == 2 and err.startswith('grid_search: error:') and message in err, err
   assert not os.listdir(tmp_path)
 
