@@ -49,7 +49,10 @@ import tasks
 from tff_zmg.algorithms import registry
 from tff_zmg import analysis
 
-_ALGOS = flags.DEFINE_list('algos', None, 'The algorithms to compare (comma list).')
+_ALGOS = flags.DEFINE_list(
+    'algos', None,
+    'The algorithms to compare (comma list): --algo names, or a client rule with a server'
+    ' rule as <client_rule>+<server_rule> (zmg_sgdm+adam; launch.train --help).')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'The seeds of each algorithm (comma list).')
 _TASKS = flags.DEFINE_list(
     'tasks', None, 'Tasks to compare on (comma list); default: the one of --task.'
