@@ -37,18 +37,15 @@ _ALGO = flags.DEFINE_enum(
     + ' '.join(f'{name} ({accounting.WEIGHTS[spec.client_weighting]}): {spec.description}'
                for name, spec in registry.ALGORITHMS.items()),
 )
-# Instead of --algo: any client rule with any server rule (specification.md section 4),
-# the algorithm `registry.pair_name` names.
+# Instead of --algo: any client rule with any server rule (`registry.pair_name`).
 _CLIENT_RULE = flags.DEFINE_enum(
     'client_rule', None, sorted(rules.CLIENT_RULES),
     'With --server_rule, instead of --algo: the client step of the process (docs/algorithms.md,'
     ' "Composing rules"); the run is named and recorded as algorithm'
     ' <client_rule>+<server_rule>, its clients weighted by their examples.',
 )
-_SERVER_RULE = flags.DEFINE_enum(
-    'server_rule', None, sorted(rules.SERVER_RULES),
-    'With --client_rule, instead of --algo: the server step of the process.',
-)
+_SERVER_RULE = flags.DEFINE_enum('server_rule', None, sorted(rules.SERVER_RULES),
+                                  'With --client_rule, instead of --algo: the server step.')
 _DATA_SOURCE = flags.DEFINE_enum(
     'data_source', 'tff', ['tff', 'synthetic'],
     "'tff': TFF's published SQLite files in --cache_dir; 'synthetic': generated data in"
@@ -345,11 +342,8 @@ class Settings:
 
 def algorithm_flags(algo: str) -> dict[str, Any]:
   """The flags that give algorithm `algo`: --algo for a registered one, --client_rule and
-  --server_rule for a rule pair (`registry.pair_name`), the others unset.
-
-  Raises:
-    ValueError: `algo` is neither.
-  """
+  --server_rule for a rule pair (`registry.pair_name`), the others unset; ValueError if
+  it is neither."""
   spec = registry.get(algo)
   if algo in registry.ALGORITHMS:
     return {'algo': algo, 'client_rule': None, 'server_rule': None}
