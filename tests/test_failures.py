@@ -567,26 +567,29 @@ def test_inside_a_loops_deferral_the_first_stop_waits_for_its_turn_and_a_second_
     assert str(raised.value) == 'interrupted by SIGHUP'
 
 
-def test_the_ray_driver_dies_with_the_program_and_leaves_it_ctrl_c(tmp_path):
-  """The Ray driver is started so (`ray_workers`): the terminal's Ctrl-C goes to the whole
-  process group, and the program, not the driver, handles it."""
-  script = 'import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)'
-
-  def from_default_sigint(preexec):
-    # A suite started as a background job of a shell inherits SIGINT ignored; each child
-    # starts from the default, as under a terminal, so only the preexec decides.
-    def run():
-      signal.signal(signal.SIGINT, signal.SIG_DFL)
-      preexec()
-    return run
-
-  leaves = subprocess.run(
-      [sys.executable, '-c', script], capture_output=True, text=True, timeout=60,
-      preexec_fn=from_default_sigint(stops.die_with_parent_and_leave_it_interrupts))
-  handles = subprocess.run(
-      [sys.executable, '-c', script], capture_output=True, text=True, timeout=60,
-      preexec_fn=from_default_sigint(stops.die_with_parent))
-  assert (leaves.stdout, handles.stdout) == ('True\n', 'False\n')
+def test_a_child_dies_with_the_program_that_started_it_even_one_killed():
+  """The programs' children (TFF's workers, a sweep's worker processes, the Ray driver) are
+  started through `children.dying_with_parent`: a program killed with SIGKILL, which runs
+  no clean-up, takes them along; and nothing of Python runs in the forked child (a
+  `preexec_fn` did, and once segfaulted there beside TensorFlow's threads)."""
+  program = (
+      'import importlib.util, subprocess, sys\n'
+      'spec = importlib.util.spec_from_file_location("children", sys.argv[1])\n'
+      'children = importlib.util.module_from_spec(spec)\n'
+      'spec.loader.exec_module(children)\n'
+      'command = children.dying_with_parent(["sleep", "600"], "KILL")\n'
+      'print(command[:2], subprocess.Popen(command).pid, flush=True)\n'
+      'sys.stdin.read()\n')
+  path = os.path.join(small_runs.REPO, 'tff_zmg', 'runtime', 'children.py')
+  with subprocess.Popen([sys.executable, '-c', program, path], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True) as parent:
+    line = parent.stdout.readline()
+    child = psutil.Process(int(line.split()[-1]))
+    assert line.startswith(f"['{shutil.which('setpriv')}', '--pdeathsig=KILL']"), line
+    assert child.ppid() == parent.pid
+    parent.kill()
+    parent.wait()
+    child.wait(timeout=60)  # Gone (psutil raises TimeoutExpired if it still runs).
 
 
 def test_a_closed_worker_is_never_started_again():

@@ -22,10 +22,10 @@ A program passes through three ways of stopping:
   before is released and its checkpoint under way; the scheduler's next turn. A second
   stop is raised at once, with the same line.
 
-Its children: a sweep's worker processes die with the program (`die_with_parent`) and
-have sessions of their own (one SIGTERM from the program stops them, between rounds), and
-the Ray driver also leaves Ctrl-C to the program, which closes it
-(`die_with_parent_and_leave_it_interrupts`).
+Its children die with the program (`tff_zmg.runtime.children.dying_with_parent`): a
+sweep's worker processes, which have sessions of their own (one SIGTERM from the program
+stops them, between rounds), and the Ray driver, which has a process group of its own, so
+that the terminal's Ctrl-C reaches the program only, and the program closes the driver.
 
 This module imports only the standard library and `launch.run.errors`, which does too:
 `import launch` uses it before TensorFlow is imported.
@@ -34,7 +34,6 @@ This module imports only the standard library and `launch.run.errors`, which doe
 import _weakrefset
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -46,8 +45,6 @@ from launch.cli import exit_status
 from launch.run import errors
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1
-_SIG_IGN = 1  # <signal.h>'s SIG_IGN, as libc's `signal` takes it.
 _SIGNAL_AGAIN_AFTER_S = 0.01
 # Code that a stop must not cut short (`_raise_interrupted`): asyncio's and the weak set
 # its tasks register in.
@@ -158,7 +155,7 @@ def deferred(what_was_done: str):
   inside. The first stop is only recorded; a second is raised at once, with the same line.
 
   A handler that raises can lose its exception: Python runs pending handlers inside the
-  fork callbacks of `subprocess.Popen` (with a preexec_fn), where exceptions are printed
+  fork callbacks of a `subprocess.Popen` with a preexec_fn (a library's), where exceptions are printed
   and dropped, and the program would carry on as if never told to stop. A second stop
   raised there and lost is still recorded, and the loop acts on it. Outside the main
   thread, where no handler can be set, the check never raises.
@@ -194,25 +191,3 @@ def between_rounds():
   after the round's last client or in TFF's worker, once that round is released and its
   checkpoint under way. Training then says which checkpoint it keeps, written whole."""
   return deferred('stopped between rounds')
-
-
-# Children.
-
-
-def die_with_parent() -> None:
-  """A `preexec_fn`, run in the child: Linux sends it SIGTERM (it stops cleanly) if this
-  process dies."""
-  with contextlib.suppress(OSError, AttributeError):
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def die_with_parent_and_leave_it_interrupts() -> None:
-  """`die_with_parent`, and the child ignores Ctrl-C, which the terminal sends the whole
-  process group: the program handles it, and closes the child. (Python keeps a SIGINT
-  ignored at its start ignored; libc's `signal`, as Python's refuses outside the main
-  thread of the program that forked.)"""
-  die_with_parent()
-  with contextlib.suppress(OSError, AttributeError):
-    libc = ctypes.CDLL('libc.so.6', use_errno=True)
-    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    libc.signal(signal.SIGINT, _SIG_IGN)

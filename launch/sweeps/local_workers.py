@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Optional
 
-from launch.cli import stops
 from launch.sweeps import workers
+from tff_zmg.runtime import children
 
 _STOP_GRACE_S = 30.0
 _POLL_S = 0.5
@@ -53,9 +53,10 @@ class _Worker:
     self.log_path = log_path
     with open(log_path, 'a') as log:
       self.process = subprocess.Popen(
-          [sys.executable, '-m', 'launch.sweeps.warm_worker'], stdin=subprocess.PIPE,
-          stdout=subprocess.PIPE, stderr=log, env=child_environment(),
-          preexec_fn=stops.die_with_parent, start_new_session=True,
+          children.dying_with_parent([sys.executable, '-m', 'launch.sweeps.warm_worker'],
+                                     'TERM'),
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=child_environment(),
+          start_new_session=True,
       )
     os.set_blocking(self.process.stdout.fileno(), False)
     self._pending = b''

@@ -20,9 +20,9 @@ Requests (stdin) and answers (stdout):
 
 Any request may be answered {"error": line} (bad input: an address where no cluster
 answers, a cluster without a place for the runs) or {"lost": why} (the cluster stopped
-answering); the program then ends. The driver ignores Ctrl-C (the program's to handle: it
-closes the driver) and dies with the program (Linux): `ray_workers` starts it so
-(`launch.cli.stops.die_with_parent_and_leave_it_interrupts`).
+answering); the program then ends. The terminal's Ctrl-C does not reach the driver (the
+program's to handle: it closes the driver), and the driver dies with the program (Linux):
+`ray_workers` starts it so (a process group of its own, `children.dying_with_parent`).
 """
 
 import contextlib

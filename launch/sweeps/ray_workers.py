@@ -34,11 +34,11 @@ from typing import Optional
 
 from absl import flags
 
-from launch.cli import stops
 from launch.cli import unused_flags
 from launch.run import errors
 from launch.sweeps import local_workers
 from launch.sweeps import workers
+from tff_zmg.runtime import children
 
 RAY_ADDRESS = flags.DEFINE_string(
     'ray_address', workers.Pool.ray_address,
@@ -93,10 +93,12 @@ class RayWorkers(workers.Workers):
       log.write(f'=== ray driver {time.strftime("%Y-%m-%d %H:%M:%S")}:'
                 f' --ray_address={address}\n')
       log.flush()
+      # A process group of its own: the terminal's Ctrl-C reaches the program, which
+      # closes the driver.
       self._driver = subprocess.Popen(
-          [sys.executable, '-P', _DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-          stderr=log, env=local_workers.child_environment(),
-          preexec_fn=stops.die_with_parent_and_leave_it_interrupts)
+          children.dying_with_parent([sys.executable, '-P', _DRIVER], 'TERM'),
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+          env=local_workers.child_environment(), process_group=0)
     self._pending = b''
     try:
       ready = self._ask({'init': dict(

@@ -15,8 +15,8 @@ contexts, and it owns their workers:
 * each worker writes to its own log file, never to the parent's stdout/stderr; the log is
   removed when the worker stops, and a killed program's by the next worker started in the
   same temporary folder (`leftovers`);
-* each worker is started with a parent-death signal (Linux), so even a parent killed with
-  SIGKILL takes its workers along;
+* each worker is started with a parent-death signal (Linux, `children.dying_with_parent`),
+  so even a parent killed with SIGKILL takes its workers along;
 * every worker is registered and stopped (SIGTERM, then SIGKILL after a grace period) by
   `stop_all_workers()`, which runs at interpreter exit, after uncaught exceptions and Ctrl-C,
   and on SIGTERM.
@@ -51,12 +51,10 @@ started them; this module connects to them and never starts or stops them.
 
 import atexit
 import contextlib
-import ctypes
 import functools
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -68,6 +66,7 @@ import portpicker
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
 
+from tff_zmg.runtime import children
 from tff_zmg.runtime import leftovers
 
 _WORKER_START_TIMEOUT_S = 60.0
@@ -76,7 +75,6 @@ _GRPC_OPTIONS = [
     ('grpc.max_message_length', 2**31 - 1),
     ('grpc.max_receive_message_length', 2**31 - 1),
 ]
-_PR_SET_PDEATHSIG = 1
 _LOG_PREFIX = 'tff_zmg-worker-'
 # Default time a remote worker may not answer, at start or before a call, before the run
 # fails: long enough for a network blip, short enough that a dead machine fails the round.
@@ -100,14 +98,6 @@ _default_worker: Optional['LocalWorker'] = None
 def worker_binary_path() -> str:
   """The `worker_binary` shipped inside the installed TFF package."""
   return os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
-
-
-def _die_with_parent() -> None:
-  """Runs in the forked child: ask Linux to SIGKILL it when its parent dies."""
-  try:
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  except OSError:  # Not Linux: atexit and the signal handlers still stop the worker.
-    pass
 
 
 class WorkerStartError(RuntimeError):
@@ -192,17 +182,16 @@ class LocalWorker:
     fd, self._log_path = tempfile.mkstemp(prefix=prefix, suffix='.log')
     with os.fdopen(fd, 'wb') as log:
       self._process = subprocess.Popen(
-          [
+          children.dying_with_parent([
               binary,
               f'--port={port}',
               '--max_concurrent_computation_calls='
               f'{self._max_concurrent_computation_calls}',
-          ],
+          ], 'KILL'),
           stdin=subprocess.DEVNULL,
           stdout=log,
           stderr=subprocess.STDOUT,
           env=self._environment(),
-          preexec_fn=_die_with_parent if sys.platform.startswith('linux') else None,
       )
     with _lock:
       _live_workers.add(self)
