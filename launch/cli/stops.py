@@ -155,10 +155,10 @@ def deferred(what_was_done: str):
   inside. The first stop is only recorded; a second is raised at once, with the same line.
 
   A handler that raises can lose its exception: Python runs pending handlers inside the
-  fork callbacks of a `subprocess.Popen` with a preexec_fn (a library's), where exceptions are printed
-  and dropped, and the program would carry on as if never told to stop. A second stop
-  raised there and lost is still recorded, and the loop acts on it. Outside the main
-  thread, where no handler can be set, the check never raises.
+  fork callbacks of a `subprocess.Popen` with a preexec_fn (a library's), where exceptions
+  are printed and dropped, and the program would carry on as if never told to stop. A
+  second stop raised there and lost is still recorded, and the loop acts on it. Outside
+  the main thread, where no handler can be set, the check never raises.
   """
   received = []
 
