@@ -1,7 +1,7 @@
 """The floor plan: `launch/` shows its programs, their machinery lives in folders named for
 its job, no module imports a program or closes an import cycle, each name of a run folder's
-files is typed once, every program keeps the flags and defaults it had, and the docs name
-only flags that exist.
+files is typed once, no child process runs Python before its `exec`, every program keeps
+the flags and defaults it had, and the docs name only flags that exist.
 
 The import graph is read from the source (`ast`), so these tests import nothing of the
 package but the flags test, which imports each program in one child interpreter.
@@ -119,6 +119,19 @@ def test_no_import_cycles_in_launch_tff_zmg_tasks():
   to its own modules are left out (importing `a.b` runs `a` first by Python's rule)."""
   graph = {m: {t for t in targets if not t.startswith(m + '.')} for m, targets in _graph().items()}
   assert _cycle(graph) == []
+
+
+def test_no_child_process_runs_python_between_fork_and_exec():
+  """No call passes a `preexec_fn`: Python run in the forked copy of a process with
+  TensorFlow's threads segfaulted a TFF worker's start. Children that must die with the
+  program are started through `tff_zmg.runtime.children.dying_with_parent`."""
+  found = [
+      (module, node.lineno)
+      for module, path in _modules().items()
+      for node in ast.walk(ast.parse(open(path).read()))
+      if isinstance(node, ast.Call) and any(k.arg == 'preexec_fn' for k in node.keywords)
+  ]
+  assert found == []
 
 
 _RUN_FOLDER_NAMES = ('metrics.csv', 'flags.json', 'runtime.json', 'communication.json',
