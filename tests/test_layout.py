@@ -226,6 +226,9 @@ def test_the_docs_name_only_flags_that_exist(program_flags):
     if script.endswith('.py'):
       ours |= set(re.findall(r"add_argument\('--(\w+)'",
                              open(os.path.join(_REPO, 'scripts', script)).read()))
+  known = flag_names(ours | _OTHER_TOOLS_FLAGS)
+  by_program = {program: flag_names(set(names) | {'help', 'helpfull'})
+                for program, names in program_flags.items()}
   docs = ['README.md'] + [os.path.join('docs', n)
                           for n in sorted(os.listdir(os.path.join(_REPO, 'docs')))]
   unknown, elsewhere = [], []
@@ -234,10 +237,9 @@ def test_the_docs_name_only_flags_that_exist(program_flags):
       for name in _FLAG.findall(line):
         if name.endswith('_') and any(flag.startswith(name) for flag in ours):
           continue  # A family of flags: `--synthetic_*`.
-        if name not in flag_names(ours | _OTHER_TOOLS_FLAGS):
+        if name not in known:
           unknown.append(f'{doc}: --{name}')
-        elif program in program_flags and name not in flag_names(
-            set(program_flags[program]) | {'help', 'helpfull'}):
+        elif program in by_program and name not in by_program[program]:
           elsewhere.append(f'{doc}: {program} --{name}')
   assert unknown == [] and elsewhere == [], (unknown, elsewhere)
 
