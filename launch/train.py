@@ -60,10 +60,11 @@ def main(argv) -> int:
 
 if __name__ == '__main__':
   # Required only here: the programs that start many runs set --algo per run, or take --algos.
-  # A rule pair (--client_rule with --server_rule) stands for --algo.
+  # A rule pair (--client_rule with --server_rule) stands for --algo; which of them go
+  # together is the settings' to say (`run_settings.Settings`), so here only that one is.
   flags.mark_flags_as_required(['task'])
   flags.register_multi_flags_validator(
       ['algo', 'client_rule', 'server_rule'],
-      lambda given: (given['algo'] is None) != (given['client_rule'] is None),
+      lambda given: any(value is not None for value in given.values()),
       message='give --algo, or --client_rule with --server_rule')
   failures.run_program('train', main)
