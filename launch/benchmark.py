@@ -50,8 +50,8 @@ once (`--concurrency`); an empty list skips either table. The contenders' rounds
 
 With `--sweep`, only what a sweep's cells cost: `--sweep_cells` FedAvg cells of
 `--sweep_rounds` rounds (client learning rates 10^-3 ... 10^-1), each as its own
-`launch.train` process (unless --nosweep_cold), then all in one warm worker one after
-another, then (with --sweep_batch_cells=K) batched, K at once, in one warm worker
+`launch.train` process (unless --nosweep_cold), then all in one warm slot one after
+another, then (with --sweep_batch_cells=K) batched, K at once, in one warm slot
 (`launch.benchmarking.sweep`):
 
   python -m launch.benchmark --sweep --data_source=synthetic
@@ -135,7 +135,7 @@ _INTRA_OP_THREADS = flags.DEFINE_integer(
 _SWEEP = flags.DEFINE_bool(
     'sweep', False,
     'Time only a sweep: its cells as one launch.train process each, then in one warm'
-    ' worker (launch.benchmarking.sweep).',
+    ' slot (launch.benchmarking.sweep).',
 )
 _SWEEP_CELLS = flags.DEFINE_integer('sweep_cells', 9, 'With --sweep: the cells.',
                                     lower_bound=2)
@@ -145,7 +145,7 @@ _SWEEP_COLD = flags.DEFINE_bool(
     'sweep_cold', True, 'With --sweep: also time each cell as its own launch.train process.')
 _SWEEP_BATCH_CELLS = flags.DEFINE_integer(
     'sweep_batch_cells', 0,
-    'With --sweep: also time the cells batched, this many at once in one warm worker'
+    'With --sweep: also time the cells batched, this many at once in one warm slot'
     ' (launch.sweeps.batched_cells); 0: not.', lower_bound=0)
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the results as JSON here.')
 _EVALUATION = flags.DEFINE_bool(
@@ -331,8 +331,8 @@ def _time_sweep() -> dict:
   print(f'sweep: {len(client_lrs)} cells x {_SWEEP_ROUNDS.value} rounds of {_TASK.value}'
         ' fedavg, ' + ', then '.join(
             (['each as its own launch.train process'] if _SWEEP_COLD.value else [])
-            + ['all in one warm worker']
-            + ([f'batched, {batch} at once, in one warm worker'] if batch else [])),
+            + ['all in one warm slot']
+            + ([f'batched, {batch} at once, in one warm slot'] if batch else [])),
         flush=True)
   with tempfile.TemporaryDirectory(prefix='tff_zmg-sweep-') as root:
     cold_cells = sweep.cells(common, client_lrs, _SWEEP_ROUNDS.value, f'{root}/cold')

@@ -44,7 +44,7 @@ from launch.run import settings as run_settings
 from launch.sweeps import calibration
 from launch.sweeps import comparison
 from launch.sweeps import runner
-from launch.sweeps import workers
+from launch.sweeps import pool as pool_lib
 import tasks
 from tff_zmg.algorithms import registry
 from tff_zmg import analysis
@@ -138,7 +138,7 @@ def _check_rates(runs, task_names, algos, tuned, asked) -> None:
             flush=True)
 
 
-def _train(runs, pool: workers.Pool, root: str, report_dir: str) -> None:
+def _train(runs, pool: pool_lib.Pool, root: str, report_dir: str) -> None:
   print(f'compare: {len(runs)} runs in {root}, {pool.parallel} at a time', flush=True)
   try:
     runner.run_all(runs, pool=pool, log_dir=os.path.join(report_dir, 'logs'))

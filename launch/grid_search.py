@@ -38,7 +38,7 @@ seconds, from the runs' metrics.csv).
 
 Each cell is an ordinary training run in `<root_output_dir>/<experiment_name>/<cell>/`
 (experiment_name defaults to grid_<task>_<algo>), trained as `launch.train` would train it,
-to the bit, by warm worker processes (`launch.sweeps.warm_worker`): `--parallel` of them on
+to the bit, by warm slot processes (`launch.sweeps.warm_slot`): `--parallel` of them on
 this machine, or Ray actors with --ray_address, each training one cell after another and
 paying once for what cells share (imports, data, the process's build). A cell's output is
 in `logs/<cell>.log` there, under the `launch.train` command that trains it alone.
@@ -77,7 +77,7 @@ from launch.sweeps import grid_outputs
 from launch.sweeps import halving
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
-from launch.sweeps import workers
+from launch.sweeps import pool as pool_lib
 from tff_zmg.algorithms import registry
 from tff_zmg import analysis
 from tff_zmg import run_files
@@ -222,7 +222,7 @@ def _check_flags(base: run_settings.Settings) -> None:
 
 
 def _grids(base: run_settings.Settings, search: lr_grid.Search,
-           pool: workers.Pool) -> tuple[str, Optional[str], list[lr_grid.Grid]]:
+           pool: pool_lib.Pool) -> tuple[str, Optional[str], list[lr_grid.Grid]]:
   """The grid folder, the third axis' name (None without one) and a grid per value of it,
   each checked by making its first cell's run (bad settings are refused before any run);
   says in one line what the search is."""

@@ -40,7 +40,7 @@ class ClientTensors:
     # client id -> (its examples, their bytes), the client read longest ago first.
     self._kept: collections.OrderedDict = collections.OrderedDict()
     self._bytes = 0
-    self._lock = threading.Lock()  # A warm worker's batched runs share one store.
+    self._lock = threading.Lock()  # A warm slot's batched runs share one store.
 
   def __call__(self, client_id: str) -> preprocessing.ClientTensors:
     with self._lock:

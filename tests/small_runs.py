@@ -1,7 +1,7 @@
 """Flags of the small synthetic `launch.train` runs the program tests start, the matrix of
 models and algorithm families every guarantee is tested on (`MATRIX`, with each row's
 uninterrupted run, trained once per test session), a program running while a test acts on
-it (and its warm workers), a run killed with SIGKILL mid-way, runs made once for the tests
+it (and its warm slots), a run killed with SIGKILL mid-way, runs made once for the tests
 that only read or copy them, runs written as `launch.train` leaves them, and what a trained
 run holds (its metrics but times, its last checkpoint)."""
 
@@ -37,7 +37,7 @@ _MADE = {}
 # uninterrupted run's) are each tested on every row: every model of the tests and every
 # family of algorithm, each at least once, two rounds of two clients on tiny data. Two
 # clients a round everywhere, so that every process picks the same threads per TF op
-# (cores // clients at once) and a warm worker or Ray actor that trains several rows trains
+# (cores // clients at once) and a warm slot or Ray actor that trains several rows trains
 # each with its own run's.
 _SYNTHETIC = ('--data_source=synthetic', '--synthetic_train_clients=6',
               '--synthetic_test_clients=2')
@@ -148,7 +148,7 @@ def settings_of(args):
 
 
 def cell_request(name: str, args, log: str) -> dict:
-  """A warm worker's request (`launch.sweeps.warm_worker`) to train `launch.train`'s
+  """A warm slot's request (`launch.sweeps.warm_slot`) to train `launch.train`'s
   arguments `args` as run `name`, its output to `log`."""
   return {'name': name, 'settings': settings_of(args).given_values(), 'log': log}
 
@@ -253,13 +253,13 @@ def running(command, stderr=subprocess.PIPE, env=None):
       proc.kill()
 
 
-def warm_workers(parent: int) -> list[psutil.Process]:
-  """The warm workers (`launch.sweeps.warm_worker`) among the processes below `parent`."""
+def warm_slots(parent: int) -> list[psutil.Process]:
+  """The warm slots (`launch.sweeps.warm_slot`) among the processes below `parent`."""
   try:
     children = psutil.Process(parent).children(recursive=True)
   except psutil.NoSuchProcess:
     return []
-  return [p for p in children if 'launch.sweeps.warm_worker' in ' '.join(p.cmdline())]
+  return [p for p in children if 'launch.sweeps.warm_slot' in ' '.join(p.cmdline())]
 
 
 def kill_when(command, line_start: str) -> list[str]:

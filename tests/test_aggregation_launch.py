@@ -327,7 +327,7 @@ def test_compare_shows_the_bytes_each_algorithm_sends_fedzmg_as_fedavg_scaffold_
       '--runtime=in_process')
   assert rc == 0, err
   # Trained by the comparison: SCAFFOLD's run only.
-  # The run's log, and the warm workers' own logs.
+  # The run's log, and the warm slots' own logs.
   assert sorted(os.listdir(report_dir / 'logs')) == ['emnist_scaffold_seed0.log', 'workers']
   summary = {r['algo']: r for r in _rows(report_dir / 'summary.csv')}
   model = _FLOAT32 * _EMNIST_PARAMETERS

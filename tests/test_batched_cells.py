@@ -104,7 +104,7 @@ def test_a_batched_group_stopped_by_ctrl_c_then_by_its_workers_death_ends_the_sa
   log = _log(tmp_path, 'clr0.1_slr1')
   with small_runs.running(command) as proc:
     _when_logged(log, r'^round 2/', proc)
-    (worker,) = small_runs.warm_workers(proc.pid)
+    (worker,) = small_runs.warm_slots(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
   assert proc.returncode == 130, err
@@ -114,9 +114,9 @@ def test_a_batched_group_stopped_by_ctrl_c_then_by_its_workers_death_ends_the_sa
     assert 'train: error: interrupted' in open(_log(tmp_path, cell)).read(), cell
   with small_runs.running(command) as proc:
     _when_logged(log, r'^round 4/', proc)
-    (worker,) = small_runs.warm_workers(proc.pid)
+    (worker,) = small_runs.warm_slots(proc.pid)
     worker.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=900)
   assert proc.returncode == 0, err
-  assert 'its warm worker died (killed by SIGKILL' in open(log).read()
+  assert 'its warm slot died (killed by SIGKILL' in open(log).read()
   _assert_same(_results(tmp_path), cell_by_cell)

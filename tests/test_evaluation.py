@@ -133,7 +133,7 @@ def test_several_weights_at_once_give_each_its_own_metrics(small_task):
 
 
 def test_several_weights_at_once_after_a_model_was_made_in_a_graph(small_task):
-  """A warm worker's evaluator, used by a run alone (one slot), then by a batched group,
+  """A warm slot's evaluator, used by a run alone (one slot), then by a batched group,
   whose process made models in a graph: Keras invalidates models made outside a graph
   and not yet called, so the second slot's model is made when first needed."""
   task = small_task('emnist')

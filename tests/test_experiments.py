@@ -469,7 +469,7 @@ def test_dry_runs_of_a_grid_search_and_a_comparison_count_and_time_their_runs_on
     assert line + '\n' in out, out
   assert 'dry run: timing' not in out
   # Each run: start-up, its rounds, its evaluations (round 0's only when it starts afresh);
-  # the warm worker starts once, trains its first run of the kind, and builds once for the
+  # the warm slot starts once, trains its first run of the kind, and builds once for the
   # cells, once for the stability re-run (another seed).
   run_s = lambda rounds, evaluations: 10.0 + rounds * 2.0 + evaluations * 0.5
   grid_s = (9 * run_s(1, 2) + 3 * run_s(1, 1) + run_s(2, 2)  # Rungs 1, 2 and 3.

@@ -364,7 +364,7 @@ def test_dry_run_lists_the_full_protocol_and_estimates_time(designed):
   assert '  emnist-emnist_fedzmg_seed4: emnist fedzmg seed=4 rounds=1000 cohort=10\n' in out
   # 50-round cells and stability re-runs, evaluated at round 0 and in the 10 rounds their
   # score reads; 1000-round comparison runs, evaluated at round 0 and after every round.
-  # One warm worker starts once, trains a first run of each kind (a task's FedZMG, and its
+  # One warm slot starts once, trains a first run of each kind (a task's FedZMG, and its
   # FedAvg and FedAdam, whose client rule is plain SGD; 3 grids a task), and builds once a
   # grid's cells, each stability re-run (another seed) and each comparison run (an
   # algorithm and seed).

@@ -283,8 +283,8 @@ def test_killed_runs_resume_to_the_uninterrupted_result(
 # algorithm), each row's uninterrupted `launch.train` run their reference
 # (`small_runs.reference_run`, trained once in the session). Here: the same command twice,
 # a killed run resumed, one client at a time, TFF's worker. A warm, a batched and a Ray
-# cell of each distinct row (`small_runs.DISTINCT_ROWS`): tests/test_warm_workers.py and
-# tests/test_ray_workers.py.
+# cell of each distinct row (`small_runs.DISTINCT_ROWS`): tests/test_warm_slots.py and
+# tests/test_ray_slots.py.
 _ROWS = list(small_runs.MATRIX)
 _RERUNS = {
     'same': (),  # The reference's command.
@@ -309,13 +309,13 @@ def _reruns_of(row) -> dict:
 def _reruns(row, tmp_path_factory) -> dict:
   """Runs of `row` (`_reruns_of`), every row's made at once: each row's 'killed' run
   started by `python -m launch.train` and SIGKILLed once round 1 is reported; then one
-  fresh Python, a warm worker (`launch.sweeps.warm_worker`), trains every row's runs, row
+  fresh Python, a warm slot (`launch.sweeps.warm_slot`), trains every row's runs, row
   by row, in this order: 'same', built from scratch as `launch.train` builds it (no row
   shares a task, process or evaluation with another); 'killed', resumed as a sweep
   resumes a cell; then the others. Those after a row's first train what it built (the
-  warm worker keeps it), at its threads per TF op (`launch.train` alone would give one
+  warm slot keeps it), at its threads per TF op (`launch.train` alone would give one
   client at a time every core); each row's at its own run's (two clients a round
-  everywhere). One warm worker, not one a row: each costs its imports. Their folders by
+  everywhere). One warm slot, not one a row: each costs its imports. Their folders by
   row and name, made once in this test process."""
 
   def train():
@@ -331,7 +331,7 @@ def _reruns(row, tmp_path_factory) -> dict:
                                   small_runs.matrix_args(each, root / each, name, *flags_),
                                   str(root / each / f'{name}.log'))
           for name, flags_ in _reruns_of(each).items()]
-    proc = subprocess.run([sys.executable, '-m', 'launch.sweeps.warm_worker'],
+    proc = subprocess.run([sys.executable, '-m', 'launch.sweeps.warm_slot'],
                           input=''.join(json.dumps(r) + '\n' for r in requests),
                           capture_output=True, text=True, cwd=small_runs.REPO, timeout=3600)
     answers = [json.loads(line) for line in proc.stdout.splitlines()[1:]]
@@ -359,7 +359,7 @@ def test_the_same_command_twice_gives_the_same_numbers(row, tmp_path_factory):
 def test_a_run_killed_mid_way_resumes_to_its_uninterrupted_run_bit_for_bit(
     row, tmp_path_factory):
   """SIGKILLed once round 1 is reported (its checkpoint saved or not, its clients' states
-  written), then resumed (in a warm worker, as a sweep resumes a cell; tests/test_train.py's
+  written), then resumed (in a warm slot, as a sweep resumes a cell; tests/test_train.py's
   FedRKMGC and tests/test_aggregation_launch.py's DP run resume by `launch.train`)."""
   reference = small_runs.reference_run(row)
   killed = _reruns(row, tmp_path_factory)['killed']

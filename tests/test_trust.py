@@ -489,7 +489,7 @@ def test_the_grids_third_axis_takes_text_and_booleans(
   grid = ('--client_learning_rates=0.1', '--server_learning_rates=1', '--total_rounds=1',
           '--nostability_check')
   # The grid searches in this process (the flags are parsed as the program parses them);
-  # their cells train in a warm worker process, with the test's TMPDIR.
+  # their cells train in a warm slot process, with the test's TMPDIR.
   text, text_out, text_err = run_program(
       grid_search, *_train_args(cache_dir, root, '--algo=local_gc'), *grid,
       '--hparam_grid=local_gc_layers:all,feature')
@@ -616,7 +616,7 @@ def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(
   root = tmp_path / 'root'
   args = ('--paper=fedzmg', '--table=5', '--scale=ci', '--data_source=synthetic',
           '--dry_run', f'--root_output_dir={root}', f'--cache_dir={tmp_path / "data"}')
-  # The dry runs in this process; the timing runs train in a warm worker process, with
+  # The dry runs in this process; the timing runs train in a warm slot process, with
   # the test's TMPDIR.
   code, out, err = run_program(reproduce, *args)
   assert code == 0 and err == '', err
@@ -624,7 +624,7 @@ def test_reproduces_dry_run_trains_only_the_timing_runs_its_help_names(
   plan = root / 'reproduce_fedzmg_ci'
   assert os.listdir(plan) == ['dry_run']  # No grid/ nor runs/: none of the plan's runs.
   runs = [d for d in os.listdir(plan / 'dry_run') if d.startswith('emnist-')]
-  # FedZMG's client rule, and plain SGD's: each timed by three runs in turn in a warm worker.
+  # FedZMG's client rule, and plain SGD's: each timed by three runs in turn in a warm slot.
   assert len(timed) == 2 and len(runs) == 3 * len(timed)
   before = _tree(root)
   code, out, err = run_program(reproduce, *args)

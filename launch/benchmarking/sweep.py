@@ -1,18 +1,18 @@
-"""What a sweep's cells cost by warm workers against one `launch.train` process each, and
+"""What a sweep's cells cost by warm slots against one `launch.train` process each, and
 batched against one after another.
 
 `launch.benchmark --sweep` trains the same cells up to three ways, one after another, in
 one program run: each as its own `python -m launch.train` process (cold), all of them in
-one warm worker (`launch.sweeps.local_workers`), one after another (warm), and in one warm
-worker as batched cells, K at once (`launch.sweeps.batched_cells`). Each cold and warm
+one warm slot (`launch.sweeps.local_slots`), one after another (warm), and in one warm
+slot as batched cells, K at once (`launch.sweeps.batched_cells`). Each cold and warm
 cell is timed from its start to its end as the program that runs it sees it, beside its
 own rounds (the training and evaluation seconds its metrics.csv records), so that
 
   ratio (a cell)            = its wall time / its rounds' time
-  warm / cold (the grid)    = the warm worker's wall time / the cold processes'
-  batched / warm (the grid) = the batching worker's wall time / the warm worker's
+  warm / cold (the grid)    = the warm slot's wall time / the cold processes'
+  batched / warm (the grid) = the batching slot's wall time / the warm slot's
 
-say what start-up costs (a warm worker pays it once, for its first cell) and what
+say what start-up costs (a warm slot pays it once, for its first cell) and what
 training cells together saves.
 """
 
@@ -23,8 +23,8 @@ import subprocess
 import sys
 import time
 
-from launch.sweeps import local_workers
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import local_slots
+from launch.sweeps import pool as pool_lib
 from tff_zmg import analysis
 from tff_zmg import run_files
 
@@ -35,7 +35,7 @@ _POLL_S = 0.2
 @dataclasses.dataclass(frozen=True)
 class Cell:
   """One cell: its name, the `launch.train` flags it gives (a `runner.Run`'s `given`: a
-  warm worker's request) and its run folder."""
+  warm slot's request) and its run folder."""
 
   name: str
   given: dict
@@ -72,43 +72,43 @@ def time_cold(cells_: list[Cell], log_dir: str) -> list[float]:
     start = time.monotonic()
     with open(os.path.join(log_dir, f'cold-{cell.name}.log'), 'w') as log:
       code = subprocess.call([sys.executable, '-m', 'launch.train', *cell.args], stdout=log,
-                             stderr=subprocess.STDOUT, env=local_workers.child_environment())
+                             stderr=subprocess.STDOUT, env=local_slots.child_environment())
     if code:
-      raise RuntimeError(f'{cell.name} failed ({local_workers.signal_text(code)}): see'
+      raise RuntimeError(f'{cell.name} failed ({local_slots.signal_text(code)}): see'
                          f' {log.name}')
     walls.append(time.monotonic() - start)
   return walls
 
 
 def time_warm(cells_: list[Cell], log_dir: str) -> tuple[list[float], float]:
-  """Each cell's wall seconds in one warm worker, in turn, and the whole's (the worker's
+  """Each cell's wall seconds in one warm slot, in turn, and the whole's (the slot's
   start and its closing included)."""
-  return _time_in_one_worker(cells_, log_dir, 1, 'warm')
+  return _time_in_one_slot(cells_, log_dir, 1, 'warm')
 
 
 def time_batched(cells_: list[Cell], log_dir: str, batch: int) -> tuple[list[float], float]:
-  """Each group's wall seconds as `batch` batched cells in one warm worker, group after
-  group, and the whole's (the worker's start and its closing included)."""
-  return _time_in_one_worker(cells_, log_dir, batch, 'batched')
+  """Each group's wall seconds as `batch` batched cells in one warm slot, group after
+  group, and the whole's (the slot's start and its closing included)."""
+  return _time_in_one_slot(cells_, log_dir, batch, 'batched')
 
 
-def _time_in_one_worker(cells_: list[Cell], log_dir: str, batch: int,
+def _time_in_one_slot(cells_: list[Cell], log_dir: str, batch: int,
                         kind: str) -> tuple[list[float], float]:
-  """Each task's wall seconds (`batch` cells at a time, one warm worker, logs named
+  """Each task's wall seconds (`batch` cells at a time, one warm slot, logs named
   `<kind>-<cell>.log`), and the whole's."""
   walls = []
   start = time.monotonic()
-  with local_workers.LocalWorkers(1, log_dir) as workers:
+  with local_slots.LocalSlots(1, log_dir) as slots:
     for first in range(0, len(cells_), batch):
       group = cells_[first:first + batch]
       logs = tuple(os.path.join(log_dir, f'{kind}-{cell.name}.log') for cell in group)
       began = time.monotonic()
-      workers.start(0, workers_lib.Task(tuple(group), logs), key=None)
+      slots.start(0, pool_lib.Task(tuple(group), logs), key=None)
       ended = []
       while not ended:
-        ended = workers.wait(_POLL_S)
+        ended = slots.wait(_POLL_S)
       ((_, outcomes),) = ended
-      failed = {name: local_workers.signal_text(outcome.status)
+      failed = {name: local_slots.signal_text(outcome.status)
                 for name, outcome in outcomes.items() if outcome.status}
       if failed:
         raise RuntimeError(f'{kind} cells failed ({failed}): see {", ".join(logs)}')
@@ -118,7 +118,7 @@ def _time_in_one_worker(cells_: list[Cell], log_dir: str, batch: int,
 
 def batched_lines(cells_: list[Cell], walls: list[float], whole: float, batch: int,
                   warm_whole: float) -> tuple[list[str], dict]:
-  """The batched cells' lines and results, against the warm worker's whole."""
+  """The batched cells' lines and results, against the warm slot's whole."""
   out, results = [], collections.OrderedDict()
   for index, wall in enumerate(walls):
     names = [c.name for c in cells_[index * batch:(index + 1) * batch]]

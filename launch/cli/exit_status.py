@@ -23,7 +23,7 @@ TABLE = {
                ' data (missing, damaged) the program refuses, an output folder that is not'
                " the program's own, an unreachable remote worker",
     DIVERGED: 'training diverged; the last good checkpoint is kept',
-    WORKER_LOST: 'a worker was lost mid-run (a TFF worker, a sweep\'s warm worker that died'
+    WORKER_LOST: 'a worker was lost mid-run (a TFF worker, a sweep\'s warm slot that died'
                  ' twice, its Ray cluster); re-run the same command to resume',
     ENVIRONMENT: 'the machine refused: a full disk, a folder or file that cannot be written'
                  ' (permissions, read-only, immutable), a file where a folder belongs; the'

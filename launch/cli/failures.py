@@ -10,7 +10,7 @@ program exits with
        (missing, corrupt) that the program refuses, an unreachable remote worker;
   3    training diverged (`errors.DivergedError`; the last good checkpoint is kept);
   4    a worker was lost mid-run (`errors.WorkerLostError`: a TFF worker, a sweep's
-       warm worker that died twice, its Ray cluster; re-run to resume);
+       warm slot that died twice, its Ray cluster; re-run to resume);
   5    the machine refused: a full disk, a folder that cannot be written, a file where a
        folder belongs (`errors.RunEnvironmentError`, and the `OSError`s, TensorFlow
        and gRPC errors that carry such a cause); re-run once it is fixed;

@@ -12,7 +12,7 @@ A program passes through three ways of stopping:
   `errors.Interrupted` (a `KeyboardInterrupt`) where it lands, so `finally` blocks and
   context managers clean up (no TFF worker outlives the program) and training says after
   which round it stopped.
-- **At a loop's safe points** (`deferred`): while `launch.train` or a sweep's warm worker
+- **At a loop's safe points** (`deferred`): while `launch.train` or a sweep's warm slot
   on this machine trains a run's rounds (`between_rounds`; a Ray actor is Ray's to end,
   by SIGTERM, and batched cells stop where the stop lands) and while a sweep schedules its
   runs, the first stop is only recorded, and the loop raises it at its next safe point:
@@ -23,7 +23,7 @@ A program passes through three ways of stopping:
   stop is raised at once, with the same line.
 
 Its children die with the program (`tff_zmg.runtime.children.dying_with_parent`): a
-sweep's worker processes, which have sessions of their own (one SIGTERM from the program
+sweep's slot processes, which have sessions of their own (one SIGTERM from the program
 stops them, between rounds), and the Ray driver, which has a process group of its own, so
 that the terminal's Ctrl-C reaches the program only, and the program closes the driver.
 

@@ -7,7 +7,7 @@ import sys
 
 from launch.reproduce import plan as plan_lib
 from launch.sweeps import calibration
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import pool as pool_lib
 import tasks
 
 
@@ -17,7 +17,7 @@ def _setting_key(plan: plan_lib.Plan, planned: calibration.PlannedRun) -> str:
   return os.path.relpath(planned.run.config.output_dir, plan.directory).split(os.sep)[1]
 
 
-def dry_run(plan: plan_lib.Plan, pool: workers_lib.Pool, stream=None) -> dict:
+def dry_run(plan: plan_lib.Plan, pool: pool_lib.Pool, stream=None) -> dict:
   """Prints every run (grid cells, then comparison runs), the count and a time estimate
   of them in `pool`."""
   stream = stream or sys.stdout

@@ -13,31 +13,31 @@ from launch.sweeps import calibration
 from launch.sweeps import grid_outputs
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import pool as pool_lib
 from tff_zmg import run_files
 
 
-def reproduce(plan: plan_lib.Plan, pool: workers_lib.Pool, stream=None) -> str:
+def reproduce(plan: plan_lib.Plan, pool: pool_lib.Pool, stream=None) -> str:
   """Grid search (if the paper tuned), comparison, report; returns report.md's path.
-  One set of warm workers, `pool`'s, trains every run."""
+  One set of warm slots, `pool`'s, trains every run."""
   stream = stream or sys.stdout
   os.makedirs(plan.directory, exist_ok=True)
   log_dir = os.path.join(plan.directory, 'logs')
   start = time.monotonic()
-  with runner.workers_for(pool, log_dir) as workers:
-    best, heatmaps = _tune(plan, pool, log_dir, workers, stream)
+  with runner.slots_for(pool, log_dir) as slots:
+    best, heatmaps = _tune(plan, pool, log_dir, slots, stream)
     runs = plan_lib.comparison_runs(plan, best or None)
     print(f'reproduce {plan.paper.name}: comparison, {len(runs)} runs', file=stream,
           flush=True)
     # Each of another algorithm, seed or setting: no two share a build.
-    runner.run_all(runs, pool=pool.alone(), log_dir=log_dir, stream=stream, workers=workers)
+    runner.run_all(runs, pool=pool.alone(), log_dir=log_dir, stream=stream, slots=slots)
   path = report.write_report(plan, best, heatmaps, stream=stream)
   print(f'reproduce {plan.paper.name}: report {path} ({time.monotonic() - start:.0f} s)',
         file=stream, flush=True)
   return path
 
 
-def _tune(plan: plan_lib.Plan, pool: workers_lib.Pool, log_dir: str, workers,
+def _tune(plan: plan_lib.Plan, pool: pool_lib.Pool, log_dir: str, slots,
           stream) -> tuple[dict, dict]:
   """The grid searches where the paper tuned: (setting key, algo) -> the pick's record,
   and -> its grid's heatmap (both empty where it did not)."""
@@ -53,7 +53,7 @@ def _tune(plan: plan_lib.Plan, pool: workers_lib.Pool, log_dir: str, workers,
         f' {search.describe(cells)}', file=stream, flush=True)
   outcomes = lr_grid.run_search(
       list(grids.values()), search, pool=pool, log_dir=log_dir, stream=stream,
-      workers=workers)
+      slots=slots)
   for index, ((key, algo), grid) in enumerate(grids.items()):
     outcome = outcomes[grid.group]
     heatmaps[(key, algo)] = grid_outputs.write_results(grid, index, search, outcome)

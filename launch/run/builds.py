@@ -1,4 +1,4 @@
-"""What a warm worker keeps from one run to the next: tasks, processes and evaluators.
+"""What a warm slot keeps from one run to the next: tasks, processes and evaluators.
 
 Each is kept by everything that made it, so a run gets back only what it would have built
 itself: a task by `tasks.get`'s arguments, an evaluator by its task, evaluation settings
@@ -24,14 +24,14 @@ def key_of(values: Mapping[str, Any]) -> str:
 
 
 class Builds:
-  """Tasks, processes and evaluators, kept by what built them, for the life of a worker."""
+  """Tasks, processes and evaluators, kept by what built them, for the life of a warm slot."""
 
   def __init__(self):
     self._kept: dict[tuple[str, str], Any] = {}
     # Processes by their key without the rates their state can hold: (rates built with,
     # the names held in state, process).
     self._processes: dict[str, list[tuple[dict, frozenset, Any]]] = {}
-    self.built: dict[str, int] = {}  # What was built, by kind: for the worker's log.
+    self.built: dict[str, int] = {}  # What was built, by kind: for the slot's log.
 
   def get(self, kind: str, arguments: Mapping[str, Any], build: Callable[[], Any]):
     """The `kind` built from `arguments`, built by `build()` the first time."""

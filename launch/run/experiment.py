@@ -61,7 +61,7 @@ def run(config: run_config.ExperimentConfig, builds: Optional[builds_lib.Builds]
         cell=None, between_rounds: BetweenRounds = stops_where_they_land) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
-  With `builds` (a warm worker's), the task, process and evaluation an earlier run built
+  With `builds` (a warm slot's), the task, process and evaluation an earlier run built
   with the same arguments are used again, and what this run builds is kept for the next.
   With `cell` (its place in a group of runs trained as batched cells,
   `launch.sweeps.batched_cells.Member`), its rounds are trained with the group's.

@@ -134,7 +134,7 @@ class FiniteStateManager(CheckpointReader):
   background the saves still run one at a time, in order, each written under a
   temporary name and renamed when whole, and `wait` (which the next round's release and
   the run's end call, however it ends) returns when the last is on the disk, and `close`
-  when its writer has ended too (a warm worker runs many runs).
+  when its writer has ended too (a warm slot runs many runs).
   """
 
   def __init__(self, config: run_config.ExperimentConfig, keep_total: int,
@@ -288,7 +288,7 @@ class Evaluation:
     self.held_out = held_out
     self._evaluator = evaluator
     self._process = training_process
-    self._kept = kept  # A warm worker's: the next run uses it again.
+    self._kept = kept  # A warm slot's: the next run uses it again.
 
   def __call__(self, state, due: bool) -> collections.OrderedDict:
     if not due:
@@ -308,7 +308,7 @@ def evaluation_fn(config, task, training_process, runtime_context, in_process_th
                   builds=None, task_arguments=None):
   """The run's evaluation, its test examples read once: on the first GPU under
   --executor=gpu (the data kept there), else on the host, as many groups at once as the
-  in-process clients' threads per op leave cores for. With a warm worker's `builds`, the
+  in-process clients' threads per op leave cores for. With a warm slot's `builds`, the
   examples and evaluator of an earlier run of the same task and settings (its `task`
   built from `task_arguments`) are used again, and stay open for the next."""
   device, parallel = None, 1

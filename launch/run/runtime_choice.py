@@ -139,7 +139,7 @@ def splits_stateful_rounds(config) -> bool:
 def execution_context(config, progress, builds=None):
   """The runtime's context: in-process, the local TFF worker, or the remote ones.
 
-  With a warm worker's `builds`, an in-process context on this machine's devices uses
+  With a warm slot's `builds`, an in-process context on this machine's devices uses
   what earlier runs' contexts compiled (the same processes need no compiling again).
 
   Yields the `in_process.InProcessContext` (None for TFF's workers). A remote worker

@@ -403,7 +403,7 @@ def settings_from_flags() -> Settings:
 def settings_of(given: Mapping[str, Any]) -> Settings:
   """The settings of the run whose command line gives `given` (flag -> value, as
   `Settings.given_values` has them), every other flag at its default, each value as the
-  command line reads it (`_read_as_given`): how a sweep's cell reaches the warm worker
+  command line reads it (`_read_as_given`): how a sweep's cell reaches the warm slot
   that trains it, as data. absl's parsed flags are not read.
 
   Raises:

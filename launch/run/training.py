@@ -1,5 +1,5 @@
 """One run from its settings, as `launch.train` runs it: the protocol's line, the run, the
-summary line. A warm worker (`launch.sweeps.warm_worker`) trains each cell by the same call."""
+summary line. A warm slot (`launch.sweeps.warm_slot`) trains each cell by the same call."""
 
 import json
 from typing import Optional

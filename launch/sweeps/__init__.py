@@ -1,2 +1,3 @@
-"""Many training runs: running them some at a time, learning-rate grids and their halving
-search, comparisons over seeds, and the dry run's estimates."""
+"""Many training runs: running them some at a time in a pool of warm slots,
+learning-rate grids and their halving search, comparisons over seeds, and the dry run's
+estimates."""

@@ -1,4 +1,4 @@
-"""Batched cells in a warm worker: the runs of one request, cells of a grid that differ only
+"""Batched cells in a warm slot: the runs of one request, cells of a grid that differ only
 in what their process state holds (their learning rates), trained as one computation.
 
 Each run is still an ordinary run (`launch.run.training.train`, as `launch.train` trains
@@ -162,7 +162,7 @@ class CellGroup:
         self._answers[member] = result
 
   def cells_process(self, process):
-    """The computation of this group's cells of `process` (kept in the worker's builds)."""
+    """The computation of this group's cells of `process` (kept in the slot's builds)."""
     build = lambda: cells.build_cells_process(process, self._size)
     if self._builds is None:
       return build()

@@ -5,15 +5,15 @@ list their runs as `PlannedRun`s and estimate them here.
 
 Runs of one kind (`kind_of`: the same task, model, data, cohort, local work, evaluation and
 runtime, and an algorithm of the same client rule) cost the same per round. The runs go to
-warm workers (`runner`), which start once and build once what runs of one build share
-(`runner.build_key`). Fresh warm workers are timed until they are ready (imports), then
+warm slots (`runner`), which start once and build once what runs of one build share
+(`runner.build_key`). Fresh warm slots are timed until they are ready (imports), then
 each kind by three 3-round runs of the planned runs' own settings (its data, cohort and
 first algorithm of the kind) in turn: the first at the run's seed, then two at the next
 seed (a build of its own). They give
 
-  worker    = a worker's start until it is ready
-  first     = the first run's time - the second's  (what a worker's first run of the kind
-              pays once: the first kind timed, what a worker's first run pays at all)
+  worker    = a slot's start until it is ready
+  first     = the first run's time - the second's  (what a slot's first run of the kind
+              pays once: the first kind timed, what a slot's first run pays at all)
   build     = the second run's time - the third's  (task, process and evaluation)
   start-up  = the third run's time - 3 x round - 4 x evaluation  (its folder, its state)
   round     = the median training time of rounds 2-3
@@ -37,16 +37,16 @@ the mean, charged 0.61-0.76x the measured rounds. The timed rounds sample four c
 only, so the line is a rough one; the slope is kept within [0, their seconds over their
 steps], so neither part is negative.
 
-Runs are estimated at (their sum, over N workers):
+Runs are estimated at (their sum, over N slots):
 
-  workers x worker + sum over kinds of min(N, its runs) x first + builds x build
+  slots x worker + sum over kinds of min(N, its runs) x first + builds x build
     + sum over runs of (start-up + R x round + E x evaluation)
 
-for R rounds left and E evaluations left of each run, the workers being min(N, runs) (a
-worker trains runs of every kind) and a build each worker's first run of a build key (N
-workers share a key's runs: min(N, its runs) builds; a stateful algorithm's runs each
+for R rounds left and E evaluations left of each run, the slots being min(N, runs) (a
+slot trains runs of every kind) and a build each slot's first run of a build key (N
+slots share a key's runs: min(N, its runs) builds; a stateful algorithm's runs each
 build). With --parallel=N the runs go N at a time on shared cores, so a kind is timed by N
-workers at once (each value their median): a round of two runs sharing two cores is slower
+slots at once (each value their median): a round of two runs sharing two cores is slower
 than one run's. Timings are kept in `calibration.json` in the program's dry_run folder, per
 N, and reused by every later dry run.
 """
@@ -69,7 +69,7 @@ from launch.run import rounds
 from launch.run import run_config
 from launch.run import run_directory
 from launch.sweeps import runner
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import pool as pool_lib
 import tasks
 from tasks import client_work
 from tff_zmg import analysis
@@ -91,7 +91,7 @@ DRY_RUN = flags.DEFINE_bool(
     'dry_run', False,
     'List the runs, their count and the time they take here; train none of them, only three'
     f' {CALIBRATION_ROUNDS}-round timing runs of each kind of run not timed before, in turn'
-    ' in fresh warm workers (kept in'
+    ' in fresh warm slots (kept in'
     f' {DRY_RUN_DIRNAME}/{CALIBRATION_FILENAME} in the output folder and reused).'
 )
 
@@ -117,9 +117,9 @@ class PlannedRun:
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-  """Seconds of one kind of run (the module's): its build in a warm worker, a run's
-  start-up in a warm worker, a training round, an evaluation, a worker's first run of
-  the kind, and a warm worker's start; and, where the timed rounds' steps are known, a
+  """Seconds of one kind of run (the module's): its build in a warm slot, a run's
+  start-up in a warm slot, a training round, an evaluation, a slot's first run of
+  the kind, and a warm slot's start; and, where the timed rounds' steps are known, a
   step and a round's fixed part (`round_cost`), with a round's steps over the cohorts it
   may sample (mean, standard deviation)."""
 
@@ -180,7 +180,7 @@ def rounds_to_train(planned: PlannedRun) -> int:
 
 def estimate_planned(planned: PlannedRun, timings: dict[str, Timing]) -> float:
   """Seconds of one planned run (`planned.rounds` rounds up to its config's total) in a
-  warm worker that has built it: start-up + rounds left x round (`Timing.expected_round_s`)
+  warm slot that has built it: start-up + rounds left x round (`Timing.expected_round_s`)
   + evaluations left x evaluation, 0 when its metrics.csv already holds them."""
   config = planned.run.config
   timing = timings[kind_of(config)]
@@ -251,8 +251,8 @@ def read_timing(run_dir: str, wall_s: float) -> Optional[Timing]:
 
 
 def builds(to_train: Sequence[PlannedRun], parallel: int) -> dict[str, int]:
-  """kind -> the warm workers' builds of `to_train` (planned runs with rounds to train):
-  each build key's runs spread over at most `parallel` workers, which build it once each
+  """kind -> the warm slots' builds of `to_train` (planned runs with rounds to train):
+  each build key's runs spread over at most `parallel` slots, which build it once each
   (a stateful algorithm's run, whose rates its state does not hold, builds at each)."""
   runs_of = collections.Counter()
   for p in to_train:
@@ -269,7 +269,7 @@ def builds(to_train: Sequence[PlannedRun], parallel: int) -> dict[str, int]:
 
 def estimate_seconds(planned: Sequence[PlannedRun], timings: dict[str, Timing],
                      parallel: int) -> float:
-  """Wall seconds of `planned` by `parallel` warm workers (the module's formula)."""
+  """Wall seconds of `planned` by `parallel` warm slots (the module's formula)."""
   to_train = [p for p in planned if rounds_to_train(p)]
   runs = sum(estimate_planned(p, timings) for p in to_train)
   built = sum(timings[kind].build_s * count for kind, count in builds(to_train, parallel).items())
@@ -307,10 +307,11 @@ def _calibration_run(run: runner.Run, directory: str, name: str, seed: int) -> r
 
 
 def timing_key(kind: str, parallel: int) -> str:
-  """calibration.json's name of a kind's timing by warm workers, `parallel` at a time
-  (older timings are not used: those whose build includes the worker's start, and those
+  """calibration.json's name of a kind's timing by warm slots, `parallel` at a time
+  (older timings are not used: those whose build includes the slot's start, and those
   with no step's cost, which charged every round the timed ones' median)."""
   at_once = '' if parallel == 1 else f' x{parallel}'
+  # The words of older calibration.json files, which are read again (a key, not prose).
   return f'{kind} by warm workers, per step{at_once}'
 
 
@@ -332,10 +333,10 @@ def untimed(runs: Sequence[runner.Run], directory: str, parallel: int) -> set[st
 
 
 def calibrate(runs: Sequence[runner.Run], directory: str, stream,
-              pool: workers_lib.Pool) -> dict[str, Timing]:
+              pool: pool_lib.Pool) -> dict[str, Timing]:
   """{kind: Timing} of every kind of `runs` with `pool.parallel` runs at a time: kept ones
   from `directory`'s calibration.json, the others timed now, one kind after another, by
-  that many fresh warm workers of `pool` at once, each training three 3-round copies in
+  that many fresh warm slots of `pool` at once, each training three 3-round copies in
   turn, one at a time (`say_if_batched`)."""
   parallel = pool.parallel
   stored = _stored(directory)
@@ -349,20 +350,20 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
     return timings
   log_dir = os.path.join(directory, 'logs')
   alone = pool.alone()
-  with runner.workers_for(alone, log_dir) as workers:
+  with runner.slots_for(alone, log_dir) as slots:
     start = time.monotonic()
-    workers.start_all(parallel)
+    slots.start_all(parallel)
     worker_s = time.monotonic() - start
     for kind, run in to_time.items():
       timings[kind] = stored[timing_key(kind, parallel)] = _time_kind(
-          kind, run, directory, workers, alone, stream, worker_s)
+          kind, run, directory, slots, alone, stream, worker_s)
       run_directory.write_json_atomically(
           os.path.join(directory, CALIBRATION_FILENAME),
           {k: dataclasses.asdict(t) for k, t in stored.items()})
   return timings
 
 
-def _time_kind(kind: str, run: runner.Run, directory: str, workers, pool: workers_lib.Pool,
+def _time_kind(kind: str, run: runner.Run, directory: str, slots, pool: pool_lib.Pool,
                stream, worker_s: float) -> Timing:
   """The Timing of `kind` by `workers` (`pool`'s), which started in `worker_s` (the
   module's)."""
@@ -370,16 +371,16 @@ def _time_kind(kind: str, run: runner.Run, directory: str, workers, pool: worker
   seeds = dict(first=run.config.seed, built=run.config.seed + 1, warm=run.config.seed + 1)
   batches = [[_calibration_run(run, directory, f'{kind}-{turn}-{i}', seed)
               for i in range(parallel)] for turn, seed in seeds.items()]
-  at_once = f', {parallel} workers at once as the runs will go' if parallel > 1 else ''
+  at_once = f', {parallel} slots at once as the runs will go' if parallel > 1 else ''
   print(f'dry run: timing {CALIBRATION_ROUNDS} rounds of {run.config.task}'
         f' {run.config.algo} (cohort {run.config.clients_per_round}) three times in a'
-        f' warm worker{at_once} ...', file=stream, flush=True)
+        f' warm slot{at_once} ...', file=stream, flush=True)
   walls = []
   for batch in batches:
     # The copies of a batch start together and do the same work: each took the whole.
     start = time.monotonic()
     runner.run_all(batch, pool=pool, log_dir=os.path.join(directory, 'logs'),
-                   stream=stream, workers=workers)
+                   stream=stream, slots=slots)
     walls.append(time.monotonic() - start)
   measured = [read_timing(copy.config.output_dir, walls[2]) for copy in batches[2]]
   if None in measured:
@@ -403,10 +404,10 @@ def _time_kind(kind: str, run: runner.Run, directory: str, workers, pool: worker
 def print_timings(timings: dict[str, Timing], planned: Sequence[PlannedRun], parallel: int,
                   stream) -> None:
   """One line per kind of the planned runs: its build, start-up, round, evaluation, a
-  worker's first run of it, and a warm worker's start, in seconds."""
+  slot's first run of it, and a warm slot's start, in seconds."""
   at_once = f', {parallel} at once' if parallel > 1 else ''
-  print('timings (a build in a warm worker, a run\'s start-up, training round, evaluation,'
-        ' a worker\'s first run of the kind, a warm worker\'s start) of each kind of run,'
+  print('timings (a build in a warm slot, a run\'s start-up, training round, evaluation,'
+        ' a slot\'s first run of the kind, a warm slot\'s start) of each kind of run,'
         ' measured on this machine by'
         f' {CALIBRATION_ROUNDS}-round runs of its settings{at_once}:', file=stream)
   kinds = {kind_of(p.run.config) for p in planned}
@@ -449,7 +450,7 @@ class Estimate:
   timings: dict[str, Timing]
 
 
-def estimate(planned: Sequence[PlannedRun], directory: str, pool: workers_lib.Pool,
+def estimate(planned: Sequence[PlannedRun], directory: str, pool: pool_lib.Pool,
              stream, parts: Sequence[tuple[str, Sequence[PlannedRun]]] = (),
              note: str = '') -> Estimate:
   """Wall seconds of `planned` at `pool.parallel` at a time, each kind timed first if
@@ -470,7 +471,7 @@ def estimate(planned: Sequence[PlannedRun], directory: str, pool: workers_lib.Po
   return Estimate(seconds, part_seconds, timings)
 
 
-def estimate_runs(runs: Sequence[runner.Run], directory: str, pool: workers_lib.Pool,
+def estimate_runs(runs: Sequence[runner.Run], directory: str, pool: pool_lib.Pool,
                   stream) -> float:
   """`estimate` of the runs still to train (finished and diverged ones skipped, unfinished
   ones counted from where they stopped), after a line of their count and rounds."""

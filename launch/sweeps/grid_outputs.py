@@ -18,7 +18,7 @@ from launch.sweeps import calibration
 from launch.sweeps import halving
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import pool as pool_lib
 from tff_zmg import analysis
 
 
@@ -133,7 +133,7 @@ def grid_directory(root_output_dir: str, name: str) -> str:
 
 
 def dry_run(grids: list[lr_grid.Grid], search: lr_grid.Search, grid_dir: str,
-            pool: workers_lib.Pool) -> float:
+            pool: pool_lib.Pool) -> float:
   """Prints the search's runs and rounds at most and their time here; returns the seconds."""
   planned = lr_grid.planned_runs(grids, search)
   print(f'dry run: {len(planned)} runs, {sum(p.rounds for p in planned)} rounds at most'

@@ -21,7 +21,7 @@ from launch.run import settings as run_settings
 from launch.sweeps import calibration
 from launch.sweeps import halving
 from launch.sweeps import runner
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import pool as pool_lib
 from tff_zmg import analysis
 from tff_zmg import run_files
 
@@ -229,21 +229,21 @@ def later_work(group_sizes: Sequence[int], search: Search, rung: int) -> runner.
 
 
 def run_search(
-    grids: Sequence[Grid], search: Search, *, pool: workers_lib.Pool, log_dir: str,
-    stream=None, workers: Optional[workers_lib.Workers] = None,
+    grids: Sequence[Grid], search: Search, *, pool: pool_lib.Pool, log_dir: str,
+    stream=None, slots: Optional[pool_lib.Slots] = None,
 ) -> dict[Hashable, Outcome]:
   """Searches every group of `grids` side by side; group -> its `Outcome`.
 
   Each rung's runs of all groups go together, in `pool`'s slots (cells of one grid up to
   `pool.batch_cells` at once, batched, in each); so do the stability re-runs. Cells are
-  keyed (grid index, client lr, server lr). One set of warm workers (`workers`, or the
+  keyed (grid index, client lr, server lr). One set of warm slots (`slots`, or the
   search's own) trains every rung, so that each builds a grid once.
   """
   stream = stream or sys.stdout
-  if workers is None:
-    with runner.workers_for(pool, log_dir) as own:
+  if slots is None:
+    with runner.slots_for(pool, log_dir) as own:
       return run_search(grids, search, pool=pool, log_dir=log_dir, stream=stream,
-                        workers=own)
+                        slots=own)
 
   def train_and_score(keys, rounds):
     k = search.rung_rounds.index(rounds) + 1
@@ -254,7 +254,7 @@ def run_search(
         list(runs.values()), pool=pool, log_dir=log_dir, stream=stream,
         describe=lambda run, state: f'score={_score(run, rounds):.4f}',
         later=later_work([len(cells) for cells in members.values()], search, k),
-        workers=workers,
+        slots=slots,
     )
     return {key: _score(run, rounds) for key, run in runs.items()}
 
@@ -266,7 +266,7 @@ def run_search(
           f' {search.final_rounds} rounds', file=stream, flush=True)
     runs = {key: _stability_run(grids, key, search) for key in keys}
     states = runner.run_all(list(runs.values()), pool=pool.alone(), log_dir=log_dir,
-                            stream=stream, workers=workers)  # One a grid: no shared build.
+                            stream=stream, slots=slots)  # One a grid: no shared build.
     return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
 
   keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]

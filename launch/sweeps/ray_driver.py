@@ -1,6 +1,6 @@
 """The Ray driver of a sweep on a Ray cluster: the one process that calls `ray.init`.
 
-`launch.sweeps.ray_workers` starts it as `python -P <this file>` and talks to it in JSON
+`launch.sweeps.ray_slots` starts it as `python -P <this file>` and talks to it in JSON
 lines, one answer per request, so that nothing of Ray runs in the program's own process:
 Ray's C++ lines go to the driver's stderr (a log file), Ray's handlers never replace the
 program's stop signals, and when the cluster is lost Ray ends this process, not the
@@ -11,9 +11,9 @@ the package from its checkout.
 Requests (stdin) and answers (stdout):
 
   {"init": {address, driver_ip, executor, cells_per_gpu, cpus_per_cell, repo_root}}
-      -> {"ready": {"workers": N, "nodes": M}}: N actor places, GPU nodes first
+      -> {"ready": {"slots": N, "nodes": M}}: N actor places, GPU nodes first
   {"start_all": count}          -> {"ok": true}: actors in the first `count` places, ready
-  {"start": {"slot", "request"}} -> {"ok": true}: the warm worker request, in the slot's
+  {"start": {"slot", "request"}} -> {"ok": true}: the warm slot request, in the slot's
                                     actor (a new one if it has none)
   {"wait": seconds}             -> {"ended": [[slot, {"answer": ...} or {"died": why}]]}
   {"close": true}               -> {"ok": true}: every actor killed, Ray shut down
@@ -22,7 +22,7 @@ Any request may be answered {"error": line} (bad input: an address where no clus
 answers, a cluster without a place for the runs) or {"lost": why} (the cluster stopped
 answering); the program then ends. The terminal's Ctrl-C does not reach the driver (the
 program's to handle: it closes the driver), and the driver dies with the program (Linux):
-`ray_workers` starts it so (a process group of its own, `children.dying_with_parent`).
+`ray_slots` starts it so (a process group of its own, `children.dying_with_parent`).
 """
 
 import contextlib
@@ -42,7 +42,7 @@ _HEAD_CHECK_EVERY_S = 1.0
 
 
 class _CellActor:
-  """A warm worker inside a Ray actor."""
+  """A warm slot inside a Ray actor."""
 
   def __init__(self):
     # pylint: disable=g-import-not-at-top
@@ -54,16 +54,16 @@ class _CellActor:
     self._builds = builds_lib.Builds()
 
   def where(self) -> str:
-    from launch.sweeps import warm_worker  # pylint: disable=g-import-not-at-top
-    return warm_worker.where()
+    from launch.sweeps import warm_slot  # pylint: disable=g-import-not-at-top
+    return warm_slot.where()
 
   def run(self, request: dict) -> dict:
     # pylint: disable=g-import-not-at-top
     from launch.run import experiment
-    from launch.sweeps import warm_worker
+    from launch.sweeps import warm_slot
     # Ray ends its workers by SIGTERM (`ray stop`, a lost node): a stop deferred to the
     # next round kept an actor whose cluster was gone training to its run's end.
-    return warm_worker.answer(request, self._builds, experiment.stops_where_they_land)
+    return warm_slot.answer(request, self._builds, experiment.stops_where_they_land)
 
 
 class BadAddress(Exception):
@@ -224,7 +224,7 @@ def _answer(driver: Optional[Driver], request: dict) -> tuple[Optional[Driver], 
   if 'init' in request:
     driver = Driver(request['init'])
     nodes = len({node for node, _ in driver.places})
-    return driver, {'ready': {'workers': len(driver.places), 'nodes': nodes}}
+    return driver, {'ready': {'slots': len(driver.places), 'nodes': nodes}}
   if 'start_all' in request:
     return driver, driver.start_all(request['start_all'])
   if 'start' in request:

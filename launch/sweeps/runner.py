@@ -1,4 +1,4 @@
-"""Many training runs, each an ordinary `launch.train` run, some at a time in warm workers.
+"""Many training runs, each an ordinary `launch.train` run, some at a time in warm slots.
 
 The grid search and the comparison program describe each run by the flags of
 `launch.train` (this program's own flags as the user gave them, plus a few set per run)
@@ -6,15 +6,15 @@ and hand the list to `run_all`. A run whose folder holds the whole run is not st
 again (`launch.run.resumption.missing`: every round recorded whole, with the evaluations
 it is scored by, and its last checkpoint on the disk), so an interrupted program picks up
 where it stopped: any other run is `launch.train`'s to resume, which repairs what a kill
-left. Each run's worker answers with its outcome (`workers.Outcome`): a run that
+left. Each run's slot answers with its outcome (`pool.Outcome`): a run that
 diverges (exit 3) has said why in a `diverged.txt` in its directory and is not retried;
 any other failure stops everything with the one line the run ended with, and a run that
 ends without its folder whole is a bug that stops everything too. Each run's output goes
 to `<log_dir>/<name>.log`, one `=== start` header per attempt, the command that trains it
-alone. The runs are trained by warm workers (`launch.sweeps.warm_worker`), those of the
-program's `workers.Pool`: `parallel` processes on this machine (`local_workers`), or Ray
-actors over a cluster (`ray_workers`, with --ray_address), each training one run after
-another; a worker prefers runs that share its last run's build (all but the learning
+alone. The runs are trained by warm slots (`launch.sweeps.warm_slot`), those of the
+program's `pool.Pool`: `parallel` processes on this machine (`local_slots`), or Ray
+actors over a cluster (`ray_slots`, with --ray_address), each training one run after
+another; a slot prefers runs that share its last run's build (all but the learning
 rates). A run's 'done' line says how many runs are still to go and, at the pace of the
 rounds trained so far, about how long they take (and the whole they make with later runs,
 such as a grid search's later rungs).
@@ -36,21 +36,21 @@ from launch.run import errors
 from launch.run import resumption
 from launch.run import run_config
 from launch.run import settings as run_settings
-from launch.sweeps import local_workers
-from launch.sweeps import ray_workers
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import local_slots
+from launch.sweeps import ray_slots
+from launch.sweeps import pool as pool_lib
 from tff_zmg import run_files
 
 PARALLEL = flags.DEFINE_integer(
-    'parallel', workers_lib.Pool.parallel,
-    'How many warm worker processes on this machine train runs at once, each one run after'
-    ' another (launch.sweeps.warm_worker); with --ray_address the cluster sets that.',
+    'parallel', pool_lib.Pool.parallel,
+    'How many warm slot processes on this machine train runs at once, each one run after'
+    ' another (launch.sweeps.warm_slot); with --ray_address the cluster sets that.',
     lower_bound=1,
 )
 BATCH_CELLS = flags.DEFINE_integer(
-    'batch_cells', workers_lib.Pool.batch_cells,
+    'batch_cells', pool_lib.Pool.batch_cells,
     'Grid cells that differ only in their learning rates trained together as one'
-    ' computation, at most this many at once in each worker (tff_zmg.templates.cells;'
+    ' computation, at most this many at once in each slot (tff_zmg.templates.cells;'
     ' algorithms whose clients keep state train alone); 1: each cell alone. On a CPU'
     ' it measured no faster than 1 (docs/performance.md, "Batched cells").',
     lower_bound=1,
@@ -62,7 +62,7 @@ _POLL_S = 0.5
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One training run: a name for progress lines and logs, and its settings, which its
-  warm worker receives as they are (`workers.Task.request`). Its config and command line
+  warm slot receives as they are (`pool.Task.request`). Its config and command line
   are computed from them by the code `launch.train` uses, so the config is exactly what
   the run records, and the command line trains it alone."""
 
@@ -78,7 +78,7 @@ class Run:
 
   @property
   def given(self) -> dict:
-    """What the warm worker receives (`Settings.given_values`)."""
+    """What the warm slot receives (`Settings.given_values`)."""
     return self.settings.given_values()
 
   @property
@@ -193,7 +193,7 @@ class Progress:
 
 
 def build_key(config: run_config.ExperimentConfig) -> str:
-  """What a run builds in a warm worker (`launch.run.builds`), roughly: its settings but
+  """What a run builds in a warm slot (`launch.run.builds`), roughly: its settings but
   the learning rates, its name and its rounds. Runs with one key share a build."""
   recorded = dict(config.recorded())
   for name in ('experiment_name', 'root_output_dir', 'total_rounds', 'overwrite'):
@@ -217,39 +217,39 @@ def _next_for(key, pending: list, keys: Mapping[str, str],
   return taken
 
 
-def pool_from_flags(batches: bool) -> workers_lib.Pool:
+def pool_from_flags(batches: bool) -> pool_lib.Pool:
   """The pool this program's flags describe (--parallel, --batch_cells, --ray_address,
   ... and launch.train's --executor), built once by a program's `main`; refuses those it
   would not use: --batch_cells unless it `batches` (its runs may share a build), the Ray
-  cluster's without one (`ray_workers.check_flags`)."""
+  cluster's without one (`ray_slots.check_flags`)."""
   if not batches:
     unused_flags.refuse(('batch_cells',), 'does not apply here: no two runs of this program'
                         ' differ only in their learning rates, so none train batched')
-  pool = workers_lib.Pool(
+  pool = pool_lib.Pool(
       parallel=PARALLEL.value, batch_cells=BATCH_CELLS.value,
-      ray_address=ray_workers.RAY_ADDRESS.value, ray_driver_ip=ray_workers.RAY_DRIVER_IP.value,
-      cells_per_gpu=ray_workers.CELLS_PER_GPU.value,
-      cpus_per_cell=ray_workers.CPUS_PER_CELL.value, executor=flags.FLAGS['executor'].value)
-  ray_workers.check_flags(pool)
+      ray_address=ray_slots.RAY_ADDRESS.value, ray_driver_ip=ray_slots.RAY_DRIVER_IP.value,
+      cells_per_gpu=ray_slots.CELLS_PER_GPU.value,
+      cpus_per_cell=ray_slots.CPUS_PER_CELL.value, executor=flags.FLAGS['executor'].value)
+  ray_slots.check_flags(pool)
   return pool
 
 
-def workers_for(pool: workers_lib.Pool, log_dir: str) -> workers_lib.Workers:
-  """The warm workers a program's runs share: the Ray actors of `pool.ray_address` (the
+def slots_for(pool: pool_lib.Pool, log_dir: str) -> pool_lib.Slots:
+  """The warm slots a program's runs share: the Ray actors of `pool.ray_address` (the
   cluster's GPUs and CPUs say how many), else `pool.parallel` processes on this machine."""
   if pool.ray_address:
-    return ray_workers.RayWorkers(pool, log_dir)
-  return local_workers.LocalWorkers(pool.parallel, log_dir)
+    return ray_slots.RaySlots(pool, log_dir)
+  return local_slots.LocalSlots(pool.parallel, log_dir)
 
 
 def run_all(
-    runs: Sequence[Run], *, pool: workers_lib.Pool, log_dir: str,
+    runs: Sequence[Run], *, pool: pool_lib.Pool, log_dir: str,
     describe: Optional[Callable[[Run, str], str]] = None, stream=None,
-    later: Optional[LaterWork] = None, workers: Optional[workers_lib.Workers] = None,
+    later: Optional[LaterWork] = None, slots: Optional[pool_lib.Slots] = None,
 ) -> dict[str, str]:
-  """Brings every run to FINISHED or DIVERGED in `workers` (`workers_for(pool)`'s, kept
+  """Brings every run to FINISHED or DIVERGED in `slots` (`slots_for(pool)`'s, kept
   for the next call; None: this call's own), runs that share a build up to
-  `pool.batch_cells` at once in one worker as batched cells.
+  `pool.batch_cells` at once in one slot as batched cells.
 
   Prints one line per run as it is skipped, started and done; `describe(run, status)`
   may add to the 'done' line (e.g. a score), which ends with the runs to go and their
@@ -276,30 +276,30 @@ def run_all(
   if not pending:
     return results
   os.makedirs(log_dir, exist_ok=True)
-  own = workers is None
+  own = slots is None
   if own:
-    workers = workers_for(pool, log_dir)
+    slots = slots_for(pool, log_dir)
   keys = {run.name: build_key(run.config) for _, run in pending}
   running = {}  # name -> (index, run, log path, start time)
   said = set()  # Why batched runs trained alone, said once each.
-  progress = Progress([run for _, run in pending], workers.size * pool.batch_cells, later)
+  progress = Progress([run for _, run in pending], slots.size * pool.batch_cells, later)
   with stops.deferred('the runs still going were stopped; re-run the same command to'
                      ' resume') as stop_if_received:
     try:
       while pending or running:
         stop_if_received()
-        for slot in workers.idle():
+        for slot in slots.idle():
           if not pending:
             break
-          taken = _next_for(workers.key(slot), pending, keys, pool.batch_cells)
+          taken = _next_for(slots.key(slot), pending, keys, pool.batch_cells)
           logs = []
           for i, run in taken:
-            logs.append(os.path.join(log_dir, f'{run.name}.log'))  # The worker writes it.
+            logs.append(os.path.join(log_dir, f'{run.name}.log'))  # The slot writes it.
             running[run.name] = (i, run, logs[-1], time.monotonic())
             print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
-          workers.start(slot, workers_lib.Task(tuple(r for _, r in taken), tuple(logs)),
+          slots.start(slot, pool_lib.Task(tuple(r for _, r in taken), tuple(logs)),
                         keys[taken[0][1].name])
-        for task, outcomes in workers.wait(_POLL_S):
+        for task, outcomes in slots.wait(_POLL_S):
           ended = [running.pop(run.name) for run in task.runs]  # Batched runs end together.
           for i, run, log_path, start in ended:
             results[run.name] = _outcome(run, outcomes[run.name], log_path,
@@ -318,16 +318,16 @@ def run_all(
             print(f'[{i + 1}/{total}] {run.name}: {state} in {time.monotonic() - start:.0f} s'
                   f'{extra}{left}', file=stream, flush=True)
     except BaseException:
-      workers.close()  # Stops the runs still going: they resume next time.
+      slots.close()  # Stops the runs still going: they resume next time.
       raise
     finally:
       if own:
-        workers.close()
+        slots.close()
   return results
 
 
-def _outcome(run: Run, outcome: workers_lib.Outcome, log_path: str, seconds: float) -> str:
-  """FINISHED or DIVERGED (the run recorded it in its directory), as its worker answered;
+def _outcome(run: Run, outcome: pool_lib.Outcome, log_path: str, seconds: float) -> str:
+  """FINISHED or DIVERGED (the run recorded it in its directory), as its slot answered;
   else `errors.RunFailed`."""
   returncode = outcome.status
   if returncode == 0:
@@ -340,7 +340,7 @@ def _outcome(run: Run, outcome: workers_lib.Outcome, log_path: str, seconds: flo
   if returncode == exit_status.DIVERGED:  # The run wrote its diverged.txt.
     return DIVERGED
   raise errors.RunFailed(
-      f'{run.name} failed ({local_workers.signal_text(returncode)}) after {seconds:.0f} s:'
+      f'{run.name} failed ({local_slots.signal_text(returncode)}) after {seconds:.0f} s:'
       f' {outcome.error or "no error line"} (its log: {log_path})',
       returncode if returncode in exit_status.DOCUMENTED else exit_status.UNEXPECTED,
   )

@@ -228,7 +228,7 @@ class InProcessContext(tff.framework.SyncContext):
       (`remote_clients`), and every computation runs through the interpreter, so that a
       stateful algorithm's clients' states come back; the rest runs here.
     compiled: Optional dict of what earlier contexts with the same devices and clients
-      per device compiled (a warm worker's, `launch.run.builds`), used and added to, so
+      per device compiled (a warm slot's, `launch.run.builds`), used and added to, so
       that a computation run again in a new context is not compiled again.
   """
 

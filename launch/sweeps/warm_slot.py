@@ -1,25 +1,25 @@
-"""A warm worker: one process that trains a sweep's runs one after another, each exactly
+"""A warm slot: one process that trains a sweep's runs one after another, each exactly
 as `python -m launch.train` with the run's arguments would, without paying again for what
 the runs share: TensorFlow and TFF imported, the task's data read, the process built and
 compiled, the evaluation set up (`launch.run.builds`).
 
 The sweep's runner (`launch.sweeps.runner`) starts it as
-`python -m launch.sweeps.warm_worker` and talks to it in JSON lines: the worker writes
+`python -m launch.sweeps.warm_slot` and talks to it in JSON lines: the slot writes
 `{"ready": where it runs}` to its stdout once it has started; the runner writes a request
-`{"name": ..., "settings": {flag: value}, "log": path}` to the worker's stdin (the run's
+`{"name": ..., "settings": {flag: value}, "log": path}` to the slot's stdin (the run's
 settings as data: the `launch.train` flags its command line gives,
 `launch.run.settings.settings_of`) and reads the run's outcome from its stdout once it
 has ended: `{"name": ..., "status": exit status, "error": the one line it ended with, or
 null}`. A request `{"name": ..., "runs": [such requests]}` trains its runs as batched
 cells (`launch.sweeps.batched_cells`) and is answered `{"name": ..., "runs": [such
 outcomes]}` once all have ended, each with `"alone"`: why the run trained alone, or null.
-While a run trains, the worker's standard output and error (file descriptors 1 and 2, so
+While a run trains, the slot's standard output and error (file descriptors 1 and 2, so
 TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.train`'s
 output would, under the command that trains it alone and ending in the same one line on
-failure; between runs they go to the worker's own log (its stderr). A stop signal ends
+failure; between runs they go to the slot's own log (its stderr). A stop signal ends
 the run it trains at its next safe point, between rounds or a round's clients, as
 `launch.train` (`launch.cli.stops.between_rounds`), saying what is kept, and then the
-worker; end of input ends it too. absl's flags are not read for a run.
+slot; end of input ends it too. absl's flags are not read for a run.
 
 A Ray actor (`launch.sweeps.ray_driver`) answers the same requests, one per call
 (`answer`); there a stop lands where it lands (Ray ends its workers by SIGTERM).
@@ -70,14 +70,14 @@ def output_to(path: str):
 
 
 def where() -> str:
-  """Where this worker runs: its pid, host (a Ray actor: its node's address), and the GPUs
+  """Where this slot runs: its pid, host (a Ray actor: its node's address), and the GPUs
   it may see."""
   host = socket.gethostname()
   ray = sys.modules.get('ray')
   if ray is not None and ray.is_initialized():
     host = f'{host}, Ray node {ray.util.get_node_ip_address()}'
   gpus = os.environ.get('CUDA_VISIBLE_DEVICES')
-  return (f'warm worker {os.getpid()} on {host}'
+  return (f'warm slot {os.getpid()} on {host}'
           + ('' if gpus is None else f', CUDA_VISIBLE_DEVICES={gpus}'))
 
 
@@ -190,13 +190,13 @@ def statuses(answer_: Mapping):
 
 
 def interrupted(answer_: Mapping) -> bool:
-  """Whether a run of the answer was interrupted (then its worker stops too)."""
+  """Whether a run of the answer was interrupted (then its slot stops too)."""
   return exit_status.INTERRUPTED in [run['status'] for run in answer_.get('runs', [answer_])]
 
 
 def serve(requests, results, builds: builds_lib.Builds) -> int:
   """Answers each request line of `requests` on `results`, until the input ends or a run
-  is interrupted (then this worker stops too)."""
+  is interrupted (then this slot stops too)."""
   for line in requests:
     request = json.loads(line)
     result = answer(request, builds, stops.between_rounds)
@@ -222,4 +222,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  failures.run_program('warm_worker', main)
+  failures.run_program('warm_slot', main)

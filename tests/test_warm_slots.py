@@ -1,4 +1,4 @@
-"""Warm workers train a sweep's runs as `launch.train` would, to the bit, and keep the
+"""Warm slots train a sweep's runs as `launch.train` would, to the bit, and keep the
 runner's promises: a worker that dies costs one retry of its run, Ctrl-C stops everything
 and the same command resumes to the same results, and no worker outlives the program."""
 
@@ -21,10 +21,10 @@ import pytest
 import small_runs
 from launch import grid_search
 from launch.run import settings as run_settings
-from launch.sweeps import local_workers
+from launch.sweeps import local_slots
 from launch.sweeps import lr_grid
 from launch.sweeps import runner
-from launch.sweeps import workers as workers_lib
+from launch.sweeps import pool as pool_lib
 from tff_zmg.algorithms import registry
 from tff_zmg.analysis import runs as run_folders
 
@@ -53,7 +53,7 @@ def _run(args, name) -> runner.Run:
     {'algo': 'local_gc+adam', 'adam_beta_1': 0.8, 'gc_lambda': 0.5},
 ])
 def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
-  """The settings a warm worker receives (JSON of the flags a cell gives) make the config
+  """The settings a warm slot receives (JSON of the flags a cell gives) make the config
   `launch.train` makes of the cell's command line, whatever absl's global flags hold."""
   flags.FLAGS.unparse_flags()
   try:
@@ -74,7 +74,7 @@ def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
 
 @pytest.mark.parametrize('row', small_runs.DISTINCT_ROWS)
 def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(row, tmp_path):
-  """Two cells of a distinct row of the guarantees' matrix given to one warm worker together
+  """Two cells of a distinct row of the guarantees' matrix given to one warm slot together
   (--batch_cells=2), the first at half the client rate, the second the row's own run: the
   second ends as the row's `python -m launch.train` run (`small_runs.reference_run`), bit
   for bit. A process whose state holds its rates is built once and trains the two as
@@ -89,8 +89,8 @@ def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(row, tmp_path):
   runs = [_run(small_runs.matrix_args(row, warm, 'a', f'--client_learning_rate={rate}'), 'a'),
           _run(small_runs.matrix_args(row, warm, 'b'), 'b')]
   stream = io.StringIO()
-  with local_workers.LocalWorkers(1, str(tmp_path / 'logs')) as workers:
-    states = runner.run_all(runs, pool=workers_lib.Pool(executor='cpu', batch_cells=2),
+  with local_slots.LocalSlots(1, str(tmp_path / 'logs')) as workers:
+    states = runner.run_all(runs, pool=pool_lib.Pool(executor='cpu', batch_cells=2),
                             log_dir=str(tmp_path / 'logs'), workers=workers, stream=stream)
   assert states == {'a': runner.FINISHED, 'b': runner.FINISHED}
   alone = f'batched cells: {algo} cells train one after another: its clients keep state'
@@ -151,7 +151,7 @@ def whole_grid(run_program, synthetic_cache_dir, tmp_path_factory):
     assert code == 0, err
     return root, _grid_results(root)
 
-  return small_runs.made_once(('test_warm_workers', 'whole'), make)
+  return small_runs.made_once(('test_warm_slots', 'whole'), make)
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def halving_grid(whole_grid, run_program, synthetic_cache_dir, tmp_path_factory)
     assert out.count(': already finished') == 3, out  # Rung 1: the grid's cells.
     return root, _grid_results(root)
 
-  return small_runs.made_once(('test_warm_workers', 'halving'), make)
+  return small_runs.made_once(('test_warm_slots', 'halving'), make)
 
 
 def _when_training(root, pid):
@@ -188,11 +188,11 @@ def test_a_worker_killed_mid_cell_costs_one_retry_and_the_same_best(
     whole_grid, synthetic_cache_dir, tmp_path):
   with small_runs.running(_grid_command(synthetic_cache_dir, tmp_path)) as proc:
     log = _when_training(tmp_path, proc.pid)
-    (worker,) = small_runs.warm_workers(proc.pid)
+    (worker,) = small_runs.warm_slots(proc.pid)
     worker.send_signal(signal.SIGKILL)
     out, err = proc.communicate(timeout=900)
   assert proc.returncode == 0, err
-  assert 'its warm worker died (killed by SIGKILL' in open(log).read()
+  assert 'its warm slot died (killed by SIGKILL' in open(log).read()
   assert _grid_results(tmp_path) == whole_grid[1]
   assert 'picked:' in out
 
@@ -204,7 +204,7 @@ def test_ctrl_c_mid_search_then_the_same_command_gives_the_same_results(
   command = _grid_command(synthetic_cache_dir, tmp_path)
   with small_runs.running(command) as proc:
     log = _when_training(tmp_path, proc.pid)
-    workers = small_runs.warm_workers(proc.pid)
+    workers = small_runs.warm_slots(proc.pid)
     assert workers
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

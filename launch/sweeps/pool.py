@@ -1,15 +1,17 @@
-"""What trains a sweep's runs, some at a time: the calls `runner.run_all` makes of warm
-workers, on this machine (`local_workers`) or on a Ray cluster (`ray_workers`).
+"""What trains a sweep's runs, some at a time: a pool of warm slots, each one process
+that keeps what its runs share (`launch.sweeps.warm_slot`), on this machine
+(`local_slots`) or as the actors of a Ray cluster (`ray_slots`); the calls
+`runner.run_all` makes of them (`Slots`).
 
-A worker slot trains one `Task` at a time, one run or runs batched as cells: `idle` slots
-take a task (`start`), `wait` says which tasks have ended and how each of their runs did
-(an `Outcome`, as the worker answered), `close` ends every worker. A task whose worker
-dies is started again, once, in a fresh worker (`died`), each run from its last
-checkpoint; the second death is its end, with the exit status of a lost worker: the same
-command resumes it.
+A slot trains one `Task` at a time, one run or runs batched as cells: `idle` slots take a
+task (`start`), `wait` says which tasks have ended and how each of their runs did (an
+`Outcome`, as the slot answered), `close` ends every slot's process. A task whose process
+dies is started again, once, in a fresh one (`died`), each run from its last checkpoint;
+the second death is its end, with the exit status of a lost worker: the same command
+resumes it.
 
-A sweep's `Pool` says which workers those are and how many runs each task holds: the
-value a program builds once from its flags (`runner.pool_from_flags`) and hands down.
+A sweep's `Pool` says where its slots are and how many runs each task holds: the value a
+program builds once from its flags (`runner.pool_from_flags`) and hands down.
 """
 
 import dataclasses
@@ -20,8 +22,8 @@ from launch.cli import exit_status
 
 @dataclasses.dataclass(frozen=True)
 class Pool:
-  """How a sweep trains its runs: in `parallel` warm worker processes on this machine or,
-  with `ray_address`, in the actors of that Ray cluster (`ray_workers`: `cells_per_gpu`
+  """How a sweep trains its runs: in `parallel` warm slot processes on this machine or,
+  with `ray_address`, in the actors of that Ray cluster (`ray_slots`: `cells_per_gpu`
   a GPU, or `cpus_per_cell` CPUs each where the runs' `executor` is 'cpu', the driver
   reached at `ray_driver_ip`); each of its slots trains up to `batch_cells` runs that
   share a build at once. Each field is a flag of the sweep's programs (--parallel,
@@ -49,7 +51,7 @@ class Pool:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-  """How one run ended, as its worker answered (`launch.sweeps.warm_worker`): its exit
+  """How one run ended, as its slot answered (`launch.sweeps.warm_slot`): its exit
   status, the one line it ended with unless it finished (`train: error: ...`), and, for a
   run given with others as batched cells, why it trained alone (None: it did not)."""
 
@@ -60,7 +62,7 @@ class Outcome:
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """What a worker trains in one request: one run (a `runner.Run`: its `name` and
+  """What a slot trains in one request: one run (a `runner.Run`: its `name` and
   `given` settings), or several trained together as batched cells
   (`launch.sweeps.batched_cells`), each with its log."""
 
@@ -72,7 +74,7 @@ class Task:
     return self.runs[0].name if len(self.runs) == 1 else '+'.join(r.name for r in self.runs)
 
   def request(self) -> dict:
-    """The warm worker's request (`launch.sweeps.warm_worker`)."""
+    """The warm slot's request (`launch.sweeps.warm_slot`)."""
     requests = [{'name': run.name, 'settings': run.given, 'log': log}
                 for run, log in zip(self.runs, self.logs)]
     if len(requests) == 1:
@@ -80,17 +82,17 @@ class Task:
     return {'name': self.name, 'runs': requests}
 
   def outcomes(self, answer: dict) -> dict[str, Outcome]:
-    """Each run's `Outcome` by name, from the worker's answer to `request`."""
+    """Each run's `Outcome` by name, from the slot's answer to `request`."""
     return {run['name']: Outcome(run['status'], run.get('error'), run.get('alone'))
             for run in answer.get('runs', [answer])}
 
   def each_ended(self, status: int, error: str) -> dict[str, Outcome]:
-    """Every run's end with `status` and `error` (their worker died)."""
+    """Every run's end with `status` and `error` (their slot's process died)."""
     return {run.name: Outcome(status, error) for run in self.runs}
 
 
-class Workers:
-  """The slots of a sweep's warm workers (a base: `local_workers`, `ray_workers`)."""
+class Slots:
+  """A sweep's warm slots (a base: `local_slots`, `ray_slots`)."""
 
   def __init__(self):
     self._retried: set[str] = set()
@@ -114,12 +116,12 @@ class Workers:
     raise NotImplementedError
 
   def start_all(self, count: int) -> None:
-    """Starts a worker in each of the first `count` slots that have none and waits until
+    """Starts a process in each of the first `count` slots that have none and waits until
     each is ready for a run (TensorFlow and TFF imported)."""
     raise NotImplementedError
 
   def start(self, slot: int, task: Task, key) -> None:
-    """Gives `task` to the worker of `slot`, starting one if needed."""
+    """Gives `task` to `slot`, starting its process if needed."""
     raise NotImplementedError
 
   def wait(self, timeout_s: float) -> list[tuple[Task, dict[str, Outcome]]]:
@@ -131,19 +133,19 @@ class Workers:
     raise NotImplementedError
 
   def died(self, slot: int, task: Task, key, how: str) -> Optional[dict[str, Outcome]]:
-    """After the worker of `slot` died training `task` (`how`): None once the task has
-    started again in a fresh worker (each run's log says so), or, if it did so before,
+    """After the process of `slot` died training `task` (`how`): None once the task
+    has started again in a fresh one (each run's log says so), or, if it did so before,
     each run's end: `exit_status.WORKER_LOST`, with the line the runs' own failures end
     with."""
     if task.name not in self._retried:
       self._retried.add(task.name)
       for path in task.logs:
         with open(path, 'a') as log:
-          log.write(f'=== its warm worker died ({how}); the run starts again, once, in a'
-                    ' fresh worker\n')
+          log.write(f'=== its warm slot died ({how}); the run starts again, once, in a'
+                    ' fresh one\n')
       self.start(slot, task, key)
       return None
     return task.each_ended(
         exit_status.WORKER_LOST,
-        f'train: error: its warm worker died again ({how}); re-run the same command to'
+        f'train: error: its warm slot died again ({how}); re-run the same command to'
         ' resume it from its last checkpoint')

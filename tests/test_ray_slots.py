@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 import small_runs
-import test_warm_workers
+import test_warm_slots
 from launch import grid_search
 from launch.cli import exit_status
 
@@ -127,7 +127,7 @@ def _results(root):
   best = json.load(open(os.path.join(grid, 'best.json')))
   best.pop('cost')  # Seconds.
   cells = sorted(n for n in os.listdir(grid) if n.startswith('clr'))
-  return best, {n: test_warm_workers._rows(os.path.join(grid, n)) for n in cells}  # pylint: disable=protected-access
+  return best, {n: test_warm_slots._rows(os.path.join(grid, n)) for n in cells}  # pylint: disable=protected-access
 
 
 def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program, tmp_path):
@@ -150,14 +150,14 @@ _RAY_CELLS = """
 import json, sys
 from absl import flags
 from launch.run import settings
-from launch.sweeps import runner, workers
+from launch.sweeps import pool as pool_lib, runner
 address, driver_ip, log_dir, cells = json.loads(sys.argv[1])
 runs = []
 for name, args in cells.items():
   flags.FLAGS.unparse_flags()
   flags.FLAGS(['train', *args])
   runs.append(runner.Run(name=name, settings=settings.settings_from_flags()))
-pool = workers.Pool(executor='cpu', ray_address=address, ray_driver_ip=driver_ip)
+pool = pool_lib.Pool(executor='cpu', ray_address=address, ray_driver_ip=driver_ip)
 print(runner.run_all(runs, pool=pool, log_dir=log_dir))
 """
 
@@ -175,7 +175,7 @@ def matrix_on_ray(ray_cluster, tmp_path_factory):
        json.dumps([address, _HEAD, str(root / 'logs'), cells])],
       cwd=small_runs.REPO, env=env, capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stderr
-  assert 'ray: 2 workers on 2 nodes' in proc.stdout, proc.stdout
+  assert 'ray: 2 slots on 2 nodes' in proc.stdout, proc.stdout
   return root
 
 
@@ -183,7 +183,7 @@ def matrix_on_ray(ray_cluster, tmp_path_factory):
 def test_a_ray_cell_equals_its_launch_train_run_bit_for_bit(row, matrix_on_ray):
   small_runs.assert_same_run(matrix_on_ray / row, small_runs.reference_run(row))
   log = open(matrix_on_ray / 'logs' / f'{row}.log').read()
-  assert re.search(r'^--- warm worker \d+ on .*, Ray node ', log, re.M), log
+  assert re.search(r'^--- warm slot \d+ on .*, Ray node ', log, re.M), log
 
 
 # Last: it loses the module's cluster.
@@ -193,14 +193,14 @@ def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid_and_resumes_when
   _local_grid(run_program, synthetic_cache_dir, tmp_path / 'local')
   out = _grid(synthetic_cache_dir, tmp_path / 'ray', env, f'--ray_address={address}',
               f'--ray_driver_ip={_HEAD}', '--cells_per_gpu=2')
-  assert 'ray: 4 workers on 2 nodes' in out
+  assert 'ray: 4 slots on 2 nodes' in out
   local, on_ray = _results(tmp_path / 'local'), _results(tmp_path / 'ray')
   assert on_ray == local and len(local[1]) == 4
   # Each cell saw one GPU, as Ray gave it to its actor; the two nodes' GPUs took two each.
   logs = tmp_path / 'ray' / 'grid_emnist_fedavg' / 'logs'
   seen = []
   for name in local[1]:
-    seen += re.findall(r'^--- warm worker \d+ on .*, Ray node (\S+), CUDA_VISIBLE_DEVICES=(\S+)$',
+    seen += re.findall(r'^--- warm slot \d+ on .*, Ray node (\S+), CUDA_VISIBLE_DEVICES=(\S+)$',
                        open(logs / f'{name}.log').read(), re.M)
   assert sorted(seen) == [(_HEAD, '0'), (_HEAD, '0'), (_SECOND, '0'), (_SECOND, '0')], seen
   # The dry run times its runs on the cluster's actors, started and ready first.
@@ -217,9 +217,9 @@ def test_a_grid_on_a_two_node_ray_cluster_equals_the_local_grid_and_resumes_when
   lost = _grid_command(synthetic_cache_dir, tmp_path / 'lost', f'--ray_address={address}',
                        f'--ray_driver_ip={_HEAD}', cells=_ONE_CELL)
   with small_runs.running(lost, env=env) as proc:
-    log = test_warm_workers._when_training(  # pylint: disable=protected-access
+    log = test_warm_slots._when_training(  # pylint: disable=protected-access
         tmp_path / 'lost', proc.pid)
-    actor = int(re.search(r'^--- warm worker (\d+) ', open(log).read(), re.M).group(1))
+    actor = int(re.search(r'^--- warm slot (\d+) ', open(log).read(), re.M).group(1))
     psutil.Process(actor).suspend()
     stop_cluster()
     _, err = proc.communicate(timeout=300)

@@ -1,8 +1,8 @@
-"""Warm workers as Ray actors, over the GPUs and machines of an existing Ray cluster.
+"""Warm slots as Ray actors, over the GPUs and machines of an existing Ray cluster.
 
 With `--ray_address=auto` (the cluster this machine is part of) or `HOST:PORT`, a sweep's
-runs are trained by Ray actors instead of local processes, each actor a warm worker
-(`launch.sweeps.warm_worker`, one run per call):
+runs are trained by Ray actors instead of local processes, each actor a warm slot
+(`launch.sweeps.warm_slot`, one run per call):
 
   * on a node with GPUs, `--cells_per_gpu` actors per GPU, each given its share of one
     GPU (`num_gpus=1/cells_per_gpu`), so that Ray shows it that GPU alone
@@ -36,28 +36,28 @@ from absl import flags
 
 from launch.cli import unused_flags
 from launch.run import errors
-from launch.sweeps import local_workers
-from launch.sweeps import workers
+from launch.sweeps import local_slots
+from launch.sweeps import pool as pool_lib
 from tff_zmg.runtime import children
 
 RAY_ADDRESS = flags.DEFINE_string(
-    'ray_address', workers.Pool.ray_address,
+    'ray_address', pool_lib.Pool.ray_address,
     'Train the runs on a Ray cluster: auto (the cluster this machine belongs to) or'
     ' HOST:PORT of its head (`ray start --head`); every node sees the run folders at the'
-    ' same path. Unset: warm worker processes on this machine (--parallel).',
+    ' same path. Unset: warm slot processes on this machine (--parallel).',
 )
 RAY_DRIVER_IP = flags.DEFINE_string(
-    'ray_driver_ip', workers.Pool.ray_driver_ip,
+    'ray_driver_ip', pool_lib.Pool.ray_driver_ip,
     "With --ray_address: this machine's address as the cluster's nodes reach it (default:"
     " Ray's own choice; give it where this machine has several).",
 )
 CELLS_PER_GPU = flags.DEFINE_integer(
-    'cells_per_gpu', workers.Pool.cells_per_gpu,
+    'cells_per_gpu', pool_lib.Pool.cells_per_gpu,
     'With --ray_address: runs trained at once on each GPU of the cluster.',
     lower_bound=1,
 )
 CPUS_PER_CELL = flags.DEFINE_integer(
-    'cpus_per_cell', workers.Pool.cpus_per_cell,
+    'cpus_per_cell', pool_lib.Pool.cpus_per_cell,
     'With --ray_address and --executor=cpu: the CPUs of a node without GPUs each run takes.',
     lower_bound=1,
 )
@@ -70,7 +70,7 @@ DRIVER_LOG = 'ray_driver.log'
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def check_flags(pool: workers.Pool) -> None:
+def check_flags(pool: pool_lib.Pool) -> None:
   """Refuses the flags of a Ray cluster given without --ray_address, and --cpus_per_cell
   where no run takes a node's CPUs (--executor=gpu): `pool` is what the flags made."""
   if not pool.ray_address:
@@ -80,11 +80,11 @@ def check_flags(pool: workers.Pool) -> None:
     unused_flags.refuse(('cpus_per_cell',), 'applies only with --executor=cpu')
 
 
-class RayWorkers(workers.Workers):
+class RaySlots(pool_lib.Slots):
   """The actors of `pool`'s Ray cluster (`pool.ray_address`), through the driver process
   (`launch.sweeps.ray_driver`)."""
 
-  def __init__(self, pool: workers.Pool, log_dir: str):
+  def __init__(self, pool: pool_lib.Pool, log_dir: str):
     super().__init__()
     address = self._address = pool.ray_address
     os.makedirs(log_dir, exist_ok=True)
@@ -98,7 +98,7 @@ class RayWorkers(workers.Workers):
       self._driver = subprocess.Popen(
           children.dying_with_parent([sys.executable, '-P', _DRIVER], 'TERM'),
           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-          env=local_workers.child_environment(), process_group=0)
+          env=local_slots.child_environment(), process_group=0)
     self._pending = b''
     try:
       ready = self._ask({'init': dict(
@@ -108,9 +108,9 @@ class RayWorkers(workers.Workers):
     except BaseException:
       self._end_driver()
       raise
-    self._tasks: list = [None] * ready['workers']  # (task, key) per slot
-    self._keys: list = [None] * ready['workers']
-    print(f'ray: {ready["workers"]} workers on {ready["nodes"]} nodes ({address})', flush=True)
+    self._tasks: list = [None] * ready['slots']  # (task, key) per slot
+    self._keys: list = [None] * ready['slots']
+    print(f'ray: {ready["slots"]} slots on {ready["nodes"]} nodes ({address})', flush=True)
 
   def _ask(self, request: dict, seconds: Optional[float], connecting: bool = False) -> dict:
     """The driver's answer to `request`, in `seconds` at most (None: however long).
@@ -134,7 +134,7 @@ class RayWorkers(workers.Workers):
         chunk = os.read(self._driver.stdout.fileno(), 65536)
         if not chunk:
           code = self._driver.wait()
-          self._lost(f'its driver ended, {local_workers.signal_text(code)}', connecting)
+          self._lost(f'its driver ended, {local_slots.signal_text(code)}', connecting)
         self._pending += chunk
     line, self._pending = self._pending.split(b'\n', 1)
     answer = json.loads(line)
@@ -179,12 +179,12 @@ class RayWorkers(workers.Workers):
   def start_all(self, count: int) -> None:
     self._ask({'start_all': count}, None)
 
-  def start(self, slot: int, task: workers.Task, key) -> None:
+  def start(self, slot: int, task: pool_lib.Task, key) -> None:
     self._ask({'start': {'slot': slot, 'request': task.request()}}, _ANSWER_GRACE_S)
     self._tasks[slot] = (task, key)
     self._keys[slot] = key
 
-  def wait(self, timeout_s: float) -> list[tuple[workers.Task, dict[str, workers.Outcome]]]:
+  def wait(self, timeout_s: float) -> list[tuple[pool_lib.Task, dict[str, pool_lib.Outcome]]]:
     if not any(self._tasks):
       time.sleep(timeout_s)
       return []
