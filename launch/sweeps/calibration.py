@@ -11,7 +11,7 @@ each kind by three 3-round runs of the planned runs' own settings (its data, coh
 first algorithm of the kind) in turn: the first at the run's seed, then two at the next
 seed (a build of its own). They give
 
-  worker    = a slot's start until it is ready
+  slot      = a slot's start until it is ready (`Timing.worker_s`)
   first     = the first run's time - the second's  (what a slot's first run of the kind
               pays once: the first kind timed, what a slot's first run pays at all)
   build     = the second run's time - the third's  (task, process and evaluation)
@@ -39,7 +39,7 @@ steps], so neither part is negative.
 
 Runs are estimated at (their sum, over N slots):
 
-  slots x worker + sum over kinds of min(N, its runs) x first + builds x build
+  slots x slot + sum over kinds of min(N, its runs) x first + builds x build
     + sum over runs of (start-up + R x round + E x evaluation)
 
 for R rounds left and E evaluations left of each run, the slots being min(N, runs) (a
@@ -365,7 +365,7 @@ def calibrate(runs: Sequence[runner.Run], directory: str, stream,
 
 def _time_kind(kind: str, run: runner.Run, directory: str, slots, pool: pool_lib.Pool,
                stream, worker_s: float) -> Timing:
-  """The Timing of `kind` by `workers` (`pool`'s), which started in `worker_s` (the
+  """The Timing of `kind` by `slots` (`pool`'s), which started in `worker_s` (the
   module's)."""
   parallel = pool.parallel
   seeds = dict(first=run.config.seed, built=run.config.seed + 1, warm=run.config.seed + 1)
