@@ -247,6 +247,11 @@ def test_metrics_csv_reader_drops_a_torn_last_row_only_where_asked(tmp_path):
   assert analysis.runs.metric_by_round(
       str(path), 'evaluation/sparse_categorical_accuracy') == {0: 0.01, 1: 0.2, 3: 0.4}
   assert analysis.runs.metric_by_round(str(path), 'evaluation/loss') == {}
+  # Several columns in one read, each as `metric_by_round` reads it alone.
+  columns = ('client_work/train/loss', 'evaluation/sparse_categorical_accuracy',
+             'evaluation/loss')
+  assert analysis.runs.metrics_by_round(str(path), columns) == {
+      c: analysis.runs.metric_by_round(str(path), c) for c in columns}
   path.write_bytes(b'key,client_work/train/loss\n1,2.0\n1,1.5\n')  # Round 1 twice.
   assert analysis.runs.metric_by_round(str(path), 'client_work/train/loss') == {1: 1.5}
   assert analysis.runs.whole_rows(str(path)) == analysis.runs.read_rows(str(path))
@@ -258,6 +263,8 @@ def test_metrics_csv_reader_on_a_missing_file(tmp_path):
   missing = str(tmp_path / 'metrics.csv')
   assert analysis.runs.whole_rows(missing) == []
   assert analysis.runs.metric_by_round(missing, 'client_work/train/loss') == {}
+  assert analysis.runs.metrics_by_round(missing, ('client_work/train/loss',)) == {
+      'client_work/train/loss': {}}
   assert analysis.runs.completed_rounds(missing) == 0
   with pytest.raises(FileNotFoundError):
     analysis.runs.read_rows(missing)

@@ -189,7 +189,7 @@ def test_cifar10_from_the_command_line_is_always_partitioned():
   flags.FLAGS.unparse_flags()
   try:
     flags.FLAGS(['train', '--task=cifar10', '--algo=gcfed', '--dirichlet_alpha=0.05'])
-    config = run_settings.config_from_flags()
+    config = run_settings.config_of(run_settings.settings_from_flags())
   finally:
     flags.FLAGS.unparse_flags()
   assert (config.partition, config.dirichlet_alpha, config.num_clients) == (
@@ -210,7 +210,7 @@ def test_runs_of_a_grid_get_the_protocol_for_their_algorithm():
     # The run's command line, parsed as launch.train parses it, is the same run.
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', *other.args])
-    assert run_settings.config_from_flags() == other.config
+    assert run_settings.config_of(run_settings.settings_from_flags()) == other.config
     assert '--overwrite' in other.args
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', '--task=cifar10', '--algo=fedavg', '--protocol=fedrkmgc'])

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from small_runs import write_run
 from tasks import labels
 from tasks import preprocessing
 from tff_zmg import analysis
+from tff_zmg.analysis import runs as run_folders
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TINY = [
@@ -331,6 +333,25 @@ def test_later_work_counts_the_later_rungs_and_the_stability_re_run_at_most():
       runs=1, rounds=50, whole='the whole search')
   exhaustive = lr_grid.Search(rung_rounds=(50,), score_rounds=10, stability_check=False)
   assert lr_grid.later_work([81], exhaustive, 1).runs == 0
+
+
+def test_a_cell_is_scored_and_costed_from_its_rounds_metrics_as_its_slot_answers_them():
+  loss, acc = run_folders.TRAIN_LOSS, run_folders.EVAL_ACCURACY
+  training, evaluation = 'training_time_in_seconds', 'evaluation/evaluation_time_in_seconds'
+  assert set(lr_grid.SCORED_METRICS) == {loss, acc, training, evaluation}
+  metrics = {loss: {1: 2.0, 2: 1.5, 3: 1.0}, acc: {0: 0.1, 1: 0.2, 2: 0.4, 3: 0.9},
+             training: {1: 1.0, 2: 2.0, 3: 4.0}, evaluation: {0: 0.5, 2: 0.25, 3: 1.0}}
+  # The last score_rounds of the rung's rounds, round 0 (untrained) never, later rounds not.
+  assert lr_grid.rung_score(metrics, 2, 2) == pytest.approx((0.2 + 0.4) / 2)
+  assert lr_grid.rung_score(metrics, 3, 2) == pytest.approx((0.4 + 0.9) / 2)
+  assert lr_grid.rung_score(metrics, 3, 10) == pytest.approx((0.2 + 0.4 + 0.9) / 3)
+  # Not every round of the rung trained (it diverged), or nothing evaluated: failed.
+  assert math.isnan(lr_grid.rung_score(metrics, 4, 2))
+  assert math.isnan(lr_grid.rung_score({loss: metrics[loss]}, 3, 2))
+  assert math.isnan(lr_grid.rung_score({}, 1, 2))
+  # Rounds 1-2 trained, and the evaluations of rounds 0 and 2.
+  assert lr_grid.run_cost(metrics, 2) == (2, pytest.approx(1.0 + 2.0 + 0.5 + 0.25))
+  assert lr_grid.run_cost({}, 2) == (0, 0)
 
 
 # --- comparison -------------------------------------------------------------------------

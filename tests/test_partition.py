@@ -127,7 +127,7 @@ def parse_train_flags():
   def parse(*args):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', '--task=emnist', '--algo=fedavg', *args])
-    return run_settings.config_from_flags()
+    return run_settings.config_of(run_settings.settings_from_flags())
 
   yield parse
   flags.FLAGS.unparse_flags()

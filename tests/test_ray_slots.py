@@ -31,6 +31,7 @@ import small_runs
 import test_warm_slots
 from launch import grid_search
 from launch.cli import exit_status
+from tff_zmg.analysis import runs as run_folders
 
 _HEAD, _SECOND = '127.0.0.2', '127.0.0.3'
 # Ray's processes, and the program's Ray driver (launch/sweeps/ray_driver.py).
@@ -158,7 +159,8 @@ for name, args in cells.items():
   flags.FLAGS(['train', *args])
   runs.append(runner.Run(name=name, settings=settings.settings_from_flags()))
 pool = pool_lib.Pool(executor='cpu', ray_address=address, ray_driver_ip=driver_ip)
-print(runner.run_all(runs, pool=pool, log_dir=log_dir))
+results = runner.run_all(runs, pool=pool, log_dir=log_dir, metrics=[sys.argv[2]])
+print(json.dumps({name: [r.state, r.metrics] for name, r in results.items()}))
 """
 
 
@@ -172,10 +174,18 @@ def matrix_on_ray(ray_cluster, tmp_path_factory):
   cells = {row: small_runs.matrix_args(row, root, row) for row in small_runs.DISTINCT_ROWS}
   proc = subprocess.run(
       [sys.executable, '-c', _RAY_CELLS,
-       json.dumps([address, _HEAD, str(root / 'logs'), cells])],
+       json.dumps([address, _HEAD, str(root / 'logs'), cells]), run_folders.EVAL_ACCURACY],
       cwd=small_runs.REPO, env=env, capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stderr
   assert 'ray: 2 slots on 2 nodes' in proc.stdout, proc.stdout
+  # Each actor answered with the rounds of the column asked for, as the run's folder
+  # holds them (JSON made the rounds strings).
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  for row in cells:
+    recorded = run_folders.metric_by_round(str(root / row / 'metrics.csv'),
+                                           run_folders.EVAL_ACCURACY)
+    assert results[row] == ['finished', {run_folders.EVAL_ACCURACY: {
+        str(r): v for r, v in recorded.items()}}] and recorded, (row, results[row])
   return root
 
 

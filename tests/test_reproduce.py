@@ -536,7 +536,7 @@ def test_a_timing_run_records_the_settings_its_command_trains_with(designed, pap
     copy = calibration._calibration_run(run, str(designed[0]), 'timing', 7)  # pylint: disable=protected-access
     flags.FLAGS(['train', *copy.args])
     try:
-      from_command = settings_lib.config_from_flags()
+      from_command = settings_lib.config_of(settings_lib.settings_from_flags())
     finally:
       flags.FLAGS.unparse_flags()
     assert copy.config.recorded() == from_command.recorded(), run.name

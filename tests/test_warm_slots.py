@@ -61,11 +61,11 @@ def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
     run = runner.train_run(run_settings.settings_from_flags(), 'cell', overrides)
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', *run.args])
-    from_command = run_settings.config_from_flags()
+    from_command = run_settings.config_of(run_settings.settings_from_flags())
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['train', '--task=cifar100', '--algo=scaffold', '--seed=9'])  # Not read.
     received = run_settings.settings_of(json.loads(json.dumps(run.given)))
-    from_data = run_settings.experiment_config(run_settings.apply_protocol(received)[0])
+    from_data = run_settings.config_of(received)
   finally:
     flags.FLAGS.unparse_flags()
   assert from_data == from_command
@@ -89,10 +89,17 @@ def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(row, tmp_path):
   runs = [_run(small_runs.matrix_args(row, warm, 'a', f'--client_learning_rate={rate}'), 'a'),
           _run(small_runs.matrix_args(row, warm, 'b'), 'b')]
   stream = io.StringIO()
-  with local_slots.LocalSlots(1, str(tmp_path / 'logs')) as workers:
-    states = runner.run_all(runs, pool=pool_lib.Pool(executor='cpu', batch_cells=2),
-                            log_dir=str(tmp_path / 'logs'), workers=workers, stream=stream)
-  assert states == {'a': runner.FINISHED, 'b': runner.FINISHED}
+  accuracy = run_folders.EVAL_ACCURACY
+  with local_slots.LocalSlots(1, str(tmp_path / 'logs')) as slots:
+    results = runner.run_all(runs, pool=pool_lib.Pool(executor='cpu', batch_cells=2),
+                             log_dir=str(tmp_path / 'logs'), slots=slots, stream=stream,
+                             metrics=(accuracy,))
+  assert {name: r.state for name, r in results.items()} == {'a': runner.FINISHED,
+                                                             'b': runner.FINISHED}
+  # Each run's answer carries the rounds of the column asked for, as its folder holds them.
+  for name, result in results.items():
+    recorded = run_folders.metric_by_round(str(warm / name / 'metrics.csv'), accuracy)
+    assert recorded and result.metrics == {accuracy: recorded}, name
   alone = f'batched cells: {algo} cells train one after another: its clients keep state'
   assert (alone in stream.getvalue()) == rebuilds, stream.getvalue()
   small_runs.assert_same_run(warm / 'b', reference)

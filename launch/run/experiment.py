@@ -411,8 +411,8 @@ def _summary(config: run_config.ExperimentConfig, wall: float, session: Optional
              held_out) -> dict:
   """What `run` returns: the rounds and accuracies its metrics.csv holds, its time, where
   its outputs are, and what ran it."""
-  eval_acc = analysis.runs.metric_by_round(config.metrics_csv, analysis.runs.EVAL_ACCURACY)
-  train_loss = analysis.runs.metric_by_round(config.metrics_csv, analysis.runs.TRAIN_LOSS)
+  eval_acc, train_loss = analysis.runs.metrics_by_round(
+      config.metrics_csv, (analysis.runs.EVAL_ACCURACY, analysis.runs.TRAIN_LOSS)).values()
   return collections.OrderedDict(
       rounds_completed=max(train_loss, default=0),
       final_eval_accuracy=eval_acc[max(eval_acc)] if eval_acc else None,

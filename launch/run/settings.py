@@ -493,6 +493,6 @@ def experiment_config(settings: Settings) -> run_config.ExperimentConfig:
   return run_config.ExperimentConfig(**same, **made)
 
 
-def config_from_flags() -> run_config.ExperimentConfig:
-  """The experiment of this program's command line, `--protocol` applied."""
-  return experiment_config(apply_protocol(settings_from_flags())[0])
+def config_of(settings: Settings) -> run_config.ExperimentConfig:
+  """The experiment of the run `settings` describe, its `--protocol` applied."""
+  return experiment_config(apply_protocol(settings)[0])

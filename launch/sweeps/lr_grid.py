@@ -6,14 +6,14 @@ continued from rung to rung) and a `Search` says how its cells are searched: exh
 seed (the stability check). `run_search` searches grids side by side in a sweep's pool
 (`launch.sweeps.runner`), scores each cell at each rung (`rung_score`) and returns each
 group's `Outcome`, whose `best` is the pick's record (best.json) with the search's cost
-(`run_cost`); `planned_runs` lists a search's runs for a dry run's estimate.
+(`run_cost`), both from the rounds' metrics each run's slot answers with
+(`SCORED_METRICS`); `planned_runs` lists a search's runs for a dry run's estimate.
 `launch.grid_search` (the program) and `launch.reproduce` build the grids and write the
 results.
 """
 
 import dataclasses
 import math
-import os
 import sys
 from typing import Hashable, Mapping, Optional, Sequence
 
@@ -23,7 +23,6 @@ from launch.sweeps import halving
 from launch.sweeps import runner
 from launch.sweeps import pool as pool_lib
 from tff_zmg import analysis
-from tff_zmg import run_files
 
 EXHAUSTIVE, HALVING = 'exhaustive', 'halving'
 STABILITY_DIRNAME = 'stability'
@@ -146,34 +145,38 @@ class Grid:
     return self.run(self.cells[0], 1).config.seed + 1
 
 
-def rung_score(run_dir: str, rounds: int, score_rounds: int) -> float:
-  """A cell's score at a rung: its mean accuracy over the last min(score_rounds, rounds)
-  of its first `rounds` rounds; NaN (failed) unless it trained all `rounds` of them.
+_TRAINING_S = 'training_time_in_seconds'
+_EVALUATION_S = 'evaluation/evaluation_time_in_seconds'
+# The metrics.csv columns a cell's score and cost read: what each run's slot answers with.
+SCORED_METRICS = (analysis.runs.TRAIN_LOSS, analysis.runs.EVAL_ACCURACY, _TRAINING_S,
+                  _EVALUATION_S)
+
+
+def rung_score(metrics: Mapping[str, Mapping[int, float]], rounds: int,
+               score_rounds: int) -> float:
+  """A cell's score at a rung, from its rounds' `metrics` (`SCORED_METRICS`): its mean
+  accuracy over the last min(score_rounds, rounds) of its first `rounds` rounds; NaN
+  (failed) unless it trained all `rounds` of them.
 
   Rounds beyond `rounds` (a cell continued to a later rung) are not looked at, so a
   resumed search scores every rung as the first pass did.
   """
-  if analysis.runs.completed_rounds(run_dir) < rounds:
+  if max(metrics.get(analysis.runs.TRAIN_LOSS, {}), default=0) < rounds:
     return math.nan  # It diverged before (a diverged round is never recorded).
-  try:
-    got, acc = analysis.accuracy_series(run_dir)
-  except (OSError, ValueError):
+  accuracy = metrics.get(analysis.runs.EVAL_ACCURACY, {})
+  got = sorted(r for r in accuracy if 0 < r <= rounds)
+  if not got:
     return math.nan
-  keep = got <= rounds
-  if not keep.any():
-    return math.nan
-  return analysis.mean_of_last_rounds(acc[keep], got[keep], min(score_rounds, rounds))
+  return analysis.mean_of_last_rounds([accuracy[r] for r in got], got,
+                                      min(score_rounds, rounds))
 
 
-def run_cost(run_dir: str, up_to: int) -> tuple[int, float]:
-  """(rounds trained up to round `up_to`, their training and evaluation seconds).
-
-  From the run's metrics.csv: TFF's own timings, so process start-up is not counted.
-  """
-  path = os.path.join(run_dir, run_files.METRICS)
-  trained = {r: t for r, t in analysis.runs.metric_by_round(
-      path, 'training_time_in_seconds').items() if 1 <= r <= up_to}
-  evaluated = analysis.runs.metric_by_round(path, 'evaluation/evaluation_time_in_seconds')
+def run_cost(metrics: Mapping[str, Mapping[int, float]], up_to: int) -> tuple[int, float]:
+  """(rounds trained up to round `up_to`, their training and evaluation seconds), from
+  a run's rounds' `metrics` (`SCORED_METRICS`): TFF's own timings, so process start-up
+  is not counted."""
+  trained = {r: t for r, t in metrics.get(_TRAINING_S, {}).items() if 1 <= r <= up_to}
+  evaluated = metrics.get(_EVALUATION_S, {})
   seconds = sum(trained.values()) + sum(t for r, t in evaluated.items() if r <= up_to)
   return len(trained), seconds
 
@@ -245,29 +248,35 @@ def run_search(
       return run_search(grids, search, pool=pool, log_dir=log_dir, stream=stream,
                         slots=own)
 
+  measured = {}  # A run's folder -> its rounds' metrics, as its last run_all gave them.
+
+  def train(runs, pool_, **more):
+    results = runner.run_all(
+        list(runs.values()), pool=pool_, log_dir=log_dir, stream=stream, slots=slots,
+        metrics=SCORED_METRICS, **more)
+    measured.update({run.config.output_dir: results[run.name].metrics
+                     for run in runs.values()})
+    return {key: results[run.name] for key, run in runs.items()}
+
   def train_and_score(keys, rounds):
     k = search.rung_rounds.index(rounds) + 1
     print(f'rung {k}/{len(search.rung_rounds)}: {len(keys)} cells to {rounds} rounds',
           file=stream, flush=True)
-    runs = {key: grids[key[0]].run(key[1:], rounds, continued=k > 1) for key in keys}
-    runner.run_all(
-        list(runs.values()), pool=pool, log_dir=log_dir, stream=stream,
-        describe=lambda run, state: f'score={_score(run, rounds):.4f}',
-        later=later_work([len(cells) for cells in members.values()], search, k),
-        slots=slots,
-    )
-    return {key: _score(run, rounds) for key, run in runs.items()}
+    results = train(
+        {key: grids[key[0]].run(key[1:], rounds, continued=k > 1) for key in keys}, pool,
+        describe=lambda run, result: f'score={score(result, rounds):.4f}',
+        later=later_work([len(cells) for cells in members.values()], search, k))
+    return {key: score(result, rounds) for key, result in results.items()}
 
-  def _score(run, rounds):
-    return rung_score(run.config.output_dir, rounds, search.score_rounds)
+  def score(result: runner.Result, rounds: int) -> float:
+    return rung_score(result.metrics, rounds, search.score_rounds)
 
   def check(keys):
     print(f'stability: {len(keys)} picks re-run with another seed for'
           f' {search.final_rounds} rounds', file=stream, flush=True)
-    runs = {key: _stability_run(grids, key, search) for key in keys}
-    states = runner.run_all(list(runs.values()), pool=pool.alone(), log_dir=log_dir,
-                            stream=stream, slots=slots)  # One a grid: no shared build.
-    return {key: states[run.name] == runner.FINISHED for key, run in runs.items()}
+    results = train({key: _stability_run(grids, key, search) for key in keys},
+                    pool.alone())  # One a grid: no shared build.
+    return {key: result.state == runner.FINISHED for key, result in results.items()}
 
   keys = [(i, *cell) for i, grid in enumerate(grids) for cell in grid.cells]
   members = {}
@@ -292,7 +301,8 @@ def run_search(
       pick = checked.pick
     outcomes[group] = Outcome(
         rungs=group_rungs, stability=checked,
-        best=None if pick is None else _record(grids, search, group_rungs, pick, checked))
+        best=None if pick is None else _record(grids, search, group_rungs, pick, checked,
+                                               measured))
   return outcomes
 
 
@@ -314,8 +324,9 @@ def _rates(grids, key) -> dict:
   return dict(client_learning_rate=c, server_learning_rate=s, **grids[i].label)
 
 
-def _record(grids, search: Search, rungs, key, stability) -> dict:
-  """best.json: the pick, its score and the rounds scored, the search and its cost."""
+def _record(grids, search: Search, rungs, key, stability, measured) -> dict:
+  """best.json: the pick, its score and the rounds scored, the search and its cost (from
+  `measured`: each run's rounds' metrics by its folder)."""
   grid = grids[key[0]]
   last = halving.last_scores(rungs)
   rounds, score = last[key]
@@ -340,6 +351,6 @@ def _record(grids, search: Search, rungs, key, stability) -> dict:
         replaced=stability.replaced,
         diverged_best=_rates(grids, stability.best) if stability.replaced else None,
     )
-  costs = [run_cost(run_dir, up_to) for run_dir, up_to in trained]
+  costs = [run_cost(measured[run_dir], up_to) for run_dir, up_to in trained]
   record['cost'] = dict(rounds=sum(n for n, _ in costs), seconds=sum(t for _, t in costs))
   return record

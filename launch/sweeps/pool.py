@@ -15,7 +15,7 @@ program builds once from its flags (`runner.pool_from_flags`) and hands down.
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from launch.cli import exit_status
 
@@ -52,22 +52,27 @@ class Pool:
 @dataclasses.dataclass(frozen=True)
 class Outcome:
   """How one run ended, as its slot answered (`launch.sweeps.warm_slot`): its exit
-  status, the one line it ended with unless it finished (`train: error: ...`), and, for a
-  run given with others as batched cells, why it trained alone (None: it did not)."""
+  status, the one line it ended with unless it finished (`train: error: ...`), for a run
+  given with others as batched cells why it trained alone (None: it did not), and the
+  rounds' metrics its task asked for as its folder holds them once it ended (`metrics`:
+  column -> {round: value}; the rounds of earlier attempts too)."""
 
   status: int
   error: Optional[str] = None
   alone: Optional[str] = None
+  metrics: Mapping[str, Mapping[int, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
   """What a slot trains in one request: one run (a `runner.Run`: its `name` and
   `given` settings), or several trained together as batched cells
-  (`launch.sweeps.batched_cells`), each with its log."""
+  (`launch.sweeps.batched_cells`), each with its log; and the columns of metrics.csv
+  whose rounds each run's answer carries (`Outcome.metrics`)."""
 
   runs: tuple[Any, ...]
   logs: tuple[str, ...]
+  metrics: tuple[str, ...] = ()
 
   @property
   def name(self) -> str:
@@ -75,20 +80,26 @@ class Task:
 
   def request(self) -> dict:
     """The warm slot's request (`launch.sweeps.warm_slot`)."""
-    requests = [{'name': run.name, 'settings': run.given, 'log': log}
-                for run, log in zip(self.runs, self.logs)]
+    requests = [{'name': run.name, 'settings': run.given, 'log': log,
+                 'metrics': list(self.metrics)} for run, log in zip(self.runs, self.logs)]
     if len(requests) == 1:
       return requests[0]
     return {'name': self.name, 'runs': requests}
 
   def outcomes(self, answer: dict) -> dict[str, Outcome]:
     """Each run's `Outcome` by name, from the slot's answer to `request`."""
-    return {run['name']: Outcome(run['status'], run.get('error'), run.get('alone'))
+    return {run['name']: Outcome(run['status'], run.get('error'), run.get('alone'),
+                                 _rounds_as_ints(run.get('metrics', {})))
             for run in answer.get('runs', [answer])}
 
   def each_ended(self, status: int, error: str) -> dict[str, Outcome]:
     """Every run's end with `status` and `error` (their slot's process died)."""
     return {run.name: Outcome(status, error) for run in self.runs}
+
+
+def _rounds_as_ints(metrics: Mapping[str, Mapping[str, float]]) -> dict:
+  """An answer's metrics with their rounds as numbers again (JSON made them strings)."""
+  return {column: {int(r): v for r, v in by_round.items()} for column, by_round in metrics.items()}
 
 
 class Slots:

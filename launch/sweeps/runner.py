@@ -39,6 +39,7 @@ from launch.run import settings as run_settings
 from launch.sweeps import local_slots
 from launch.sweeps import ray_slots
 from launch.sweeps import pool as pool_lib
+from tff_zmg import analysis
 from tff_zmg import run_files
 
 PARALLEL = flags.DEFINE_integer(
@@ -60,6 +61,16 @@ _POLL_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
+class Result:
+  """A run as `run_all` leaves it: FINISHED or DIVERGED, and the rounds of the metrics.csv
+  columns the call asked for (`metrics`: column -> {round: value}), as its slot answered
+  or, for a run done before the call, as its folder holds them."""
+
+  state: str
+  metrics: Mapping[str, Mapping[int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
   """One training run: a name for progress lines and logs, and its settings, which its
   warm slot receives as they are (`pool.Task.request`). Its config and command line
@@ -73,8 +84,7 @@ class Run:
 
   def __post_init__(self):
     # Made here, so that settings `launch.train` would refuse fail early.
-    config = run_settings.experiment_config(run_settings.apply_protocol(self.settings)[0])
-    object.__setattr__(self, 'config', config)
+    object.__setattr__(self, 'config', run_settings.config_of(self.settings))
 
   @property
   def given(self) -> dict:
@@ -244,19 +254,20 @@ def slots_for(pool: pool_lib.Pool, log_dir: str) -> pool_lib.Slots:
 
 def run_all(
     runs: Sequence[Run], *, pool: pool_lib.Pool, log_dir: str,
-    describe: Optional[Callable[[Run, str], str]] = None, stream=None,
+    describe: Optional[Callable[[Run, Result], str]] = None, stream=None,
     later: Optional[LaterWork] = None, slots: Optional[pool_lib.Slots] = None,
-) -> dict[str, str]:
+    metrics: Sequence[str] = (),
+) -> dict[str, Result]:
   """Brings every run to FINISHED or DIVERGED in `slots` (`slots_for(pool)`'s, kept
   for the next call; None: this call's own), runs that share a build up to
   `pool.batch_cells` at once in one slot as batched cells.
 
-  Prints one line per run as it is skipped, started and done; `describe(run, status)`
+  Prints one line per run as it is skipped, started and done; `describe(run, result)`
   may add to the 'done' line (e.g. a score), which ends with the runs to go and their
   time (`Progress`), and that of the whole they and `later` make.
 
   Returns:
-    name -> FINISHED or DIVERGED.
+    name -> its `Result`, with the rounds of the columns `metrics` names.
 
   Raises:
     errors.RunFailed: a run failed otherwise; the others are stopped (they resume next time).
@@ -269,9 +280,10 @@ def run_all(
     state = status(run)
     if state == PENDING:
       pending.append((i, run))
-    else:
-      results[run.name] = state
-      extra = f'  {describe(run, state)}' if describe else ''
+    else:  # No slot answers for it: its folder is its record.
+      results[run.name] = Result(state,
+                                 analysis.runs.metrics_by_round(run.config.metrics_csv, metrics))
+      extra = f'  {describe(run, results[run.name])}' if describe else ''
       print(f'[{i + 1}/{total}] {run.name}: already {state}{extra}', file=stream, flush=True)
   if not pending:
     return results
@@ -297,8 +309,8 @@ def run_all(
             logs.append(os.path.join(log_dir, f'{run.name}.log'))  # The slot writes it.
             running[run.name] = (i, run, logs[-1], time.monotonic())
             print(f'[{i + 1}/{total}] {run.name}: started', file=stream, flush=True)
-          slots.start(slot, pool_lib.Task(tuple(r for _, r in taken), tuple(logs)),
-                        keys[taken[0][1].name])
+          slots.start(slot, pool_lib.Task(tuple(r for _, r in taken), tuple(logs),
+                                          tuple(metrics)), keys[taken[0][1].name])
         for task, outcomes in slots.wait(_POLL_S):
           ended = [running.pop(run.name) for run in task.runs]  # Batched runs end together.
           for i, run, log_path, start in ended:
@@ -313,9 +325,9 @@ def run_all(
               print(f'batched cells: {ended[0][1].config.algo} cells train one after another:'
                     f' {why}', file=stream, flush=True)
           for i, run, _, start in ended:
-            state = results[run.name]
-            extra = f'  {describe(run, state)}' if describe else ''
-            print(f'[{i + 1}/{total}] {run.name}: {state} in {time.monotonic() - start:.0f} s'
+            result = results[run.name]
+            extra = f'  {describe(run, result)}' if describe else ''
+            print(f'[{i + 1}/{total}] {run.name}: {result.state} in {time.monotonic() - start:.0f} s'
                   f'{extra}{left}', file=stream, flush=True)
     except BaseException:
       slots.close()  # Stops the runs still going: they resume next time.
@@ -326,9 +338,9 @@ def run_all(
   return results
 
 
-def _outcome(run: Run, outcome: pool_lib.Outcome, log_path: str, seconds: float) -> str:
-  """FINISHED or DIVERGED (the run recorded it in its directory), as its slot answered;
-  else `errors.RunFailed`."""
+def _outcome(run: Run, outcome: pool_lib.Outcome, log_path: str, seconds: float) -> Result:
+  """FINISHED or DIVERGED (the run recorded it in its directory), as its slot answered,
+  with the metrics it answered; else `errors.RunFailed`."""
   returncode = outcome.status
   if returncode == 0:
     missing = resumption.missing(run.config)
@@ -336,9 +348,9 @@ def _outcome(run: Run, outcome: pool_lib.Outcome, log_path: str, seconds: float)
       raise errors.RunFailed(
           f'{run.name} ended as done but its folder lacks {missing} (a bug; its log:'
           f' {log_path})', exit_status.UNEXPECTED)
-    return FINISHED
+    return Result(FINISHED, outcome.metrics)
   if returncode == exit_status.DIVERGED:  # The run wrote its diverged.txt.
-    return DIVERGED
+    return Result(DIVERGED, outcome.metrics)
   raise errors.RunFailed(
       f'{run.name} failed ({local_slots.signal_text(returncode)}) after {seconds:.0f} s:'
       f' {outcome.error or "no error line"} (its log: {log_path})',

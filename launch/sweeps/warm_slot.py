@@ -6,11 +6,11 @@ compiled, the evaluation set up (`launch.run.builds`).
 The sweep's runner (`launch.sweeps.runner`) starts it as
 `python -m launch.sweeps.warm_slot` and talks to it in JSON lines: the slot writes
 `{"ready": where it runs}` to its stdout once it has started; the runner writes a request
-`{"name": ..., "settings": {flag: value}, "log": path}` to the slot's stdin (the run's
-settings as data: the `launch.train` flags its command line gives,
-`launch.run.settings.settings_of`) and reads the run's outcome from its stdout once it
-has ended: `{"name": ..., "status": exit status, "error": the one line it ended with, or
-null}`. A request `{"name": ..., "runs": [such requests]}` trains its runs as batched
+`{"name": ..., "settings": {flag: value}, "log": path, "metrics": [column, ...]}` to the
+slot's stdin (the run's settings as data: the `launch.train` flags its command line gives,
+`launch.run.settings.settings_of`; the metrics.csv columns the runner reads) and reads the
+run's outcome from its stdout once it has ended: `{"name": ..., "status": exit status,
+"error": the one line it ended with, or null, "metrics": {column: {round: value}}}`. A request `{"name": ..., "runs": [such requests]}` trains its runs as batched
 cells (`launch.sweeps.batched_cells`) and is answered `{"name": ..., "runs": [such
 outcomes]}` once all have ended, each with `"alone"`: why the run trained alone, or null.
 While a run trains, the slot's standard output and error (file descriptors 1 and 2, so
@@ -43,6 +43,7 @@ from launch.run import experiment
 from launch.run import settings as run_settings
 from launch.run import training
 from launch.sweeps import batched_cells
+from tff_zmg import analysis
 
 # The program name a run's error line starts with: the runs are `launch.train`'s.
 _RUN_PROGRAM = 'train'
@@ -104,8 +105,24 @@ def run_cell(request: Mapping, builds: builds_lib.Builds,
 
 
 def _outcome(request: Mapping, status: int, error: Optional[str] = None, **more) -> dict:
-  """A run's answer: its name, exit status and one-line error (None: it finished)."""
-  return {'name': request['name'], 'status': status, 'error': error, **more}
+  """A run's answer: its name, exit status, one-line error (None: it finished) and the
+  rounds' metrics it asks for (`rounds_of`)."""
+  return {'name': request['name'], 'status': status, 'error': error,
+          'metrics': rounds_of(request), **more}
+
+
+def rounds_of(request: Mapping) -> dict:
+  """`{column: {round: value}}` of the metrics.csv columns `request` asks for ('metrics')
+  as its run's folder holds them now, earlier attempts' rounds too; {} when it asks for
+  none or its settings make no run."""
+  columns = request.get('metrics') or ()
+  if not columns:
+    return {}
+  try:
+    config = run_settings.config_of(run_settings.settings_of(request['settings']))
+  except ValueError:
+    return {}
+  return analysis.runs.metrics_by_round(config.metrics_csv, columns)
 
 
 def run_cells(request: Mapping, builds: builds_lib.Builds) -> list[dict]:

@@ -12,7 +12,7 @@ dropped), `metric_by_round` and `metric_series`.
 import csv
 import json
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -50,6 +50,13 @@ def metric_by_round(csv_path: str, column: str) -> dict[int, float]:
   if not os.path.exists(csv_path):
     return {}
   return _by_round(read_rows(csv_path), column)
+
+
+def metrics_by_round(csv_path: str, columns: Sequence[str]) -> dict[str, dict[int, float]]:
+  """`{column: {round: value}}` of several columns of a metrics.csv, read once (each as
+  `metric_by_round` reads it)."""
+  rows = read_rows(csv_path) if os.path.exists(csv_path) else []
+  return {column: _by_round(rows, column) for column in columns}
 
 
 def _by_round(rows, column: str) -> dict[int, float]:
