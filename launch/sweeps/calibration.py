@@ -437,7 +437,7 @@ def say_if_batched(batch_cells: int, stream) -> None:
   """One line when cells will train batched: the estimate times them one at a time."""
   if batch_cells > 1:
     print(f'--batch_cells={batch_cells}: the estimate times the cells one at a time; batched,'
-          ' they took 0.98-1.03x that time on a 2-core CPU (docs/performance.md, "Batched'
+          ' 9 cells took 1.28x that time on a 2-core CPU (docs/performance.md, "Batched'
           ' cells")', file=stream, flush=True)
 
 
