@@ -327,8 +327,8 @@ def run_all(
           for i, run, _, start in ended:
             result = results[run.name]
             extra = f'  {describe(run, result)}' if describe else ''
-            print(f'[{i + 1}/{total}] {run.name}: {result.state} in {time.monotonic() - start:.0f} s'
-                  f'{extra}{left}', file=stream, flush=True)
+            print(f'[{i + 1}/{total}] {run.name}: {result.state} in'
+                  f' {time.monotonic() - start:.0f} s{extra}{left}', file=stream, flush=True)
     except BaseException:
       slots.close()  # Stops the runs still going: they resume next time.
       raise

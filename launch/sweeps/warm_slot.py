@@ -10,9 +10,10 @@ The sweep's runner (`launch.sweeps.runner`) starts it as
 slot's stdin (the run's settings as data: the `launch.train` flags its command line gives,
 `launch.run.settings.settings_of`; the metrics.csv columns the runner reads) and reads the
 run's outcome from its stdout once it has ended: `{"name": ..., "status": exit status,
-"error": the one line it ended with, or null, "metrics": {column: {round: value}}}`. A request `{"name": ..., "runs": [such requests]}` trains its runs as batched
-cells (`launch.sweeps.batched_cells`) and is answered `{"name": ..., "runs": [such
-outcomes]}` once all have ended, each with `"alone"`: why the run trained alone, or null.
+"error": the one line it ended with, or null, "metrics": {column: {round: value}}}`. A
+request `{"name": ..., "runs": [such requests]}` trains its runs as batched cells
+(`launch.sweeps.batched_cells`) and is answered `{"name": ..., "runs": [such outcomes]}`
+once all have ended, each with `"alone"`: why the run trained alone, or null.
 While a run trains, the slot's standard output and error (file descriptors 1 and 2, so
 TensorFlow's and TFF's too) go to the run's log, which then reads as `launch.train`'s
 output would, under the command that trains it alone and ending in the same one line on

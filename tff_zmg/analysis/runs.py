@@ -47,15 +47,13 @@ def metric_by_round(csv_path: str, column: str) -> dict[int, float]:
   """`{round: value}` of one column of a metrics.csv (rounds that have it; a round
   written twice: its last row; a torn last row as far as it reaches); {} without the
   file or the column."""
-  if not os.path.exists(csv_path):
-    return {}
-  return _by_round(read_rows(csv_path), column)
+  return metrics_by_round(csv_path, (column,))[column]
 
 
 def metrics_by_round(csv_path: str, columns: Sequence[str]) -> dict[str, dict[int, float]]:
   """`{column: {round: value}}` of several columns of a metrics.csv, read once (each as
-  `metric_by_round` reads it)."""
-  rows = read_rows(csv_path) if os.path.exists(csv_path) else []
+  `metric_by_round` reads it); the file is not read when no column is asked for."""
+  rows = read_rows(csv_path) if columns and os.path.exists(csv_path) else []
   return {column: _by_round(rows, column) for column in columns}
 
 
