@@ -31,6 +31,7 @@ from launch.run import errors
 from launch import train
 from tasks import synthetic
 from tff_zmg import analysis
+from tff_zmg.runtime import children
 from tff_zmg.runtime import cpp_worker
 import small_runs
 
@@ -590,6 +591,17 @@ def test_a_child_dies_with_the_program_that_started_it_even_one_killed():
     parent.kill()
     parent.wait()
     child.wait(timeout=60)  # Gone (psutil raises TimeoutExpired if it still runs).
+
+
+def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_never_runs():
+  """A parent killed before `setpriv` asks for the signal would leave an orphan that outlives
+  it: the command runs only under the process that built it (here, another one starts it)."""
+  command = children.dying_with_parent(['echo', 'ran'], 'KILL')
+  started_elsewhere = subprocess.run(
+      [sys.executable, '-c', 'import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))',
+       *command], capture_output=True, text=True, check=False)
+  assert (started_elsewhere.returncode, started_elsewhere.stdout) == (1, '')
+  assert subprocess.run(command, capture_output=True, text=True, check=True).stdout == 'ran\n'
 
 
 def test_a_closed_worker_is_never_started_again():
