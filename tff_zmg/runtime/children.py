@@ -2,14 +2,14 @@
 
 Linux sends a process a signal once the thread that started it exits, if the process asked
 for it (`prctl(PR_SET_PDEATHSIG)`), and the request survives `exec`. util-linux's
-`setpriv --pdeathsig` asks and then runs the command, so nothing of Python runs in the
-forked child before `exec`. A `preexec_fn` would: that is unsafe in a process with threads,
-as TensorFlow's are (a TFF worker's start once segfaulted there, in the test suite), and
-the forked child runs the parent's pending signal handlers. The request comes too late if
-the parent dies before `setpriv` makes it (the orphan would outlive it): so a shell between
-`setpriv` and the command runs it only if its parent is still the process that started it. Where there is no `setpriv`
-(not Linux, or no util-linux) the command runs as given, and the programs' own clean-up
-(their stop handlers, `atexit`) still ends it.
+`setpriv --pdeathsig` asks and then runs the command, so nothing of Python runs in the forked
+child before `exec`. A `preexec_fn` would: that is unsafe in a process with threads, as
+TensorFlow's are (a TFF worker's start once segfaulted there, in the test suite), and the
+forked child runs the parent's pending signal handlers. The request comes too late if the
+parent dies before `setpriv` makes it (the orphan would outlive it): so a shell between
+`setpriv` and the command runs it only if its parent is still the process that started it.
+Where there is no `setpriv` (not Linux, or no util-linux) the command runs as given, and the
+programs' own clean-up (their stop handlers, `atexit`) still ends it.
 """
 
 from collections.abc import Sequence
@@ -20,7 +20,8 @@ import sys
 
 def dying_with_parent(command: Sequence[str], signal_name: str) -> list[str]:
   """`command`, run so that Linux sends it SIG`signal_name` ('TERM', 'KILL') once the
-  thread that starts it exits."""
+  thread that starts it exits. Start it from this process: started by another, it does not
+  run (the shell exits 1)."""
   setpriv = shutil.which('setpriv') if sys.platform.startswith('linux') else None
   if setpriv is None:
     return list(command)
