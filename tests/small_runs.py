@@ -34,9 +34,9 @@ _MADE = {}
 
 # The guarantees (issue 52: the same command twice gives the same numbers; a killed run
 # resumed, a warm, batched or Ray cell, one client at a time and TFF's worker each give its
-# uninterrupted run's) are each tested on every row: every model of the tests and every
-# family of algorithm, each at least once, two rounds of two clients on tiny data. Two
-# clients a round everywhere, so that every process picks the same threads per TF op
+# uninterrupted run's) are each tested on every row: every family of algorithm and every
+# kind of model of the tests, each at least once, two rounds of two clients on tiny data.
+# Two clients a round everywhere, so that every process picks the same threads per TF op
 # (cores // clients at once) and a warm slot or Ray actor that trains several rows trains
 # each with its own run's.
 _SYNTHETIC = ('--data_source=synthetic', '--synthetic_train_clients=6',
@@ -57,21 +57,20 @@ MATRIX = {
     'cifar_cnn-scaffold': ('--task=cifar10', '--model=cnn', '--algo=scaffold',
                            '--num_clients=6', '--client_batch_size=5',
                            '--max_elements_per_client=10', *_TWO_ROUNDS),
-    # Stateless GC-Fed on ResNet-18-GN (11M parameters): one step of two examples a client,
-    # its evaluation at the start and the end only (tests/test_cifar10.py reads its GC).
-    'resnet18_gn-gcfed': ('--task=cifar10', '--model=resnet18_gn', '--algo=gcfed',
-                          '--num_clients=2', '--client_batch_size=2',
-                          '--max_elements_per_client=2', '--rounds_per_eval=2',
-                          *_TWO_ROUNDS),
     # An adaptive server (Adam) on the Shakespeare GRU (4M parameters): one snippet a client.
     'shakespeare_gru-fedadam': ('--task=shakespeare', '--algo=fedadam', *_SYNTHETIC,
                                 '--synthetic_examples_per_client=2',
                                 '--max_elements_per_client=1', *_TWO_ROUNDS),
 }
-# The rows where a test compares another way of running a row with `launch.train`: all but
-# ResNet-18-GN's, whose stateless round of a deterministic model is the first row's case
-# at 11M parameters (its runs are the matrix's slowest).
-DISTINCT_ROWS = tuple(row for row in MATRIX if row != 'resnet18_gn-gcfed')
+# Not a row: GC-Fed on ResNet-18-GN (11M parameters), one step of two examples a client,
+# its evaluation at the start and the end only, trained once for tests/test_cifar10.py,
+# which reads its GC. A stateless round of a deterministic model is the first row's case;
+# its reruns were the matrix's slowest (about 200 of the suite's test-seconds).
+RESNET18_GN_GCFED = ('--task=cifar10', '--model=resnet18_gn', '--algo=gcfed',
+                     '--num_clients=2', '--client_batch_size=2', '--max_elements_per_client=2',
+                     '--rounds_per_eval=2', *_TWO_ROUNDS)
+# Every run `reference_run` makes, by name: the matrix's rows and that one.
+RUNS = {**MATRIX, 'resnet18_gn-gcfed': RESNET18_GN_GCFED}
 # Where the matrix's data and uninterrupted runs live: a folder of this test session
 # (tests/conftest.py), shared by its processes (xdist's workers).
 SHARED_ENV = 'TFF_ZMG_TEST_SHARED'
@@ -124,14 +123,14 @@ def matrix_data() -> str:
 
 
 def matrix_args(row: str, root, name: str = 'run', *extra) -> list[str]:
-  """`launch.train`'s arguments of `MATRIX[row]`, its run at `root/name`."""
-  return [*MATRIX[row], f'--cache_dir={matrix_data()}', f'--root_output_dir={root}',
+  """`launch.train`'s arguments of `RUNS[row]`, its run at `root/name`."""
+  return [*RUNS[row], f'--cache_dir={matrix_data()}', f'--root_output_dir={root}',
           f'--experiment_name={name}', *extra]
 
 
 def matrix_flag(row: str, name: str) -> str:
-  """The value `MATRIX[row]` gives flag `name` ('task', 'algo', ...)."""
-  (value,) = [a.split('=', 1)[1] for a in MATRIX[row] if a.startswith(f'--{name}=')]
+  """The value `RUNS[row]` gives flag `name` ('task', 'algo', ...)."""
+  (value,) = [a.split('=', 1)[1] for a in RUNS[row] if a.startswith(f'--{name}=')]
   return value
 
 
@@ -158,7 +157,7 @@ def train_command(args) -> list[str]:
 
 
 def reference_run(row: str) -> str:
-  """The folder of `python -m launch.train` of `MATRIX[row]`, uninterrupted: trained once
+  """The folder of `python -m launch.train` of `RUNS[row]`, uninterrupted: trained once
   per test session, by the first test to ask, and only read."""
 
   def train(folder):

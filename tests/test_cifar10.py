@@ -277,8 +277,8 @@ def test_two_rounds_on_cifar10_with_the_cnn(run_main, tmp_path, algo):
 
 def test_two_rounds_of_gcfed_with_resnet18():
   """GC-Fed on ResNet-18-GN: every tensor trains, and global GC on the classifier centers
-  its update. The run is the guarantees' matrix's (`small_runs.MATRIX`: `launch.train` of
-  two rounds of two clients of two examples, trained once in the session)."""
+  its update. The run is `small_runs.RESNET18_GN_GCFED` (`launch.train` of two rounds of
+  two clients of two examples, trained once in the session)."""
   run = small_runs.reference_run('resnet18_gn-gcfed')
   assert json.loads(open(os.path.join(run, 'flags.json')).read())['model'] == 'resnet18_gn'
   initial, final = (

@@ -1,6 +1,6 @@
 """A grid search on a Ray cluster gives what it gives on this machine, and ends in one
-line of its own when no cluster answers or the cluster is lost; a Ray cell of each distinct
-row of the guarantees' matrix (`small_runs.DISTINCT_ROWS`) ends as its `launch.train` run.
+line of its own when no cluster answers or the cluster is lost; a Ray cell of each row of
+the guarantees' matrix (`small_runs.MATRIX`) ends as its `launch.train` run.
 
 The cluster is two Ray nodes on this machine, started once for the module, on loopback
 addresses (127.0.0.2 and 127.0.0.3: Ray rewrites 127.0.0.1 to the machine's outward
@@ -166,12 +166,12 @@ print(json.dumps({name: [r.state, r.metrics] for name, r in results.items()}))
 
 @pytest.fixture(scope='module')
 def matrix_on_ray(ray_cluster, tmp_path_factory):
-  """The folder of each row's run (`small_runs.DISTINCT_ROWS`) trained as a cell on the
+  """The folder of each row's run (`small_runs.MATRIX`) trained as a cell on the
   cluster (one actor a node, the rows two at a time), by the row's name; the logs under
   `logs`."""
   address, env, _ = ray_cluster
   root = tmp_path_factory.mktemp('matrix_on_ray')
-  cells = {row: small_runs.matrix_args(row, root, row) for row in small_runs.DISTINCT_ROWS}
+  cells = {row: small_runs.matrix_args(row, root, row) for row in small_runs.MATRIX}
   proc = subprocess.run(
       [sys.executable, '-c', _RAY_CELLS,
        json.dumps([address, _HEAD, str(root / 'logs'), cells]), run_folders.EVAL_ACCURACY],
@@ -189,7 +189,7 @@ def matrix_on_ray(ray_cluster, tmp_path_factory):
   return root
 
 
-@pytest.mark.parametrize('row', small_runs.DISTINCT_ROWS)
+@pytest.mark.parametrize('row', small_runs.MATRIX)
 def test_a_ray_cell_equals_its_launch_train_run_bit_for_bit(row, matrix_on_ray):
   small_runs.assert_same_run(matrix_on_ray / row, small_runs.reference_run(row))
   log = open(matrix_on_ray / 'logs' / f'{row}.log').read()

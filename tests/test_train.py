@@ -279,11 +279,13 @@ def test_killed_runs_resume_to_the_uninterrupted_result(
   assert len(err.strip().splitlines()) == 1
 
 
-# The guarantees on every row of `small_runs.MATRIX` (each model of the tests, each family of
-# algorithm), each row's uninterrupted `launch.train` run their reference
+# The guarantees on every row of `small_runs.MATRIX` (each family of algorithm, each kind of
+# model of the tests), each row's uninterrupted `launch.train` run their reference
 # (`small_runs.reference_run`, trained once in the session). Here: the same command twice,
-# a killed run resumed, one client at a time, TFF's worker. A warm, a batched and a Ray
-# cell of each distinct row (`small_runs.DISTINCT_ROWS`): tests/test_warm_slots.py and
+# a killed run resumed, one client at a time, TFF's worker (which runs each row's graphs
+# its own way: a stateless algorithm's plain round, dropout masks drawn in every step,
+# clients' states read and written around the round, a recurrent model with an adaptive
+# server). A warm, a batched and a Ray cell of each row: tests/test_warm_slots.py and
 # tests/test_ray_slots.py.
 _ROWS = list(small_runs.MATRIX)
 _RERUNS = {
@@ -292,22 +294,10 @@ _RERUNS = {
     'one_at_a_time': ('--max_concurrent_clients=1',),
     'worker': ('--runtime=tff_worker',),
 }
-# TFF's worker on the rows that hold what it could run otherwise than the in-process
-# runtime (`small_runs.DISTINCT_ROWS`: a stateless algorithm's plain round, dropout masks
-# drawn in every step, clients' states read and written around the round, a recurrent
-# model with an adaptive server); GC-Fed itself is compared with the worker in
-# tests/test_in_process.py, as every stateless algorithm is.
-_WORKER_ROWS = small_runs.DISTINCT_ROWS
-
-
-def _reruns_of(row) -> dict:
-  """`_RERUNS` of `row` ('worker' only on `_WORKER_ROWS`)."""
-  return {name: flags_ for name, flags_ in _RERUNS.items()
-          if name != 'worker' or row in _WORKER_ROWS}
 
 
 def _reruns(row, tmp_path_factory) -> dict:
-  """Runs of `row` (`_reruns_of`), every row's made at once: each row's 'killed' run
+  """Runs of `row` (`_RERUNS`), every row's made at once: each row's 'killed' run
   started by `python -m launch.train` and SIGKILLed once round 1 is reported; then one
   fresh Python, a warm slot (`launch.sweeps.warm_slot`), trains every row's runs, row
   by row, in this order: 'same', built from scratch as `launch.train` builds it (no row
@@ -330,14 +320,14 @@ def _reruns(row, tmp_path_factory) -> dict:
           small_runs.cell_request(f'{each}/{name}',
                                   small_runs.matrix_args(each, root / each, name, *flags_),
                                   str(root / each / f'{name}.log'))
-          for name, flags_ in _reruns_of(each).items()]
+          for name, flags_ in _RERUNS.items()]
     proc = subprocess.run([sys.executable, '-m', 'launch.sweeps.warm_slot'],
                           input=''.join(json.dumps(r) + '\n' for r in requests),
                           capture_output=True, text=True, cwd=small_runs.REPO, timeout=3600)
     answers = [json.loads(line) for line in proc.stdout.splitlines()[1:]]
     assert [(a['name'], a['status']) for a in answers] == [(r['name'], 0) for r in requests], (
         proc.stderr + ''.join(open(r['log']).read() for r in requests if os.path.exists(r['log'])))
-    return {each: {name: root / each / name for name in _reruns_of(each)} for each in _ROWS}
+    return {each: {name: root / each / name for name in _RERUNS} for each in _ROWS}
 
   return small_runs.made_once(('test_train', 'reruns'), train)[row]
 
@@ -385,7 +375,7 @@ def test_one_client_at_a_time_gives_the_numbers_of_clients_at_once(row, tmp_path
   small_runs.assert_same_run(alone, reference)
 
 
-@pytest.mark.parametrize('row', _WORKER_ROWS)
+@pytest.mark.parametrize('row', _ROWS)
 def test_tffs_worker_gives_the_numbers_of_the_in_process_runtime(row, tmp_path_factory):
   """At the same threads per TF op, to float32 round-off (`_ROUND_1_ATOL`,
   `_ROUND_2_RTOL`): TFF's worker runs the round's graphs itself (optimized its way, the

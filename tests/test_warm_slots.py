@@ -72,9 +72,9 @@ def test_a_cell_sent_as_data_is_the_run_its_command_line_makes(overrides):
   assert json.dumps(from_data.recorded()) == json.dumps(from_command.recorded())
 
 
-@pytest.mark.parametrize('row', small_runs.DISTINCT_ROWS)
+@pytest.mark.parametrize('row', small_runs.MATRIX)
 def test_a_warm_cell_equals_its_launch_train_run_bit_for_bit(row, tmp_path):
-  """Two cells of a distinct row of the guarantees' matrix given to one warm slot together
+  """Two cells of a row of the guarantees' matrix given to one warm slot together
   (--batch_cells=2), the first at half the client rate, the second the row's own run: the
   second ends as the row's `python -m launch.train` run (`small_runs.reference_run`), bit
   for bit. A process whose state holds its rates is built once and trains the two as
