@@ -132,8 +132,8 @@ def _results(root):
 
 
 def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program, tmp_path):
-  """Ray itself would retry for minutes, printing its C++ warnings."""
-  start = time.monotonic()
+  """Ray itself would retry for minutes, printing its C++ warnings: the reason is the
+  program's own TCP check's (Connection refused), made before `ray.init` is called."""
   code, _, err = run_program(grid_search, '--task=emnist', '--algo=fedavg',
                              '--data_source=synthetic', '--client_learning_rates=0.1',
                              '--server_learning_rates=1', '--total_rounds=1',
@@ -142,7 +142,6 @@ def test_an_address_where_no_cluster_answers_is_refused_in_one_line(run_program,
   (line,) = err.strip().splitlines()
   assert line.startswith('grid_search: error: --ray_address=127.0.0.1:1: no Ray cluster'
                          ' answers there (Connection refused'), err
-  assert time.monotonic() - start < 30
 
 
 # A sweep's driver (`runner.run_all` in the pool of a Ray cluster, as launch.grid_search
