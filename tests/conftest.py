@@ -10,7 +10,6 @@ import tempfile
 # TF's C++ start-up lines off the test logs and the programs' stderr, as `launch` does.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import psutil
 import pytest
 
 import tasks
@@ -132,48 +131,6 @@ def no_worker_outlives_the_session():
   assert not leaked, f'TFF worker processes outlived the tests: {leaked}'
   assert not cpp_worker.live_worker_pids()
 
-
-
-def _other_test_processes() -> list:
-  """xdist's other workers (siblings of this one under the controller), [] without xdist."""
-  if not os.environ.get('PYTEST_XDIST_WORKER'):
-    return []
-  me = psutil.Process()
-  return [p for p in me.parent().children()
-          if p.pid != me.pid and 'exec(eval(sys.stdin.readline()))' in ' '.join(p.cmdline())]
-
-
-@pytest.fixture
-def quiet_machine():
-  """Stops the other test processes, and every process they started, while a test measures
-  a wall time against a claim made for a machine doing nothing else (a dry run's
-  estimate); resumes them after. Without it such a test races whatever the other worker
-  runs at that moment (it once measured 41 s against an estimate timed beside lighter
-  work)."""
-  stopped = []
-
-  def stop(process):
-    try:
-      process.suspend()
-      stopped.append(process)
-    except psutil.NoSuchProcess:
-      pass
-
-  for worker in _other_test_processes():
-    stop(worker)
-  for _ in range(2):  # Children started while their parents were being stopped.
-    for worker in _other_test_processes():
-      for child in worker.children(recursive=True):
-        if child not in stopped:
-          stop(child)
-  try:
-    yield
-  finally:
-    for process in reversed(stopped):
-      try:
-        process.resume()
-      except psutil.NoSuchProcess:
-        pass
 
 # Seconds each test file took in a full run (tests/data/file_seconds.json, written by
 # `pytest --durations=0 --write_file_seconds`: each test's setup, call and teardown, summed
