@@ -65,7 +65,7 @@ MATRIX = {
 # Not a row: GC-Fed on ResNet-18-GN (11M parameters), one step of two examples a client,
 # its evaluation at the start and the end only, trained once for tests/test_cifar10.py,
 # which reads its GC. A stateless round of a deterministic model is the first row's case;
-# its reruns were the matrix's slowest (about 200 of the suite's test-seconds).
+# its reruns (killed, the same command, one client at a time) were the matrix's slowest.
 RESNET18_GN_GCFED = ('--task=cifar10', '--model=resnet18_gn', '--algo=gcfed',
                      '--num_clients=2', '--client_batch_size=2', '--max_elements_per_client=2',
                      '--rounds_per_eval=2', *_TWO_ROUNDS)
