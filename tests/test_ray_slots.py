@@ -171,10 +171,13 @@ def matrix_on_ray(ray_cluster, tmp_path_factory):
   address, env, _ = ray_cluster
   root = tmp_path_factory.mktemp('matrix_on_ray')
   cells = {row: small_runs.matrix_args(row, root, row) for row in small_runs.MATRIX}
+  # A guard against a hang, not a bound on time: alone this takes about 2 minutes; beside
+  # two busy loops and the other test process its cells took 4-8 minutes each, and 1,800 s
+  # ran out in the fourth.
   proc = subprocess.run(
       [sys.executable, '-c', _RAY_CELLS,
        json.dumps([address, _HEAD, str(root / 'logs'), cells]), run_folders.EVAL_ACCURACY],
-      cwd=small_runs.REPO, env=env, capture_output=True, text=True, timeout=1800)
+      cwd=small_runs.REPO, env=env, capture_output=True, text=True, timeout=3600)
   assert proc.returncode == 0, proc.stderr
   assert 'ray: 2 slots on 2 nodes' in proc.stdout, proc.stdout
   # Each actor answered with the rounds of the column asked for, as the run's folder
